@@ -20,3 +20,7 @@ class LSGBertConfig(LSGConfigMixin, BertConfig):
         "AutoModelForQuestionAnswering": "modeling_lsg_bert.LSGBertForQuestionAnswering",
         "AutoModelForMultipleChoice": "modeling_lsg_bert.LSGBertForMultipleChoice",
     }
+
+    def __init__(self, **kwargs):
+        # Defined in the class body so that transformers keeps it instead of generating a dataclass __init__.
+        super().__init__(**kwargs)

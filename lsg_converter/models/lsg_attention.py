@@ -76,7 +76,9 @@ class LSGConfigMixin:
         lsh_num_pre_rounds (1): hashing rounds before the final one for ``sparsity_type="lsh"``.
         lsh_seed (0): seed of the random hyperplanes of ``sparsity_type="lsh"``.
 
-    Subclasses set ``model_type`` (``"lsg-<base>"``) and ``lsg_auto_map`` (Auto class -> class path).
+    Subclasses set ``model_type`` (``"lsg-<base>"``) and ``lsg_auto_map`` (Auto class -> class path),
+    and define ``__init__(self, **kwargs)`` calling super() in their own body: transformers turns config
+    classes into dataclasses and replaces an inherited ``__init__`` with a generated one.
     """
 
     lsg_auto_map: dict[str, str] = {}
@@ -86,8 +88,9 @@ class LSGConfigMixin:
         for key in LEGACY_CONFIG_KEYS:
             kwargs.pop(key, None)
         kwargs.pop("model_type", None)  # legacy checkpoints say "bert", "roberta", ...
-        kwargs["auto_map"] = dict(self.lsg_auto_map)
+        kwargs.pop("auto_map", None)
         super().__init__(**kwargs)
+        self.auto_map = dict(self.lsg_auto_map)
         if lsg_values["sparsity_type"] is None:
             lsg_values["sparsity_type"] = "none"
         for key, value in lsg_values.items():

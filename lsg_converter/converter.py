@@ -1,0 +1,281 @@
+"""Conversion: load a source checkpoint -> LSG config -> copy weights -> tile positions -> global tokens."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging
+
+from .architectures import Architecture, find_architecture
+from .errors import InvalidSettingsError, OutputExistsError, SourceNotFoundError
+from .models.lsg_attention import LSG_DEFAULTS, MAX_GLOBAL_TOKENS
+
+logger = logging.get_logger(__name__)
+
+
+class LSGConverter:
+    """Converts a pretrained BERT-family checkpoint into an LSG model reading `max_sequence_length` tokens.
+
+    Args:
+        max_sequence_length: length the converted model accepts; position embeddings are tiled to it.
+        random_global_init: draw the global tokens from the word-embedding distribution instead of
+            [CLS]/[MASK] + positions.
+        global_positional_stride: stride between the source positions given to successive global tokens.
+        keep_first_global_token: when the source is already LSG, keep its global token 0.
+        resize_lsg: when the source is already LSG, only resize the positions (keep all global tokens).
+        use_token_ids: add the token-type-0 embedding to the global tokens, where the model has one.
+        seed: seed of every random draw of the conversion (the global RNG is left untouched).
+
+    Example:
+        >>> model, tokenizer = LSGConverter(max_sequence_length=4096).convert_from_pretrained(
+        ...     "roberta-base", block_size=128, sparse_block_size=128, sparsity_factor=2)
+    """
+
+    def __init__(
+        self,
+        max_sequence_length: int = 4096,
+        random_global_init: bool = False,
+        global_positional_stride: int = 64,
+        keep_first_global_token: bool = False,
+        resize_lsg: bool = False,
+        use_token_ids: bool = True,
+        seed: int = 123,
+    ) -> None:
+        if isinstance(max_sequence_length, bool) or not isinstance(max_sequence_length, int) or max_sequence_length < 1:
+            raise InvalidSettingsError(f"max_sequence_length must be a positive integer, got {max_sequence_length!r}.")
+        if global_positional_stride < 1 or MAX_GLOBAL_TOKENS % global_positional_stride:
+            raise InvalidSettingsError(
+                f"global_positional_stride must divide {MAX_GLOBAL_TOKENS}, got {global_positional_stride}."
+            )
+        self.max_sequence_length = max_sequence_length
+        self.random_global_init = random_global_init
+        self.global_positional_stride = global_positional_stride
+        self.keep_first_global_token = keep_first_global_token
+        self.resize_lsg = resize_lsg
+        self.use_token_ids = use_token_ids
+        self.seed = seed
+
+    def convert_from_pretrained(
+        self,
+        model_name_or_path: str | os.PathLike,
+        architecture: str | None = None,
+        token: str | bool | None = None,
+        **lsg_kwargs: Any,
+    ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase | None]:
+        """Load `model_name_or_path` (a Hub id or a folder) and return the LSG model and its tokenizer.
+
+        Args:
+            model_name_or_path: source checkpoint: a plain model or an LSG one (ours or the 2023 reference's).
+            architecture: head to build ("BertForMaskedLM"); default: the source config's first architecture.
+            token: Hugging Face Hub token for private sources.
+            **lsg_kwargs: LSG settings (block_size, sparse_block_size, sparsity_factor, sparsity_type,
+                num_global_tokens, pool_with_global, mask_first_token, lsh_num_pre_rounds, adaptive),
+                or any other config key to override.
+        Returns:
+            (model in eval mode, tokenizer with model_max_length set, or None if the source has none).
+        """
+        source = str(model_name_or_path)
+        source_config = _load_config(source, token)
+        arch = find_architecture(source_config.model_type)
+        is_lsg = _is_lsg_config(source_config)
+        head = architecture or (source_config.architectures or [arch.default_head])[0]
+        lsg_class = arch.lsg_class(head)
+        config = _build_lsg_config(arch, source_config, lsg_class.__name__, lsg_kwargs)
+
+        with _quiet_loading():
+            model = lsg_class.from_pretrained(source, config=config, token=token)
+        tokenizer = _load_tokenizer(source, token)
+        config = model.config
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            base = getattr(model, arch.base_model_prefix, model)
+            if not (is_lsg and self.resize_lsg):
+                self._init_global_tokens(base, arch, config, tokenizer, keep_first=is_lsg and self.keep_first_global_token)
+            _tile_positions(base, arch, self.max_sequence_length)
+
+        config.max_position_embeddings = self.max_sequence_length + arch.position_offset
+        config._name_or_path = source
+        if tokenizer is not None:
+            tokenizer.model_max_length = self.max_sequence_length
+            tokenizer.init_kwargs["model_max_length"] = self.max_sequence_length
+        logger.info(
+            f"Converted {source} to {lsg_class.__name__} reading {self.max_sequence_length} tokens "
+            f"(block {config.block_size}, sparse {config.sparse_block_size}, factor {config.sparsity_factor}, "
+            f"{config.sparsity_type}, {config.num_global_tokens} global tokens)."
+        )
+        return model.eval(), tokenizer
+
+    def _init_global_tokens(
+        self,
+        base: nn.Module,
+        arch: Architecture,
+        config: Any,
+        tokenizer: PreTrainedTokenizerBase | None,
+        keep_first: bool,
+    ) -> None:
+        """Global 0 = [CLS]/<s> + position 0; global k = [MASK] + a strided source position (+ type 0)."""
+        words = base.get_submodule(arch.word_embeddings).weight.detach()
+        table = base.get_submodule(arch.position_table).weight.detach()[arch.position_offset :]
+        positions = _strided_positions(table, self.global_positional_stride)
+        first_id, mask_id = _global_token_ids(tokenizer, config)
+        if self.random_global_init:
+            word_part = torch.distributions.MultivariateNormal(words.mean(0).float(), torch.cov(words.T.float()))
+            word_part = word_part.sample((MAX_GLOBAL_TOKENS,)).to(words.dtype)
+        else:
+            word_part = words[mask_id].expand(MAX_GLOBAL_TOKENS, -1).clone()
+        word_part[0] = words[first_id]
+        global_tokens = word_part + positions
+        if self.use_token_ids and arch.token_type_table is not None:
+            global_tokens += base.get_submodule(arch.token_type_table).weight.detach()[0]
+        weight = base.get_submodule(arch.global_embeddings).weight
+        with torch.no_grad():
+            start = 1 if keep_first else 0
+            weight[start:] = global_tokens[start:].to(weight.dtype)
+
+
+def save_converted(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase | None,
+    save_path: str | os.PathLike,
+    overwrite: bool = False,
+) -> Path:
+    """Save model (weights, config with auto_map, remote code) and tokenizer into `save_path`, atomically.
+
+    Everything is written to a temporary folder beside `save_path` and renamed into place at the end,
+    so an interrupted save leaves nothing behind. An existing non-empty folder is only replaced with
+    `overwrite=True`.
+    """
+    target = check_output_folder(save_path, overwrite)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        model.save_pretrained(staging)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(staging)
+        if target.exists():
+            shutil.rmtree(target) if target.is_dir() else target.unlink()
+        staging.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def check_output_folder(save_path: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Resolved `save_path`; OutputExistsError if it holds anything and `overwrite` is False."""
+    target = Path(save_path).resolve()
+    if target.exists() and (not target.is_dir() or any(target.iterdir())) and not overwrite:
+        raise OutputExistsError(f"{target} already exists and is not empty: choose another path or pass --overwrite.")
+    return target
+
+
+def _load_config(source: str, token: str | bool | None) -> Any:
+    try:
+        return AutoConfig.from_pretrained(source, token=token)
+    except (OSError, ValueError) as error:
+        raise SourceNotFoundError(
+            f"Cannot load a model config from {source!r}: give a folder with config.json or a Hub model id ({error})."
+        ) from error
+
+
+def _load_tokenizer(source: str, token: str | bool | None) -> PreTrainedTokenizerBase | None:
+    try:
+        return AutoTokenizer.from_pretrained(source, token=token)
+    except (OSError, ValueError, TypeError) as error:
+        logger.warning(f"No tokenizer could be loaded from {source} ({error}); global tokens use the config's ids.")
+        return None
+
+
+def _is_lsg_config(config: Any) -> bool:
+    """Ours (model_type lsg-*) or the 2023 reference's (model_type bert + LSG keys)."""
+    return config.model_type.startswith("lsg-") or all(hasattr(config, key) for key in ("block_size", "num_global_tokens"))
+
+
+def _build_lsg_config(arch: Architecture, source_config: Any, head_name: str, lsg_kwargs: dict[str, Any]) -> Any:
+    values = source_config.to_dict()
+    for key in ("model_type", "auto_map", "transformers_version", "_name_or_path"):
+        values.pop(key, None)
+    if not _is_lsg_config(source_config):
+        values.update(LSG_DEFAULTS)
+    values.update(lsg_kwargs)
+    values["architectures"] = [head_name]
+    try:
+        return arch.config_class()(**values)
+    except (ValueError, TypeError) as error:
+        raise InvalidSettingsError(str(error)) from error
+
+
+def _global_token_ids(tokenizer: PreTrainedTokenizerBase | None, config: Any) -> tuple[int, int]:
+    """(id of the first global token's word: bos or cls, id of the others': mask)."""
+    source = tokenizer if tokenizer is not None else config
+    first_id = next(
+        (i for i in (getattr(source, "bos_token_id", None), getattr(source, "cls_token_id", None)) if i is not None),
+        getattr(config, "bos_token_id", None) or 0,
+    )
+    mask_id = getattr(source, "mask_token_id", None)
+    if mask_id is None:
+        logger.warning("The source has no mask token: global tokens k > 0 use the first global token's word.")
+        mask_id = first_id
+    return first_id, mask_id
+
+
+def _strided_positions(table: torch.Tensor, stride: int) -> torch.Tensor:
+    """512 position vectors for the global tokens: global k gets a source position `stride` apart.
+
+    The table is brought to 512 rows (cropped to a multiple of 512 and subsampled, or completed with
+    draws from its per-dimension normal), then read column-major with `stride` rows per column:
+    global 0 -> position 0, global 1 -> position stride, ..., as the 2023 reference does.
+    """
+    rows, width = table.shape
+    if rows % MAX_GLOBAL_TOKENS:
+        if rows > MAX_GLOBAL_TOKENS:
+            table = table[: MAX_GLOBAL_TOKENS * (rows // MAX_GLOBAL_TOKENS)]
+        else:
+            mean, std = table.mean(0, keepdim=True), table.std(0, keepdim=True)
+            fill = torch.normal(mean.expand(MAX_GLOBAL_TOKENS - rows, -1), std.expand(MAX_GLOBAL_TOKENS - rows, -1))
+            table = torch.cat([table, fill.to(table.dtype)])
+    factor = table.shape[0] // MAX_GLOBAL_TOKENS
+    table = table[::factor]  # (512, E)
+    step = max(stride // factor, 1)
+    return table.reshape(-1, step, width).transpose(0, 1).reshape(-1, width)
+
+
+def _tile_positions(base: nn.Module, arch: Architecture, max_length: int) -> None:
+    """Repeat the learned positions up to `max_length` (offset rows kept once in front); rebuild buffers."""
+    table_name = arch.position_table
+    old = base.get_submodule(table_name)
+    offset_rows, learned = old.weight.detach()[: arch.position_offset], old.weight.detach()[arch.position_offset :]
+    tiled = learned.repeat(math.ceil(max_length / learned.shape[0]), 1)[:max_length]
+    weight = torch.cat([offset_rows, tiled])
+    new = nn.Embedding(weight.shape[0], weight.shape[1], padding_idx=old.padding_idx, dtype=weight.dtype, device=weight.device)
+    with torch.no_grad():
+        new.weight.copy_(weight)
+    parent_name, _, attribute = table_name.rpartition(".")
+    parent = base.get_submodule(parent_name) if parent_name else base
+    setattr(parent, attribute, new)
+    for buffer_name in ("position_ids", "token_type_ids"):
+        buffer = getattr(parent, buffer_name, None)
+        if isinstance(buffer, torch.Tensor):
+            values = torch.arange(weight.shape[0]) if buffer_name == "position_ids" else torch.zeros(weight.shape[0])
+            parent.register_buffer(buffer_name, values.to(buffer).expand(1, -1), persistent=False)
+
+
+@contextmanager
+def _quiet_loading() -> Iterator[None]:
+    """Hide the 'newly initialized global_embeddings' report: the converter initialises them next."""
+    loading_logger = logging.get_logger("transformers.modeling_utils")
+    level = loading_logger.level
+    loading_logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        loading_logger.setLevel(level)
