@@ -1,0 +1,198 @@
+"""The LSG attention core against its specification (DESIGN.md §3), on random tensors.
+
+The blocked path is compared with dense attention under the explicit (heads, N, N) mask that the
+specification describes; such a mask is only affordable at these small sizes.
+"""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lsg_converter.models.lsg_attention import LSG_DEFAULTS, SPARSITY_TYPES, lsg_self_attention
+
+HEADS, HEAD_DIM = 4, 8
+
+
+def lsg_config(**overrides):
+    return SimpleNamespace(**{**LSG_DEFAULTS, **overrides})
+
+
+def random_qkv(batch, length, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(batch, HEADS, length, HEAD_DIM, generator=generator, dtype=torch.float64) for _ in range(3)]
+
+
+def padding_mask(lengths, total):
+    return torch.arange(total)[None, :] < torch.tensor(lengths)[:, None]
+
+
+def sparse_position(config, head, token):
+    """Compressed position of `token` in head `head`'s sparse sequence, or None if the head skips it."""
+    factor, block = config.sparsity_factor, config.block_size
+    if config.sparsity_type == "stride":
+        return token // factor if token % factor == head % factor else None
+    if config.sparsity_type == "block_stride":
+        kept = block // factor
+        offset = token % block
+        for m in range(kept):
+            if (head * kept + m) % block == offset:
+                return token // block * kept + m
+        return None
+    return None
+
+
+def explicit_mask(config, length, key_mask):
+    """(B, H, N, N) bool: which key each query may see, straight from the specification."""
+    g, b, s = config.num_global_tokens, config.block_size, config.sparse_block_size
+    use_sparse = config.sparsity_type != "none" and s > 0
+    step = b // config.sparsity_factor if use_sparse else 0
+    allowed = torch.zeros(HEADS, length, length, dtype=torch.bool)
+    allowed[:, :g, :] = True
+    allowed[:, :, :g] = True
+    for head in range(HEADS):
+        for query in range(g, length):
+            block = (query - g) // b
+            for key in range(g, length):
+                token = key - g
+                if abs(token // b - block) <= 1:
+                    allowed[head, query, key] = True
+                elif use_sparse:
+                    p = sparse_position(config, head, token)
+                    left = (block - 1) * step - s <= (p if p is not None else -10**9) < (block - 1) * step
+                    right = (block + 2) * step <= (p if p is not None else -10**9) < (block + 2) * step + s
+                    allowed[head, query, key] = left or right
+    return allowed[None] & key_mask[:, None, None, :]
+
+
+def dense_reference(query, key, value, allowed):
+    bias = torch.zeros(allowed.shape, dtype=query.dtype).masked_fill(~allowed, torch.finfo(query.dtype).min)
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=bias)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(sparsity_type="none", num_global_tokens=2),
+        dict(sparsity_type="none", num_global_tokens=0),
+        dict(sparsity_type="stride", num_global_tokens=1, sparsity_factor=2, sparse_block_size=4),
+        dict(sparsity_type="stride", num_global_tokens=3, sparsity_factor=4, sparse_block_size=6),
+        dict(sparsity_type="block_stride", num_global_tokens=1, sparsity_factor=2, sparse_block_size=8),
+        dict(sparsity_type="block_stride", num_global_tokens=2, sparsity_factor=4, sparse_block_size=3),
+    ],
+    ids=lambda s: f"{s['sparsity_type']}-g{s['num_global_tokens']}-f{s.get('sparsity_factor', 2)}",
+)
+@pytest.mark.parametrize("lengths", [(101, 101), (101, 77)], ids=["full", "padded"])
+def test_blocked_path_equals_dense_attention_with_explicit_mask(settings, lengths):
+    config = lsg_config(block_size=8, **settings)
+    g = config.num_global_tokens
+    length = g + max(lengths)  # 101 tokens: not a multiple of the block size
+    query, key, value = random_qkv(len(lengths), length)
+    key_mask = padding_mask([g + n for n in lengths], length)
+
+    output = lsg_self_attention(query, key, value, key_mask, config)
+    expected = dense_reference(query, key, value, explicit_mask(config, length, key_mask))
+
+    real = key_mask[:, None, :, None].expand_as(output)
+    torch.testing.assert_close(output[real], expected[real], atol=1e-10, rtol=0)
+
+
+def test_mask_first_token_hides_the_first_real_token_as_a_key():
+    config = lsg_config(block_size=8, sparsity_type="none", num_global_tokens=1, mask_first_token=True)
+    length = 1 + 60
+    query, key, value = random_qkv(1, length)
+    key_mask = torch.ones(1, length, dtype=torch.bool)
+    hidden_first = key_mask.clone()
+    hidden_first[:, 1] = False
+
+    output = lsg_self_attention(query, key, value, key_mask, config)
+
+    expected = dense_reference(query, key, value, explicit_mask(config, length, hidden_first))
+    torch.testing.assert_close(output, expected, atol=1e-10, rtol=0)
+
+
+def test_short_input_runs_plain_attention():
+    config = lsg_config(block_size=16, num_global_tokens=2)
+    length = 2 + 32  # t <= 2b
+    query, key, value = random_qkv(2, length)
+    key_mask = padding_mask([34, 20], length)
+
+    output = lsg_self_attention(query, key, value, key_mask, config)
+
+    expected = dense_reference(query, key, value, key_mask[:, None, None, :].expand(-1, HEADS, length, -1))
+    real = key_mask[:, None, :, None].expand_as(output)
+    torch.testing.assert_close(output[real], expected[real], atol=1e-10, rtol=0)
+
+
+def all_sparsity_settings():
+    for sparsity_type in SPARSITY_TYPES:
+        for factor in (1, 2, 4):
+            yield dict(sparsity_type=sparsity_type, sparsity_factor=factor)
+
+
+@pytest.mark.parametrize(
+    "settings", list(all_sparsity_settings()), ids=lambda s: f"{s['sparsity_type']}-f{s['sparsity_factor']}"
+)
+def test_real_token_outputs_ignore_padding_and_batch_neighbours(settings):
+    config = lsg_config(block_size=8, sparse_block_size=8, num_global_tokens=1, **settings)
+    g, tokens = 1, 75  # not a multiple of the block size
+    query, key, value = random_qkv(1, g + tokens, seed=1)
+    alone = lsg_self_attention(query, key, value, None, config)
+
+    # the same sequence padded to 123 tokens, batched with a different, longer sequence
+    other = random_qkv(1, g + 123, seed=2)
+    batch = [torch.cat([F.pad(x, (0, 0, 0, 123 - tokens)), y]) for x, y in zip((query, key, value), other)]
+    key_mask = padding_mask([g + tokens, g + 123], g + 123)
+    batched = lsg_self_attention(*batch, key_mask, config)
+
+    torch.testing.assert_close(batched[:1, :, : g + tokens], alone, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("sparsity_type", SPARSITY_TYPES)
+def test_every_sparsity_type_gives_finite_outputs_and_gradients(sparsity_type):
+    config = lsg_config(block_size=16, sparse_block_size=16, sparsity_type=sparsity_type, num_global_tokens=2)
+    query, key, value = (x.float().requires_grad_() for x in random_qkv(2, 2 + 150))
+    key_mask = padding_mask([152, 90], 152)
+
+    output = lsg_self_attention(query, key, value, key_mask, config)
+    output[key_mask[:, None, :, None].expand_as(output)].sum().backward()
+
+    assert torch.isfinite(output).all()
+    for tensor in (query, key, value):
+        assert torch.isfinite(tensor.grad).all() and tensor.grad.abs().sum() > 0
+
+
+def test_lsh_is_deterministic_for_a_seed_and_changes_with_it():
+    query, key, value = random_qkv(1, 1 + 128)
+    first = lsg_self_attention(query, key, value, None, lsg_config(block_size=16, sparsity_type="lsh", lsh_seed=3))
+    again = lsg_self_attention(query, key, value, None, lsg_config(block_size=16, sparsity_type="lsh", lsh_seed=3))
+    other = lsg_self_attention(query, key, value, None, lsg_config(block_size=16, sparsity_type="lsh", lsh_seed=4))
+
+    torch.testing.assert_close(first, again, atol=0, rtol=0)
+    assert not torch.allclose(first, other)
+
+
+def test_sparse_context_reaches_beyond_the_local_window():
+    """Changing a token outside block 0's local window changes block 0 only through sparse keys."""
+    length = 1 + 128
+    query, key, value = random_qkv(1, length)
+    # b = 16: block 0 sees tokens [0, 32) locally; with f = 2, s = 16 its right sparse keys are the
+    # compressed positions [16, 32), i.e. tokens [32, 64)
+    far_token = 1 + 40
+    changed_value = value.clone()
+    changed_value[:, :, far_token] += 1.0
+
+    def first_block_output(config, values):
+        return lsg_self_attention(query, key, values, None, config)[:, :, 1:17]
+
+    local_only = lsg_config(block_size=16, sparsity_type="none", num_global_tokens=1)
+    with_sparse = lsg_config(block_size=16, sparse_block_size=16, sparsity_type="pooling", num_global_tokens=1)
+    torch.testing.assert_close(first_block_output(local_only, value), first_block_output(local_only, changed_value))
+    assert not torch.allclose(first_block_output(with_sparse, value), first_block_output(with_sparse, changed_value))
+
+
+def test_input_not_a_multiple_of_block_size_is_refused_without_adaptive():
+    query, key, value = random_qkv(1, 1 + 100)
+    with pytest.raises(ValueError, match="adaptive"):
+        lsg_self_attention(query, key, value, None, lsg_config(block_size=16, adaptive=False))
