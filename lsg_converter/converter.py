@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging as pylogging
 import math
 import os
 import shutil
@@ -269,13 +270,24 @@ def _tile_positions(base: nn.Module, arch: Architecture, max_length: int) -> Non
             parent.register_buffer(buffer_name, values.to(buffer).expand(1, -1), persistent=False)
 
 
+class _GlobalTokensReportFilter(pylogging.Filter):
+    """Drops transformers' load report when its only entry is the (expected) missing global token table."""
+
+    def filter(self, record: pylogging.LogRecord) -> bool:
+        message = record.getMessage()
+        if "LOAD REPORT" not in message:
+            return True
+        rows = [line for line in message.splitlines() if "|" in line and not line.startswith(("Key", "-"))]
+        return not rows or not all("global_embeddings" in row for row in rows)
+
+
 @contextmanager
 def _quiet_loading() -> Iterator[None]:
-    """Hide the 'newly initialized global_embeddings' report: the converter initialises them next."""
+    """Hide the 'global_embeddings newly initialized' report: the converter initialises them next."""
     loading_logger = logging.get_logger("transformers.modeling_utils")
-    level = loading_logger.level
-    loading_logger.setLevel(logging.ERROR)
+    report_filter = _GlobalTokensReportFilter()
+    loading_logger.addFilter(report_filter)
     try:
         yield
     finally:
-        loading_logger.setLevel(level)
+        loading_logger.removeFilter(report_filter)
