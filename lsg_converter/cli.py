@@ -10,7 +10,7 @@ from transformers.utils import logging
 
 EXAMPLES = """\
 examples:
-  lsg-convert roberta-base --max-len 4096 --save-path roberta-base-lsg-4096
+  lsg-convert bert-base-uncased --max-len 4096 --save-path bert-base-uncased-lsg-4096
   lsg-convert ./my-bert --max-len 16384 --block-size 256 --sparsity-type pooling --sparsity-factor 4 \\
       --save-path ./my-bert-lsg-16k --overwrite
 
@@ -79,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LSGError as error:
         if args.debug:
             raise
-        print(f"lsg-convert: error: {error}", file=sys.stderr)
+        print(f"lsg-convert: error: {' '.join(str(error).split())}", file=sys.stderr)
         return error.exit_code
     if not args.quiet:
         print(f"Saved {type(model).__name__} ({args.max_len} tokens) to {target}")

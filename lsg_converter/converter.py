@@ -38,7 +38,7 @@ class LSGConverter:
 
     Example:
         >>> model, tokenizer = LSGConverter(max_sequence_length=4096).convert_from_pretrained(
-        ...     "roberta-base", block_size=128, sparse_block_size=128, sparsity_factor=2)
+        ...     "bert-base-uncased", block_size=128, sparse_block_size=128, sparsity_factor=2)
     """
 
     def __init__(
@@ -92,13 +92,12 @@ class LSGConverter:
         lsg_class = arch.lsg_class(head)
         config = _build_lsg_config(arch, source_config, lsg_class.__name__, lsg_kwargs)
 
-        with _quiet_loading():
-            model = lsg_class.from_pretrained(source, config=config, token=token)
         tokenizer = _load_tokenizer(source, token)
-        config = model.config
-
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
+            with _quiet_loading():
+                model = lsg_class.from_pretrained(source, config=config, token=token)
+            config = model.config
             base = getattr(model, arch.base_model_prefix, model)
             if not (is_lsg and self.resize_lsg):
                 self._init_global_tokens(base, arch, config, tokenizer, keep_first=is_lsg and self.keep_first_global_token)
@@ -180,11 +179,15 @@ def check_output_folder(save_path: str | os.PathLike, overwrite: bool = False) -
 
 
 def _load_config(source: str, token: str | bool | None) -> Any:
+    looks_local = source.startswith((".", "/", "~")) or source.count("/") > 1 or os.sep in source.replace("/", "")
+    if looks_local and not Path(source).expanduser().is_dir():
+        raise SourceNotFoundError(f"No folder at {source!r}: give an existing model folder or a Hub model id.")
     try:
         return AutoConfig.from_pretrained(source, token=token)
     except (OSError, ValueError) as error:
         raise SourceNotFoundError(
-            f"Cannot load a model config from {source!r}: give a folder with config.json or a Hub model id ({error})."
+            f"Cannot load a model config from {source!r}: give a folder with config.json or a Hub model id "
+            f"({' '.join(str(error).split())})."
         ) from error
 
 

@@ -72,7 +72,7 @@ def test_help_shows_examples_and_exit_codes(capsys):
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert "examples:" in out
-    assert "lsg-convert roberta-base --max-len 4096" in out
+    assert "lsg-convert bert-base-uncased --max-len 4096" in out
     assert "exit codes" in out
     assert "--overwrite" in out
 
@@ -115,11 +115,6 @@ def test_missing_source_exits_2_and_writes_nothing(tmp_path, capsys):
     assert not out.exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: for a relative name that is neither a folder nor reachable on the Hub, the "
-    "SourceNotFoundError message embeds transformers' multi-line error; remove this mark once fixed",
-)
 def test_missing_relative_source_error_is_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     code = main(["no-such-model", "--max-len", "256", "--save-path", "out"])

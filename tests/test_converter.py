@@ -130,11 +130,6 @@ def test_random_global_init_differs_with_another_seed(tiny_bert_dir):
     assert not torch.allclose(_global_table(first), _global_table(second))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: from_pretrained draws the missing global_embeddings from the global RNG before "
-    "convert_from_pretrained enters torch.random.fork_rng (converter.py); remove this mark once fixed",
-)
 def test_conversion_leaves_the_global_rng_untouched(tiny_bert_dir):
     torch.manual_seed(2026)
     state = torch.random.get_rng_state()
