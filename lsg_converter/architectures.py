@@ -12,6 +12,7 @@ from types import ModuleType
 import transformers
 
 from .errors import UnsupportedModelError
+from .models.lsg_attention import lsg_auto_classes
 
 
 @dataclass(frozen=True)
@@ -21,8 +22,8 @@ class Architecture:
     Attributes:
         model_type: the source's ``config.model_type`` ("bert").
         lsg_model_type: the converted model's ``model_type`` ("lsg-bert").
-        module: file stem under ``lsg_converter/models`` ("lsg_bert" -> modeling_lsg_bert.py).
-        heads: source head class name -> LSG head class name.
+        module: file stem under ``lsg_converter/models`` ("lsg_bert" -> modeling_lsg_bert.py); its
+            config's ``lsg_auto_map`` lists the heads.
         default_head: head used when the source config names none.
         base_model_prefix: attribute of a head that holds the base model ("bert").
         position_table: position embedding module, relative to the base model.
@@ -35,7 +36,6 @@ class Architecture:
     model_type: str
     lsg_model_type: str
     module: str
-    heads: dict[str, str]
     default_head: str
     base_model_prefix: str
     position_table: str
@@ -53,6 +53,11 @@ class Architecture:
             obj for obj in vars(module).values() if getattr(obj, "model_type", None) == self.lsg_model_type
         )
 
+    @property
+    def heads(self) -> dict[str, str]:
+        """Source head class name -> LSG head class name ("BertForMaskedLM" -> "LSGBertForMaskedLM")."""
+        return {name.removeprefix("LSG"): name for name in lsg_auto_classes(self.config_class()).values()}
+
     def lsg_class(self, head: str) -> type:
         """LSG class for a source head name ("BertForMaskedLM") or an LSG one ("LSGBertForMaskedLM")."""
         lsg_name = self.heads.get(head, head if head in self.heads.values() else None)
@@ -62,28 +67,11 @@ class Architecture:
         return getattr(self.modeling_module(), lsg_name)
 
 
-def _heads(prefix: str, names: list[str]) -> dict[str, str]:
-    return {f"{prefix}{name}": f"LSG{prefix}{name}" for name in names}
-
-
 ARCHITECTURES: dict[str, Architecture] = {
     "bert": Architecture(
         model_type="bert",
         lsg_model_type="lsg-bert",
         module="lsg_bert",
-        heads=_heads(
-            "Bert",
-            [
-                "Model",
-                "ForMaskedLM",
-                "ForPreTraining",
-                "ForNextSentencePrediction",
-                "ForSequenceClassification",
-                "ForTokenClassification",
-                "ForQuestionAnswering",
-                "ForMultipleChoice",
-            ],
-        ),
         default_head="BertForPreTraining",
         base_model_prefix="bert",
         position_table="embeddings.position_embeddings",
@@ -111,7 +99,5 @@ def register_auto_classes() -> None:
         config_class = arch.config_class()
         modeling = arch.modeling_module()
         transformers.AutoConfig.register(arch.lsg_model_type, config_class, exist_ok=True)
-        for auto_name, path in config_class.lsg_auto_map.items():
-            if auto_name != "AutoConfig":
-                model_class = getattr(modeling, path.rsplit(".", 1)[-1])
-                getattr(transformers, auto_name).register(config_class, model_class, exist_ok=True)
+        for auto_class, class_name in lsg_auto_classes(config_class).items():
+            getattr(transformers, auto_class).register(config_class, getattr(modeling, class_name), exist_ok=True)

@@ -206,7 +206,7 @@ def _is_lsg_config(config: Any) -> bool:
 
 def _build_lsg_config(arch: Architecture, source_config: Any, head_name: str, lsg_kwargs: dict[str, Any]) -> Any:
     values = source_config.to_dict()
-    for key in ("model_type", "auto_map", "transformers_version", "_name_or_path"):
+    for key in ("transformers_version", "_name_or_path"):  # model_type and auto_map: the LSG config resets them
         values.pop(key, None)
     if not _is_lsg_config(source_config):
         values.update(LSG_DEFAULTS)

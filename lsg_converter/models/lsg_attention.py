@@ -542,12 +542,20 @@ class LSGModelMixin:
         base.get_submodule(self.lsg_encoder).register_forward_hook(partial(_drop_global_tokens, config))
 
 
+def lsg_auto_classes(config_class: type) -> dict[str, str]:
+    """Auto class name -> LSG class name, for every head in `config_class.lsg_auto_map`."""
+    return {
+        auto_class: path.rsplit(".", 1)[-1]
+        for auto_class, path in config_class.lsg_auto_map.items()
+        if auto_class != "AutoConfig"
+    }
+
+
 def register_for_auto_classes(config_class: type, namespace: dict[str, Any]) -> None:
     """Mark the config and every head of `config_class.lsg_auto_map` for remote-code saving.
 
     `save_pretrained` then copies the architecture's files (and this one) next to the weights.
     """
     config_class.register_for_auto_class()
-    for auto_class, path in config_class.lsg_auto_map.items():
-        if auto_class != "AutoConfig":
-            namespace[path.rsplit(".", 1)[-1]].register_for_auto_class(auto_class)
+    for auto_class, class_name in lsg_auto_classes(config_class).items():
+        namespace[class_name].register_for_auto_class(auto_class)
