@@ -17,7 +17,8 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
-from lsg_converter.models.lsg_attention import LSG_DEFAULTS, lsg_self_attention
+from lsg_converter.models.lsg_attention import lsg_self_attention
+from lsg_converter.models.lsg_model import LSG_DEFAULTS
 
 
 def median_seconds(step, repeats: int) -> float:

@@ -1,4 +1,4 @@
-"""lsg_converter: turn pretrained BERT-family checkpoints into LSG models that read long inputs.
+"""lsg_converter: turn pretrained BERT-family and BART checkpoints into LSG models that read long inputs.
 
     from lsg_converter import LSGConverter
     model, tokenizer = LSGConverter(max_sequence_length=4096).convert_from_pretrained("bert-base-uncased")
@@ -16,9 +16,9 @@ from .errors import (
     SourceNotFoundError,
     UnsupportedModelError,
 )
-from .models.configuration_lsg_bert import LSGBertConfig
 from .models.lsg_attention import SPARSITY_TYPES
-from .models.modeling_lsg_bert import (
+from .models.configuration_lsg_bert import LSGBertConfig
+from .models.modeling_lsg_bert import (  # classes created from the config's list of heads
     LSGBertForMaskedLM,
     LSGBertForMultipleChoice,
     LSGBertForNextSentencePrediction,
@@ -26,7 +26,34 @@ from .models.modeling_lsg_bert import (
     LSGBertForQuestionAnswering,
     LSGBertForSequenceClassification,
     LSGBertForTokenClassification,
+    LSGBertLMHeadModel,
     LSGBertModel,
+)
+from .models.configuration_lsg_roberta import LSGRobertaConfig
+from .models.modeling_lsg_roberta import (  # classes created from the config's list of heads
+    LSGRobertaForCausalLM,
+    LSGRobertaForMaskedLM,
+    LSGRobertaForMultipleChoice,
+    LSGRobertaForQuestionAnswering,
+    LSGRobertaForSequenceClassification,
+    LSGRobertaForTokenClassification,
+    LSGRobertaModel,
+)
+from .models.configuration_lsg_distilbert import LSGDistilBertConfig
+from .models.modeling_lsg_distilbert import (  # classes created from the config's list of heads
+    LSGDistilBertForMaskedLM,
+    LSGDistilBertForMultipleChoice,
+    LSGDistilBertForQuestionAnswering,
+    LSGDistilBertForSequenceClassification,
+    LSGDistilBertForTokenClassification,
+    LSGDistilBertModel,
+)
+from .models.configuration_lsg_bart import LSGBartConfig
+from .models.modeling_lsg_bart import (  # classes created from the config's list of heads
+    LSGBartForConditionalGeneration,
+    LSGBartForQuestionAnswering,
+    LSGBartForSequenceClassification,
+    LSGBartModel,
 )
 
 __version__ = "0.2.0"
@@ -35,8 +62,12 @@ register_auto_classes()
 
 __all__ = [
     "ARCHITECTURES",
-    "SPARSITY_TYPES",
     "InvalidSettingsError",
+    "LSGBartConfig",
+    "LSGBartForConditionalGeneration",
+    "LSGBartForQuestionAnswering",
+    "LSGBartForSequenceClassification",
+    "LSGBartModel",
     "LSGBertConfig",
     "LSGBertForMaskedLM",
     "LSGBertForMultipleChoice",
@@ -45,10 +76,27 @@ __all__ = [
     "LSGBertForQuestionAnswering",
     "LSGBertForSequenceClassification",
     "LSGBertForTokenClassification",
+    "LSGBertLMHeadModel",
     "LSGBertModel",
     "LSGConverter",
+    "LSGDistilBertConfig",
+    "LSGDistilBertForMaskedLM",
+    "LSGDistilBertForMultipleChoice",
+    "LSGDistilBertForQuestionAnswering",
+    "LSGDistilBertForSequenceClassification",
+    "LSGDistilBertForTokenClassification",
+    "LSGDistilBertModel",
     "LSGError",
+    "LSGRobertaConfig",
+    "LSGRobertaForCausalLM",
+    "LSGRobertaForMaskedLM",
+    "LSGRobertaForMultipleChoice",
+    "LSGRobertaForQuestionAnswering",
+    "LSGRobertaForSequenceClassification",
+    "LSGRobertaForTokenClassification",
+    "LSGRobertaModel",
     "OutputExistsError",
+    "SPARSITY_TYPES",
     "SourceNotFoundError",
     "UnsupportedModelError",
     "save_converted",

@@ -12,7 +12,10 @@ from types import ModuleType
 import transformers
 
 from .errors import UnsupportedModelError
-from .models.lsg_attention import lsg_auto_classes
+from .models.lsg_model import lsg_auto_classes
+
+# Heads that generate left to right: converted with config.is_decoder = True (causal LSG).
+CAUSAL_HEAD_SUFFIXES = ("LMHeadModel", "ForCausalLM")
 
 
 @dataclass(frozen=True)
@@ -20,35 +23,35 @@ class Architecture:
     """How one source model type becomes LSG.
 
     Attributes:
-        model_type: the source's ``config.model_type`` ("bert").
-        lsg_model_type: the converted model's ``model_type`` ("lsg-bert").
-        module: file stem under ``lsg_converter/models`` ("lsg_bert" -> modeling_lsg_bert.py); its
-            config's ``lsg_auto_map`` lists the heads.
+        model_type: the source's ``config.model_type`` ("bert"); the converted model's is "lsg-bert",
+            its files ``models/configuration_lsg_bert.py`` and ``models/modeling_lsg_bert.py``.
         default_head: head used when the source config names none.
-        base_model_prefix: attribute of a head that holds the base model ("bert").
-        position_table: position embedding module, relative to the base model.
-        position_offset: rows in front of the learned positions kept once (2 for RoBERTa and BART).
-        token_type_table: token type embedding module, if the model has token types.
         word_embeddings: token embedding module, relative to the base model.
-        global_embeddings: where the LSG global token table lives, relative to the base model.
+        position_tables: learned position embedding modules, relative to the base model; the first
+            one gives the global tokens their positions.
+        position_offset: rows in front of the learned positions kept once (2 for RoBERTa and BART).
+        token_type_table: token type embedding module added to the global tokens, if any.
     """
 
     model_type: str
-    lsg_model_type: str
-    module: str
     default_head: str
-    base_model_prefix: str
-    position_table: str
-    word_embeddings: str
-    global_embeddings: str
+    word_embeddings: str = "embeddings.word_embeddings"
+    position_tables: tuple[str, ...] = ("embeddings.position_embeddings",)
     position_offset: int = 0
     token_type_table: str | None = None
 
+    @property
+    def lsg_model_type(self) -> str:
+        return f"lsg-{self.model_type}"
+
+    def _module(self, kind: str) -> ModuleType:
+        return importlib.import_module(f"lsg_converter.models.{kind}_lsg_{self.model_type}")
+
     def modeling_module(self) -> ModuleType:
-        return importlib.import_module(f"lsg_converter.models.modeling_{self.module}")
+        return self._module("modeling")
 
     def config_class(self) -> type:
-        module = importlib.import_module(f"lsg_converter.models.configuration_{self.module}")
+        module = self._module("configuration")
         return next(
             obj for obj in vars(module).values() if getattr(obj, "model_type", None) == self.lsg_model_type
         )
@@ -68,17 +71,19 @@ class Architecture:
 
 
 ARCHITECTURES: dict[str, Architecture] = {
-    "bert": Architecture(
-        model_type="bert",
-        lsg_model_type="lsg-bert",
-        module="lsg_bert",
-        default_head="BertForPreTraining",
-        base_model_prefix="bert",
-        position_table="embeddings.position_embeddings",
-        word_embeddings="embeddings.word_embeddings",
-        global_embeddings="embeddings.global_embeddings",
-        token_type_table="embeddings.token_type_embeddings",
-    ),
+    arch.model_type: arch
+    for arch in (
+        Architecture("bert", "BertForPreTraining", token_type_table="embeddings.token_type_embeddings"),
+        Architecture("roberta", "RobertaForMaskedLM", position_offset=2),
+        Architecture("distilbert", "DistilBertForMaskedLM"),
+        Architecture(
+            "bart",
+            "BartForConditionalGeneration",
+            word_embeddings="shared",
+            position_tables=("encoder.embed_positions", "decoder.embed_positions"),
+            position_offset=2,
+        ),
+    )
 }
 
 LSG_MODEL_TYPES = {arch.lsg_model_type: arch for arch in ARCHITECTURES.values()}

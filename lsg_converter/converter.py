@@ -16,9 +16,9 @@ from torch import nn
 from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging
 
-from .architectures import Architecture, find_architecture
+from .architectures import CAUSAL_HEAD_SUFFIXES, Architecture, find_architecture
 from .errors import InvalidSettingsError, OutputExistsError, SourceNotFoundError
-from .models.lsg_attention import LSG_DEFAULTS, MAX_GLOBAL_TOKENS
+from .models.lsg_model import MAX_GLOBAL_TOKENS
 
 logger = logging.get_logger(__name__)
 
@@ -98,12 +98,13 @@ class LSGConverter:
             with _quiet_loading():
                 model = lsg_class.from_pretrained(source, config=config, token=token)
             config = model.config
-            base = getattr(model, arch.base_model_prefix, model)
+            base = model.base_model
             if not (is_lsg and self.resize_lsg):
-                self._init_global_tokens(base, arch, config, tokenizer, keep_first=is_lsg and self.keep_first_global_token)
-            _tile_positions(base, arch, self.max_sequence_length)
+                self._init_global_tokens(model, arch, tokenizer, keep_first=is_lsg and self.keep_first_global_token)
+            added_rows = _tile_positions(base, arch, self.max_sequence_length)
 
-        config.max_position_embeddings = self.max_sequence_length + arch.position_offset
+        # BART counts its 2 offset rows outside max_position_embeddings, RoBERTa inside: keep the source's way.
+        config.max_position_embeddings += added_rows
         config._name_or_path = source
         if tokenizer is not None:
             tokenizer.model_max_length = self.max_sequence_length
@@ -117,17 +118,17 @@ class LSGConverter:
 
     def _init_global_tokens(
         self,
-        base: nn.Module,
+        model: PreTrainedModel,
         arch: Architecture,
-        config: Any,
         tokenizer: PreTrainedTokenizerBase | None,
         keep_first: bool,
     ) -> None:
         """Global 0 = [CLS]/<s> + position 0; global k = [MASK] + a strided source position (+ type 0)."""
+        base = model.base_model
         words = base.get_submodule(arch.word_embeddings).weight.detach()
-        table = base.get_submodule(arch.position_table).weight.detach()[arch.position_offset :]
+        table = base.get_submodule(arch.position_tables[0]).weight.detach()[arch.position_offset :]
         positions = _strided_positions(table, self.global_positional_stride)
-        first_id, mask_id = _global_token_ids(tokenizer, config)
+        first_id, mask_id = _global_token_ids(tokenizer, model.config)
         if self.random_global_init:
             word_part = torch.distributions.MultivariateNormal(words.mean(0).float(), torch.cov(words.T.float()))
             word_part = word_part.sample((MAX_GLOBAL_TOKENS,)).to(words.dtype)
@@ -137,7 +138,7 @@ class LSGConverter:
         global_tokens = word_part + positions
         if self.use_token_ids and arch.token_type_table is not None:
             global_tokens += base.get_submodule(arch.token_type_table).weight.detach()[0]
-        weight = base.get_submodule(arch.global_embeddings).weight
+        weight = base.get_submodule(type(model).lsg_embeddings).global_embeddings.weight
         with torch.no_grad():
             start = 1 if keep_first else 0
             weight[start:] = global_tokens[start:].to(weight.dtype)
@@ -208,12 +209,15 @@ def _build_lsg_config(arch: Architecture, source_config: Any, head_name: str, ls
     values = source_config.to_dict()
     for key in ("transformers_version", "_name_or_path"):  # model_type and auto_map: the LSG config resets them
         values.pop(key, None)
+    config_class = arch.config_class()
     if not _is_lsg_config(source_config):
-        values.update(LSG_DEFAULTS)
+        values.update(config_class.lsg_defaults)
+    if head_name.endswith(CAUSAL_HEAD_SUFFIXES):
+        values["is_decoder"] = True
     values.update(lsg_kwargs)
     values["architectures"] = [head_name]
     try:
-        return arch.config_class()(**values)
+        return config_class(**values)
     except (ValueError, TypeError) as error:
         raise InvalidSettingsError(str(error)) from error
 
@@ -253,24 +257,27 @@ def _strided_positions(table: torch.Tensor, stride: int) -> torch.Tensor:
     return table.reshape(-1, step, width).transpose(0, 1).reshape(-1, width)
 
 
-def _tile_positions(base: nn.Module, arch: Architecture, max_length: int) -> None:
-    """Repeat the learned positions up to `max_length` (offset rows kept once in front); rebuild buffers."""
-    table_name = arch.position_table
-    old = base.get_submodule(table_name)
-    offset_rows, learned = old.weight.detach()[: arch.position_offset], old.weight.detach()[arch.position_offset :]
-    tiled = learned.repeat(math.ceil(max_length / learned.shape[0]), 1)[:max_length]
-    weight = torch.cat([offset_rows, tiled])
-    new = nn.Embedding(weight.shape[0], weight.shape[1], padding_idx=old.padding_idx, dtype=weight.dtype, device=weight.device)
-    with torch.no_grad():
-        new.weight.copy_(weight)
-    parent_name, _, attribute = table_name.rpartition(".")
-    parent = base.get_submodule(parent_name) if parent_name else base
-    setattr(parent, attribute, new)
-    for buffer_name in ("position_ids", "token_type_ids"):
-        buffer = getattr(parent, buffer_name, None)
-        if isinstance(buffer, torch.Tensor):
-            values = torch.arange(weight.shape[0]) if buffer_name == "position_ids" else torch.zeros(weight.shape[0])
-            parent.register_buffer(buffer_name, values.to(buffer).expand(1, -1), persistent=False)
+def _tile_positions(base: nn.Module, arch: Architecture, max_length: int) -> int:
+    """Repeat the learned positions of every position table up to `max_length` (offset rows kept once in
+    front), in place, and rebuild the position/token-type buffers beside them. Returns the rows added."""
+    added = 0
+    for table_name in arch.position_tables:
+        table = base.get_submodule(table_name)
+        old = table.weight.detach()
+        learned = old[arch.position_offset :]
+        tiled = learned.repeat(math.ceil(max_length / learned.shape[0]), 1)[:max_length]
+        weight = torch.cat([old[: arch.position_offset], tiled])
+        table.weight = nn.Parameter(weight, requires_grad=table.weight.requires_grad)
+        table.num_embeddings = weight.shape[0]
+        added = weight.shape[0] - old.shape[0]
+        parent_name = table_name.rpartition(".")[0]
+        parent = base.get_submodule(parent_name) if parent_name else base
+        for buffer_name in ("position_ids", "token_type_ids"):
+            buffer = getattr(parent, buffer_name, None)
+            if isinstance(buffer, torch.Tensor):
+                values = torch.arange(weight.shape[0]) if buffer_name == "position_ids" else torch.zeros(weight.shape[0])
+                parent.register_buffer(buffer_name, values.to(buffer).expand(1, -1), persistent=False)
+    return added
 
 
 class _GlobalTokensReportFilter(pylogging.Filter):

@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lsg_converter.models.lsg_attention import LSG_DEFAULTS, SPARSITY_TYPES, lsg_self_attention
+from lsg_converter.models.lsg_attention import SPARSITY_TYPES, lsg_self_attention
+from lsg_converter.models.lsg_model import LSG_DEFAULTS
 
 HEADS, HEAD_DIM = 4, 8
 

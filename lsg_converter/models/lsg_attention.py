@@ -1,32 +1,26 @@
 """LSG attention: Local + Sparse + Global (Condevaux & Harispe, PAKDD 2023), the one shared core.
 
-Everything an LSG model needs beyond its Hugging Face parent lives here, in pure torch:
-
-* the configuration keys (`LSGConfigMixin`),
-* the attention itself (`lsg_attention_forward`), registered with transformers as the attention
-  implementation ``"lsg"`` together with its mask function (`lsg_attention_mask`), which hands the
-  attention the O(n) ``(batch, length)`` padding mask instead of an O(n^2) one,
-* the global tokens: prepended to the embeddings before their normalisation, dropped from the
-  encoder output (`LSGModelMixin`).
+The attention itself, in pure torch (`lsg_attention_forward`), registered with transformers as the
+attention implementation ``"lsg"`` together with its mask function (`lsg_attention_mask`), which
+hands the attention the O(n) ``(batch, length)`` padding mask instead of an O(n^2) one.
 
 The sequence seen by every layer is ``g`` global tokens followed by ``t`` real tokens. Each block of
 ``b`` query tokens attends to
 
-    [ g global keys | s sparse keys left | s sparse keys right | 3b local keys ]
+    bidirectional:  [ g global keys | s sparse keys left | s sparse keys right | 3b local keys ]
+    causal:         [ g global keys | s sparse keys left | 2b local keys, up to the query itself ]
 
-where the local keys are the previous, own and next blocks and the sparse keys are a compressed
+where the local keys are the previous, own (and next) blocks and the sparse keys are a compressed
 copy of the context just outside the local window (see `SPARSE_COMPRESSORS`). Global queries attend
-to everything. Blocks are batched through `scaled_dot_product_attention` on 4D tensors; no tensor of
-size ``t x t`` is ever built.
+to everything (causal: to the global tokens before them). Blocks are batched through
+`scaled_dot_product_attention` on 4D tensors; no tensor of size ``t x t`` is ever built.
 
 This file travels with saved models as remote code: it imports torch and transformers only.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, Callable
 
 import torch
@@ -38,96 +32,6 @@ from transformers.masking_utils import AttentionMaskInterface, bidirectional_mas
 
 LSG_ATTENTION = "lsg"
 SPARSITY_TYPES = ("none", "norm", "pooling", "stride", "block_stride", "bos_pooling", "lsh")
-MAX_GLOBAL_TOKENS = 512  # rows of the global embedding table, as in the 2023 reference checkpoints
-
-LSG_DEFAULTS: dict[str, Any] = {
-    "adaptive": True,
-    "block_size": 128,
-    "sparse_block_size": 128,
-    "sparsity_factor": 2,
-    "sparsity_type": "norm",
-    "num_global_tokens": 1,
-    "pool_with_global": True,
-    "mask_first_token": False,
-    "lsh_num_pre_rounds": 1,
-    "lsh_seed": 0,
-}
-# Keys the 2023 reference wrote into its configs that mean nothing here.
-LEGACY_CONFIG_KEYS = ("base_model_prefix",)
-
-
-# --------------------------------------------------------------------------------------------------
-# Configuration
-# --------------------------------------------------------------------------------------------------
-
-
-class LSGConfigMixin:
-    """Adds the LSG keys to a Hugging Face configuration class.
-
-    Keys (defaults of the 2023 reference):
-        block_size (128): local block size ``b``; each block sees its previous, own and next block.
-        sparse_block_size (128): ``s``, sparse keys taken on each side of the local window.
-        sparsity_factor (2): ``f``, compression of the sparse context (``f`` tokens -> 1 key).
-        sparsity_type ("norm"): one of `SPARSITY_TYPES`.
-        num_global_tokens (1): ``g`` global tokens prepended to the sequence (0 to 512).
-        pool_with_global (True): output of the first real token := output of global token 0.
-        mask_first_token (False): hide the first real token as a key (it duplicates global 0).
-        adaptive (True): pad inputs to a multiple of ``block_size`` instead of refusing them.
-        lsh_num_pre_rounds (1): hashing rounds before the final one for ``sparsity_type="lsh"``.
-        lsh_seed (0): seed of the random hyperplanes of ``sparsity_type="lsh"``.
-
-    Subclasses set ``model_type`` (``"lsg-<base>"``) and ``lsg_auto_map`` (Auto class -> class path),
-    and define ``__init__(self, **kwargs)`` calling super() in their own body: transformers turns config
-    classes into dataclasses and replaces an inherited ``__init__`` with a generated one.
-    """
-
-    lsg_auto_map: dict[str, str] = {}
-
-    def __init__(self, **kwargs: Any) -> None:
-        lsg_values = {key: kwargs.pop(key, default) for key, default in LSG_DEFAULTS.items()}
-        for key in LEGACY_CONFIG_KEYS:
-            kwargs.pop(key, None)
-        kwargs.pop("model_type", None)  # legacy checkpoints say "bert", "roberta", ...
-        kwargs.pop("auto_map", None)
-        super().__init__(**kwargs)
-        self.auto_map = dict(self.lsg_auto_map)
-        if lsg_values["sparsity_type"] is None:
-            lsg_values["sparsity_type"] = "none"
-        for key, value in lsg_values.items():
-            setattr(self, key, value)
-        validate_lsg_settings(self)
-
-    @property
-    def _attn_implementation(self) -> str:
-        """Always "lsg": the global tokens and blocks only work with the LSG attention function.
-
-        (The attribute is not serialised by transformers, so it cannot be stored in config.json.)
-        """
-        return LSG_ATTENTION
-
-    @_attn_implementation.setter
-    def _attn_implementation(self, value: Any) -> None:
-        self._attn_implementation_internal = value
-
-
-def validate_lsg_settings(config: Any) -> None:
-    """Raise ValueError, saying what to change, if the LSG keys of `config` cannot work."""
-    for key in ("block_size", "sparse_block_size", "sparsity_factor", "num_global_tokens", "lsh_num_pre_rounds"):
-        value = getattr(config, key)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{key} must be an integer, got {value!r}.")
-    if config.block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {config.block_size}.")
-    if config.sparse_block_size < 0 or config.sparsity_factor < 0 or config.lsh_num_pre_rounds < 0:
-        raise ValueError("sparse_block_size, sparsity_factor and lsh_num_pre_rounds must be >= 0.")
-    if not 0 <= config.num_global_tokens <= MAX_GLOBAL_TOKENS:
-        raise ValueError(f"num_global_tokens must be between 0 and {MAX_GLOBAL_TOKENS}, got {config.num_global_tokens}.")
-    if config.sparsity_type not in SPARSITY_TYPES:
-        raise ValueError(f"Unknown sparsity_type {config.sparsity_type!r}: use one of {', '.join(SPARSITY_TYPES)}.")
-    if uses_sparse_keys(config) and config.block_size % config.sparsity_factor:
-        raise ValueError(
-            f"block_size ({config.block_size}) must be a multiple of sparsity_factor ({config.sparsity_factor})."
-        )
 
 
 def uses_sparse_keys(config: Any) -> bool:
@@ -297,6 +201,11 @@ def _windows(x: torch.Tensor, size: int, step: int, count: int, start: int = 0) 
     return x[..., start:, :].unfold(-2, size, step)[..., :count, :, :].transpose(-1, -2)
 
 
+def _rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Copies of the rows `index` (q, K) of x (..., L, D): (..., q, K, D)."""
+    return x.index_select(-2, index.flatten()).unflatten(-2, index.shape)
+
+
 def _additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Bool mask -> 0 / finfo.min. Finite, so a query whose keys are all masked gets no NaN."""
     return torch.zeros((), dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
@@ -306,65 +215,144 @@ def _sdpa(query, key, value, additive_mask, dropout: float, scaling: float) -> t
     return F.scaled_dot_product_attention(query, key, value, attn_mask=additive_mask, dropout_p=dropout, scale=scaling)
 
 
-def _block_attention(query, key, value, key_mask, config, dropout: float, scaling: float) -> torch.Tensor:
+def _causal(num_queries: int, num_keys: int, device: torch.device) -> torch.Tensor:
+    """(q, k) bool: query i (the last q of k positions) sees keys up to its own position."""
+    return torch.arange(num_keys, device=device) <= torch.arange(num_keys - num_queries, num_keys, device=device)[:, None]
+
+
+def _sparse_context(queries, keys, values, mask, config, scaling) -> SparseContext:
+    compress = sparse_every_token if config.sparsity_factor == 1 else SPARSE_COMPRESSORS[config.sparsity_type]
+    return compress(queries, keys, values, mask, config, scaling)
+
+
+def _attend(query, keys, values, masks, dropout: float, scaling: float) -> torch.Tensor:
+    """Each group of query rows attends to its own keys, through SDPA on 4D tensors.
+
+    query: (B, H, n, rows, D); keys, values: lists of (B, H, n, K_i, D);
+    masks: lists of (B, 1 or H, n, 1 or rows, K_i) bool. Returns (B, H, n * rows, D).
+    """
+    batch, heads, groups, rows, head_dim = query.shape
+    mask_heads = max(m.shape[1] for m in masks)
+    mask_rows = max(m.shape[3] for m in masks)
+    allowed = torch.cat([m.expand(-1, mask_heads, -1, mask_rows, -1) for m in masks], dim=-1)
+    additive = _additive_mask(allowed, query.dtype).expand(-1, heads, -1, -1, -1)
+    # Fold batch and heads: SDPA's fused kernels take 4D inputs (B * H, n, rows, D).
+    output = _sdpa(
+        query.reshape(batch * heads, groups, rows, head_dim),
+        torch.cat(keys, dim=-2).reshape(batch * heads, groups, -1, head_dim),
+        torch.cat(values, dim=-2).reshape(batch * heads, groups, -1, head_dim),
+        additive.reshape(batch * heads, groups, mask_rows, -1),
+        dropout,
+        scaling,
+    )
+    return output.view(batch, heads, groups * rows, head_dim)
+
+
+def _block_attention(query, key, value, key_mask, config, dropout: float, scaling: float, causal: bool) -> torch.Tensor:
     """Attention of the token queries (everything after the global tokens), block by block.
 
     query, key, value: (B, H, g + T, D) with T a multiple of b; key_mask: (B, g + T) bool.
     Returns (B, H, T, D).
     """
-    batch, heads, _, head_dim = query.shape
     block, num_global = config.block_size, config.num_global_tokens
     token_queries, token_keys, token_values = (x[:, :, num_global:] for x in (query, key, value))
     token_mask = key_mask[:, num_global:]  # (B, T)
-    num_tokens = token_queries.shape[2]
-    num_blocks = num_tokens // block
+    num_blocks = token_queries.shape[2] // block
 
-    # Local: block i sees tokens [(i - 1) b, (i + 2) b), zero-padded and masked outside the sequence.
-    def local(x):  # (B, H', T, D') -> (B, H', nb, 3b, D')
-        return _windows(F.pad(x, (0, 0, block, block)), 3 * block, block, num_blocks)
+    # Local: block i sees tokens [(i - 1) b, (i + 2) b), causal: [(i - 1) b, (i + 1) b); zero-padded
+    # and masked outside the sequence.
+    local_blocks = 2 if causal else 3
 
-    local_mask = local(token_mask[:, None, :, None]).squeeze(-1)  # (B, 1, nb, 3b)
-    block_keys = [local(token_keys)]
-    block_values = [local(token_values)]
-    block_masks = [local_mask]
+    def local(x):  # (B, H', T, D') -> (B, H', nb, 2b or 3b, D')
+        padded = F.pad(x, (0, 0, block, 0 if causal else block))
+        return _windows(padded, local_blocks * block, block, num_blocks)
+
+    local_mask = local(token_mask[:, None, :, None]).transpose(-1, -2)  # (B, 1, nb, 1, 3b)
+    if causal:
+        # row r of block i (token i b + r) sees local key j (token (i - 1) b + j) for j <= b + r
+        local_mask = local_mask & _causal(block, 2 * block, query.device)  # (B, 1, nb, b, 2b)
+    block_keys, block_values, block_masks = [local(token_keys)], [local(token_values)], [local_mask]
 
     # Sparse: block i also sees the s compressed positions left of its local window,
-    # [(i - 1) c - s, (i - 1) c), and the s right of it, [(i + 2) c, (i + 2) c + s), with c = b / f.
+    # [(i - 1) c - s, (i - 1) c), and (bidirectional) the s right of it, [(i + 2) c, (i + 2) c + s), c = b / f.
     if uses_sparse_keys(config):
-        compress = sparse_every_token if config.sparsity_factor == 1 else SPARSE_COMPRESSORS[config.sparsity_type]
-        sparse = compress(token_queries, token_keys, token_values, token_mask, config, scaling)
+        sparse = _sparse_context(token_queries, token_keys, token_values, token_mask, config, scaling)
         span, step = config.sparse_block_size, block // config.sparsity_factor
         margin = step + span
 
-        def sparse_windows(x):  # (B, H', T / f, D') -> (B, H', nb, 2s, D')
+        def sparse_windows(x):  # (B, H', T / f, D') -> (B, H', nb, s or 2s, D')
             padded = F.pad(x, (0, 0, margin, margin))
             left = _windows(padded, span, step, num_blocks)
-            right = _windows(padded, span, step, num_blocks, start=3 * step + span)
-            return torch.cat([left, right], dim=-2)
+            if causal:
+                return left
+            return torch.cat([left, _windows(padded, span, step, num_blocks, start=3 * step + span)], dim=-2)
 
         block_keys.insert(0, sparse_windows(sparse.keys))
         block_values.insert(0, sparse_windows(sparse.values))
-        block_masks.insert(0, sparse_windows(sparse.mask[..., None]).squeeze(-1))
+        block_masks.insert(0, sparse_windows(sparse.mask[..., None]).transpose(-1, -2))
 
     # Global: every block sees every global key.
     if num_global:
         block_keys.insert(0, key[:, :, None, :num_global].expand(-1, -1, num_blocks, -1, -1))
         block_values.insert(0, value[:, :, None, :num_global].expand(-1, -1, num_blocks, -1, -1))
-        block_masks.insert(0, key_mask[:, None, None, :num_global].expand(-1, -1, num_blocks, -1))
+        block_masks.insert(0, key_mask[:, None, None, None, :num_global].expand(-1, -1, num_blocks, -1, -1))
 
-    mask_heads = max(m.shape[1] for m in block_masks)
-    block_mask = torch.cat([m.expand(-1, mask_heads, -1, -1) for m in block_masks], dim=-1)  # (B, H', nb, K)
-    block_mask = _additive_mask(block_mask, query.dtype).expand(-1, heads, -1, -1)
-    # Fold batch and heads: SDPA's fused kernels take 4D inputs (B * H, nb, rows, D).
-    output = _sdpa(
-        token_queries.reshape(batch * heads, num_blocks, block, head_dim),
-        torch.cat(block_keys, dim=-2).reshape(batch * heads, num_blocks, -1, head_dim),
-        torch.cat(block_values, dim=-2).reshape(batch * heads, num_blocks, -1, head_dim),
-        block_mask.reshape(batch * heads, num_blocks, 1, -1),
-        dropout,
-        scaling,
-    )
-    return output.view(batch, heads, num_tokens, head_dim)
+    blocked_queries = token_queries.unflatten(2, (num_blocks, block))  # (B, H, nb, b, D)
+    return _attend(blocked_queries, block_keys, block_values, block_masks, dropout, scaling)
+
+
+def _cached_causal_attention(query, key, value, key_mask, config, dropout: float, scaling: float) -> torch.Tensor:
+    """Causal LSG for queries that are the last q of the cached keys (decoding): each gathers its own keys.
+
+    query: (B, H, q, D); key, value: (B, H, g + T, D); key_mask: (B, g + T) bool. Returns (B, H, q, D).
+    The keys are those a query at the same position gets from `_block_attention` with ``causal=True``.
+    """
+    block, num_global = config.block_size, config.num_global_tokens
+    num_queries, num_tokens = query.shape[2], key.shape[2] - num_global
+    if num_tokens < num_queries:
+        raise ValueError("A cached causal LSG step must not start inside the global tokens: run the prompt first.")
+    device = query.device
+    positions = torch.arange(num_tokens - num_queries, num_tokens, device=device)  # token position of each query
+    block_start = positions // block * block
+    token_keys, token_values = key[:, :, num_global:], value[:, :, num_global:]
+    token_mask = key_mask[:, None, num_global:, None]  # (B, 1, T, 1)
+
+    # Local: tokens [block_start - b, block_start + b) up to the query; row j + b of the copy padded by b.
+    local_index = block_start[:, None] + torch.arange(2 * block, device=device)  # (q, 2b)
+    local_token = local_index - block
+    local_allowed = (local_token >= 0) & (local_token <= positions[:, None])
+
+    def local(x):  # (B, H', T, D') -> (B, H', q, 2b, D')
+        return _rows(F.pad(x, (0, 0, block, block)), local_index)
+
+    keys, values = [local(token_keys)], [local(token_values)]
+    masks = [(local(token_mask).squeeze(-1) & local_allowed)[:, :, :, None, :]]  # (B, 1, q, 1, 2b)
+
+    # Sparse: compressed positions [(k - 1) c - s, (k - 1) c) for a query in block k, compressed from
+    # the complete blocks before the last query's local window.
+    compressed_tokens = max(int(block_start[-1]) - block, 0)
+    if uses_sparse_keys(config) and compressed_tokens:
+        sparse = _sparse_context(
+            query, token_keys[:, :, :compressed_tokens], token_values[:, :, :compressed_tokens],
+            key_mask[:, num_global : num_global + compressed_tokens], config, scaling,
+        )
+        span, step = config.sparse_block_size, block // config.sparsity_factor
+        # (k - 1) c - s + i is row k c + i of the compressed copy padded by s + c in front.
+        sparse_index = (block_start // block * step)[:, None] + torch.arange(span, device=device)  # (q, s)
+
+        def sparse_rows(x):  # (B, H', L, D') -> (B, H', q, s, D')
+            return _rows(F.pad(x, (0, 0, span + step, 0)), sparse_index)
+
+        keys.insert(0, sparse_rows(sparse.keys))
+        values.insert(0, sparse_rows(sparse.values))
+        masks.insert(0, sparse_rows(sparse.mask[..., None]).squeeze(-1)[:, :, :, None, :])
+
+    if num_global:
+        keys.insert(0, key[:, :, None, :num_global].expand(-1, -1, num_queries, -1, -1))
+        values.insert(0, value[:, :, None, :num_global].expand(-1, -1, num_queries, -1, -1))
+        masks.insert(0, key_mask[:, None, None, None, :num_global].expand(-1, -1, num_queries, -1, -1))
+
+    return _attend(query[:, :, :, None], keys, values, masks, dropout, scaling)
 
 
 def lsg_self_attention(
@@ -375,30 +363,37 @@ def lsg_self_attention(
     config: Any,
     dropout: float = 0.0,
     scaling: float | None = None,
+    causal: bool = False,
 ) -> torch.Tensor:
-    """Bidirectional LSG attention over ``g`` global tokens followed by ``t`` tokens.
+    """LSG attention over ``g`` global tokens followed by ``t`` tokens.
 
     Args:
-        query, key, value: (B, H, g + t, D).
+        query: (B, H, q, D): the last q of the g + t positions (q < g + t only when decoding with a cache).
+        key, value: (B, H, g + t, D).
         padding_mask: (B, g + t) bool, True for tokens that may be attended; None = no padding.
         config: anything carrying the LSG keys of `LSGConfigMixin`.
+        causal: decoder attention: local window = previous and own block up to the query, sparse keys
+            on the left only, global tokens form a causal prefix.
     Returns:
-        (B, H, g + t, D).
+        (B, H, q, D).
     """
-    batch, heads, length, head_dim = query.shape
+    batch, heads, length, head_dim = key.shape
     scaling = head_dim**-0.5 if scaling is None else scaling
     num_global, block = config.num_global_tokens, config.block_size
-    key_mask = (
-        torch.ones(batch, length, dtype=torch.bool, device=query.device) if padding_mask is None else padding_mask
-    )
+    key_mask = torch.ones(batch, length, dtype=torch.bool, device=key.device) if padding_mask is None else padding_mask
     if config.mask_first_token and length > num_global:
         key_mask = key_mask.clone()
         key_mask[:, num_global] = False
+    if causal and query.shape[2] < length:
+        return _cached_causal_attention(query, key, value, key_mask, config, dropout, scaling)
     num_tokens = length - num_global
 
     # Short input: the local window already covers everything, plain attention is exact.
     if num_tokens <= 2 * block:
-        return _sdpa(query, key, value, _additive_mask(key_mask[:, None, None, :], query.dtype), dropout, scaling)
+        allowed = key_mask[:, None, None, :]
+        if causal:
+            allowed = allowed & _causal(length, length, key.device)
+        return _sdpa(query, key, value, _additive_mask(allowed, query.dtype), dropout, scaling)
 
     padding = -num_tokens % block
     if padding and not config.adaptive:
@@ -408,11 +403,16 @@ def lsg_self_attention(
     query, key, value = (F.pad(x, (0, 0, 0, padding)) for x in (query, key, value))
     key_mask = F.pad(key_mask, (0, padding), value=False)
 
-    token_output = _block_attention(query, key, value, key_mask, config, dropout, scaling)
+    token_output = _block_attention(query, key, value, key_mask, config, dropout, scaling, causal)
     if not num_global:
         return token_output[:, :, :length]
+    if causal:  # the global tokens are a prefix: each sees the ones before it
+        global_keys, global_values = key[:, :, :num_global], value[:, :, :num_global]
+        global_allowed = key_mask[:, None, None, :num_global] & _causal(num_global, num_global, key.device)
+    else:
+        global_keys, global_values, global_allowed = key, value, key_mask[:, None, None, :]
     global_output = _sdpa(
-        query[:, :, :num_global], key, value, _additive_mask(key_mask[:, None, None, :], query.dtype), dropout, scaling
+        query[:, :, :num_global], global_keys, global_values, _additive_mask(global_allowed, query.dtype), dropout, scaling
     )
     return torch.cat([global_output, token_output], dim=2)[:, :, :length]
 
@@ -442,12 +442,15 @@ def lsg_attention_forward(
 ) -> tuple[torch.Tensor, None]:
     """The ``"lsg"`` entry of transformers' AttentionInterface.
 
-    Encoder self-attention runs LSG. Decoder self-attention and cross-attention (modules with
-    ``is_decoder``) stay dense and go to SDPA. Returns (output (B, N, H, D), None).
+    Encoder self-attention runs LSG; so does the causal self-attention of a decoder-only model
+    (``config.is_decoder``, e.g. BertLMHeadModel). The decoder and cross-attention of encoder-decoder
+    models stay dense and go to SDPA. Returns (output (B, N, H, D), None).
     """
+    config = module.config
     if attention_mask is not None and attention_mask.dim() == 2:
-        attention_mask = _cover_global_tokens(attention_mask, key.shape[2], module.config)
-    if getattr(module, "is_decoder", False):
+        attention_mask = _cover_global_tokens(attention_mask, key.shape[2], config)
+    causal_lsg = config.is_decoder and getattr(module, "is_causal", False)
+    if not causal_lsg and (config.is_decoder or getattr(module, "is_decoder", False)):
         if attention_mask is not None and attention_mask.dim() == 2:
             attention_mask = attention_mask[:, None, None, :]
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
@@ -456,7 +459,7 @@ def lsg_attention_forward(
             f"LSG attention takes the (batch, length) padding mask, got a {attention_mask.dim()}D mask: "
             "pass attention_mask as a 2D tensor of 1s (tokens) and 0s (padding)."
         )
-    output = lsg_self_attention(query, key, value, attention_mask, module.config, dropout, scaling)
+    output = lsg_self_attention(query, key, value, attention_mask, config, dropout, scaling, causal=causal_lsg)
     return output.transpose(1, 2).contiguous(), None
 
 
@@ -471,10 +474,11 @@ def lsg_attention_mask(
 ) -> torch.Tensor | None:
     """The ``"lsg"`` entry of transformers' AttentionMaskInterface.
 
-    For bidirectional attention it returns the user's (B, t) bool padding mask, O(n) instead of the
-    (B, 1, q, kv) matrix; the attention extends it over the global tokens. Causal masks are SDPA's.
+    For LSG attention (bidirectional, or causal in a decoder-only model) it returns the user's (B, t)
+    bool padding mask, O(n) instead of the (B, 1, q, kv) matrix; the attention extends it over the
+    global tokens and applies causality itself. The dense decoders of encoder-decoder models get SDPA's mask.
     """
-    if mask_function is not bidirectional_mask_function:
+    if mask_function is not bidirectional_mask_function and not config.is_decoder:
         return sdpa_mask(
             batch_size=batch_size,
             q_length=q_length,
@@ -489,73 +493,3 @@ def lsg_attention_mask(
 
 AttentionInterface.register(LSG_ATTENTION, lsg_attention_forward)
 AttentionMaskInterface.register(LSG_ATTENTION, lsg_attention_mask)
-
-
-# --------------------------------------------------------------------------------------------------
-# Global tokens in a model
-# --------------------------------------------------------------------------------------------------
-
-
-def _prepend_global_tokens(global_embeddings: nn.Embedding, config: Any, norm: nn.Module, args: tuple) -> tuple:
-    """Forward pre-hook of the embedding norm: (B, t, E) -> (B, g + t, E)."""
-    embeddings = args[0]
-    global_tokens = global_embeddings.weight[: config.num_global_tokens].to(embeddings.dtype)
-    global_tokens = global_tokens.unsqueeze(0).expand(embeddings.shape[0], -1, -1)
-    return (torch.cat([global_tokens, embeddings], dim=1), *args[1:])
-
-
-def _drop_global_tokens(config: Any, encoder: nn.Module, args: tuple, output: Any) -> Any:
-    """Forward hook of the encoder: (B, g + t, E) -> (B, t, E), after pool_with_global."""
-    num_global = config.num_global_tokens
-    hidden_states = output.last_hidden_state
-    if config.pool_with_global and num_global:
-        # the first real token's state becomes global token 0's
-        hidden_states = torch.cat([hidden_states[:, :1], hidden_states[:, num_global + 1 :]], dim=1)
-    else:
-        hidden_states = hidden_states[:, num_global:]
-    output.last_hidden_state = hidden_states
-    return output
-
-
-class LSGModelMixin:
-    """Turns the Hugging Face model built by ``super().__init__`` into an LSG model, in place.
-
-    The architecture file names, relative to the base model (``self.<base_model_prefix>`` for heads):
-        lsg_embeddings: module that holds ``global_embeddings`` (where the reference stored it),
-        lsg_embedding_norm: normalisation before which the global tokens are prepended,
-        lsg_encoder: module whose output drops the global tokens again.
-    The hooks are partials of module-level functions, so copies and pickles of the model stay whole.
-    """
-
-    lsg_embeddings: str = "embeddings"
-    lsg_embedding_norm: str = "embeddings.LayerNorm"
-    lsg_encoder: str = "encoder"
-
-    def __init__(self, config, *args: Any, **kwargs: Any) -> None:
-        super().__init__(config, *args, **kwargs)
-        base = getattr(self, self.base_model_prefix, self)
-        norm = base.get_submodule(self.lsg_embedding_norm)
-        global_embeddings = nn.Embedding(MAX_GLOBAL_TOKENS, norm.normalized_shape[0])
-        nn.init.normal_(global_embeddings.weight, std=getattr(config, "initializer_range", 0.02))
-        base.get_submodule(self.lsg_embeddings).global_embeddings = global_embeddings
-        norm.register_forward_pre_hook(partial(_prepend_global_tokens, global_embeddings, config))
-        base.get_submodule(self.lsg_encoder).register_forward_hook(partial(_drop_global_tokens, config))
-
-
-def lsg_auto_classes(config_class: type) -> dict[str, str]:
-    """Auto class name -> LSG class name, for every head in `config_class.lsg_auto_map`."""
-    return {
-        auto_class: path.rsplit(".", 1)[-1]
-        for auto_class, path in config_class.lsg_auto_map.items()
-        if auto_class != "AutoConfig"
-    }
-
-
-def register_for_auto_classes(config_class: type, namespace: dict[str, Any]) -> None:
-    """Mark the config and every head of `config_class.lsg_auto_map` for remote-code saving.
-
-    `save_pretrained` then copies the architecture's files (and this one) next to the weights.
-    """
-    config_class.register_for_auto_class()
-    for auto_class, class_name in lsg_auto_classes(config_class).items():
-        namespace[class_name].register_for_auto_class(auto_class)

@@ -1,21 +1,12 @@
-"""LSG-BERT: the BERT classes of transformers with LSG encoder attention and global tokens.
+"""LSG-BERT: the BERT heads of transformers with LSG attention and global tokens.
 
-Only what LSG changes is here; the attention, the masks and the global tokens live in lsg_attention.
+Each head ``LSGBert<Head>`` is the mixin below plus ``Bert<Head>``; the heads are listed in LSGBertConfig.
 """
 
-from transformers.models.bert.modeling_bert import (
-    BertForMaskedLM,
-    BertForMultipleChoice,
-    BertForNextSentencePrediction,
-    BertForPreTraining,
-    BertForQuestionAnswering,
-    BertForSequenceClassification,
-    BertForTokenClassification,
-    BertModel,
-)
+from transformers.models.bert import modeling_bert
 
 from .configuration_lsg_bert import LSGBertConfig
-from .lsg_attention import LSGModelMixin, register_for_auto_classes
+from .lsg_model import LSGModelMixin, define_lsg_heads
 
 
 class LSGBertMixin(LSGModelMixin):
@@ -24,36 +15,4 @@ class LSGBertMixin(LSGModelMixin):
     config_class = LSGBertConfig
 
 
-class LSGBertModel(LSGBertMixin, BertModel):
-    """BertModel with LSG attention."""
-
-
-class LSGBertForMaskedLM(LSGBertMixin, BertForMaskedLM):
-    """BertForMaskedLM with LSG attention."""
-
-
-class LSGBertForPreTraining(LSGBertMixin, BertForPreTraining):
-    """BertForPreTraining with LSG attention."""
-
-
-class LSGBertForNextSentencePrediction(LSGBertMixin, BertForNextSentencePrediction):
-    """BertForNextSentencePrediction with LSG attention."""
-
-
-class LSGBertForSequenceClassification(LSGBertMixin, BertForSequenceClassification):
-    """BertForSequenceClassification with LSG attention."""
-
-
-class LSGBertForTokenClassification(LSGBertMixin, BertForTokenClassification):
-    """BertForTokenClassification with LSG attention."""
-
-
-class LSGBertForQuestionAnswering(LSGBertMixin, BertForQuestionAnswering):
-    """BertForQuestionAnswering with LSG attention."""
-
-
-class LSGBertForMultipleChoice(LSGBertMixin, BertForMultipleChoice):
-    """BertForMultipleChoice with LSG attention."""
-
-
-register_for_auto_classes(LSGBertConfig, globals())
+define_lsg_heads(LSGBertMixin, modeling_bert, globals())

@@ -1,0 +1,278 @@
+"""What turns a Hugging Face model class into an LSG one: its config keys, its global tokens, its heads.
+
+* `LSGConfigMixin` adds the LSG keys to a configuration class and fills its ``auto_map``.
+* `LSGModelMixin` adds the global-token table to a model and hooks it in: the global tokens are
+  prepended before the embedding normalisation and dropped again at the encoder output.
+* `define_lsg_heads` creates an architecture's head classes (``LSGBertForMaskedLM`` = the mixin +
+  ``BertForMaskedLM``) from the list of heads in its config class.
+
+An architecture file only names its modules; the attention itself lives in `lsg_attention`.
+This file travels with saved models as remote code: it imports torch and transformers only.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import nn
+
+from .lsg_attention import SPARSITY_TYPES, uses_sparse_keys
+
+MAX_GLOBAL_TOKENS = 512  # rows of the global embedding table, as in the 2023 reference checkpoints
+
+LSG_DEFAULTS: dict[str, Any] = {
+    "adaptive": True,
+    "block_size": 128,
+    "sparse_block_size": 128,
+    "sparsity_factor": 2,
+    "sparsity_type": "norm",
+    "num_global_tokens": 1,
+    "pool_with_global": True,
+    "mask_first_token": False,
+    "lsh_num_pre_rounds": 1,
+    "lsh_seed": 0,
+}
+# Extra key of encoder-decoder models: the decoder also attends to the encoder's global tokens.
+SEQ2SEQ_DEFAULTS: dict[str, Any] = {**LSG_DEFAULTS, "pass_global_tokens_to_decoder": True}
+# Keys the 2023 reference wrote into its configs that mean nothing here.
+LEGACY_CONFIG_KEYS = ("base_model_prefix",)
+
+# The heads every BERT-like encoder has (suffixes of the Hugging Face class names).
+ENCODER_HEADS = (
+    "Model",
+    "ForMaskedLM",
+    "ForSequenceClassification",
+    "ForTokenClassification",
+    "ForQuestionAnswering",
+    "ForMultipleChoice",
+)
+# Head suffix -> transformers Auto class; every other "For..." suffix maps to "AutoModel" + suffix.
+AUTO_CLASS_OF_HEAD = {
+    "Model": "AutoModel",
+    "LMHeadModel": "AutoModelForCausalLM",
+    "ForConditionalGeneration": "AutoModelForSeq2SeqLM",
+}
+
+
+# --------------------------------------------------------------------------------------------------
+# Configuration
+# --------------------------------------------------------------------------------------------------
+
+
+class LSGConfigMixin:
+    """Adds the LSG keys to a Hugging Face configuration class.
+
+    Keys (defaults of the 2023 reference):
+        block_size (128): local block size ``b``; each block sees its previous, own and next block.
+        sparse_block_size (128): ``s``, sparse keys taken on each side of the local window.
+        sparsity_factor (2): ``f``, compression of the sparse context (``f`` tokens -> 1 key).
+        sparsity_type ("norm"): one of `SPARSITY_TYPES`.
+        num_global_tokens (1): ``g`` global tokens prepended to the sequence (0 to 512).
+        pool_with_global (True): output of the first real token := output of global token 0.
+        mask_first_token (False): hide the first real token as a key (it duplicates global 0).
+        adaptive (True): pad inputs to a multiple of ``block_size`` instead of refusing them.
+        lsh_num_pre_rounds (1): hashing rounds before the final one for ``sparsity_type="lsh"``.
+        lsh_seed (0): seed of the random hyperplanes of ``sparsity_type="lsh"``.
+        pass_global_tokens_to_decoder (True, encoder-decoder models only): the encoder output keeps
+            the global tokens in front and the decoder attends to them.
+
+    Subclasses set ``model_type`` (``"lsg-<base>"``), ``lsg_heads`` (head suffixes: ``"Model"``,
+    ``"ForMaskedLM"``, ...) and, for encoder-decoder models, ``lsg_defaults = SEQ2SEQ_DEFAULTS``.
+    The class is named ``LSG<Base>Config`` and lives in ``configuration_lsg_<base>.py``, its heads
+    ``LSG<Base><suffix>`` in ``modeling_lsg_<base>.py``: the ``auto_map`` is derived from that.
+    """
+
+    lsg_heads: tuple[str, ...] = ()
+    lsg_defaults: dict[str, Any] = LSG_DEFAULTS
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # transformers turns config classes into dataclasses and would give a subclass without its
+        # own __init__ a generated one; keep the LSG one.
+        if "__init__" not in cls.__dict__:
+            cls.__init__ = LSGConfigMixin.__init__
+        super().__init_subclass__(**kwargs)
+
+    def __init__(self, **kwargs: Any) -> None:
+        lsg_values = {key: kwargs.pop(key, default) for key, default in self.lsg_defaults.items()}
+        for key in LEGACY_CONFIG_KEYS:
+            kwargs.pop(key, None)
+        kwargs.pop("model_type", None)  # legacy checkpoints say "bert", "roberta", ...
+        kwargs.pop("auto_map", None)
+        super().__init__(**kwargs)
+        self.auto_map = self.lsg_auto_map()
+        if lsg_values["sparsity_type"] is None:
+            lsg_values["sparsity_type"] = "none"
+        for key, value in lsg_values.items():
+            setattr(self, key, value)
+        validate_lsg_settings(self)
+
+    @classmethod
+    def lsg_base_name(cls) -> str:
+        """"Bert" for LSGBertConfig: the prefix of the Hugging Face classes this architecture extends."""
+        return cls.__name__.removeprefix("LSG").removesuffix("Config")
+
+    @classmethod
+    def lsg_auto_map(cls) -> dict[str, str]:
+        """Auto class -> "file.Class" for the config and every head, as saved in config.json."""
+        stem = cls.model_type.replace("-", "_")
+        auto_map = {"AutoConfig": f"configuration_{stem}.{cls.__name__}"}
+        for suffix in cls.lsg_heads:
+            auto_class = AUTO_CLASS_OF_HEAD.get(suffix, f"AutoModel{suffix}")
+            auto_map[auto_class] = f"modeling_{stem}.LSG{cls.lsg_base_name()}{suffix}"
+        return auto_map
+
+    @property
+    def _attn_implementation(self) -> str:
+        """Always "lsg": the global tokens and blocks only work with the LSG attention function.
+
+        (The attribute is not serialised by transformers, so it cannot be stored in config.json.)
+        """
+        return "lsg"
+
+    @_attn_implementation.setter
+    def _attn_implementation(self, value: Any) -> None:
+        self._attn_implementation_internal = value
+
+
+def validate_lsg_settings(config: Any) -> None:
+    """Raise ValueError, saying what to change, if the LSG keys of `config` cannot work."""
+    for key in ("block_size", "sparse_block_size", "sparsity_factor", "num_global_tokens", "lsh_num_pre_rounds"):
+        value = getattr(config, key)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{key} must be an integer, got {value!r}.")
+    if config.block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {config.block_size}.")
+    if config.sparse_block_size < 0 or config.sparsity_factor < 0 or config.lsh_num_pre_rounds < 0:
+        raise ValueError("sparse_block_size, sparsity_factor and lsh_num_pre_rounds must be >= 0.")
+    if not 0 <= config.num_global_tokens <= MAX_GLOBAL_TOKENS:
+        raise ValueError(f"num_global_tokens must be between 0 and {MAX_GLOBAL_TOKENS}, got {config.num_global_tokens}.")
+    if config.sparsity_type not in SPARSITY_TYPES:
+        raise ValueError(f"Unknown sparsity_type {config.sparsity_type!r}: use one of {', '.join(SPARSITY_TYPES)}.")
+    if uses_sparse_keys(config) and config.block_size % config.sparsity_factor:
+        raise ValueError(
+            f"block_size ({config.block_size}) must be a multiple of sparsity_factor ({config.sparsity_factor})."
+        )
+    if getattr(config, "is_decoder", False) and config.sparsity_type == "bos_pooling" and uses_sparse_keys(config):
+        raise ValueError(
+            "sparsity_type 'bos_pooling' needs the first token's query, which a cached causal decoder no longer "
+            "has: use 'pooling' for decoder (causal LM) models."
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# Global tokens in a model
+# --------------------------------------------------------------------------------------------------
+
+
+class GlobalTokens:
+    """The hooks that put the global tokens in front of the sequence and take them out again.
+
+    A causal decoder that continues from its cache (``past_key_values_length > 0``) already holds the
+    global tokens there: that forward pass prepends nothing, drops nothing, and counts its positions
+    from the first real token.
+    """
+
+    def __init__(self, table: nn.Embedding, config: Any) -> None:
+        self.table = table
+        self.config = config
+        self.prepended = False
+
+    def before_embeddings(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:
+        """Forward pre-hook of the embedding module: decide whether this pass carries global tokens."""
+        past_length = kwargs.get("past_key_values_length") or 0
+        self.prepended = not past_length
+        if past_length:
+            kwargs = {**kwargs, "past_key_values_length": past_length - self.config.num_global_tokens}
+        return args, kwargs
+
+    def prepend(self, norm: nn.Module, args: tuple) -> tuple:
+        """Forward pre-hook of the embedding norm: (B, t, E) -> (B, g + t, E)."""
+        if not self.prepended:
+            return args
+        embeddings = args[0]
+        global_tokens = self.table.weight[: self.config.num_global_tokens].to(embeddings.dtype)
+        global_tokens = global_tokens.unsqueeze(0).expand(embeddings.shape[0], -1, -1)
+        return (torch.cat([global_tokens, embeddings], dim=1), *args[1:])
+
+    def drop(self, encoder: nn.Module, args: tuple, output: Any) -> Any:
+        """Forward hook of the encoder: (B, g + t, E) -> (B, t, E), after pool_with_global.
+
+        Encoder-decoder models with ``pass_global_tokens_to_decoder`` keep the global states (the
+        decoder attends to them); causal decoders never pool (global 0 does not see the text).
+        """
+        config = self.config
+        num_global = config.num_global_tokens
+        if not self.prepended or not num_global or getattr(config, "pass_global_tokens_to_decoder", False):
+            return output
+        hidden_states = output.last_hidden_state
+        if config.pool_with_global and not config.is_decoder:
+            # the first real token's state becomes global token 0's
+            hidden_states = torch.cat([hidden_states[:, :1], hidden_states[:, num_global + 1 :]], dim=1)
+        else:
+            hidden_states = hidden_states[:, num_global:]
+        output.last_hidden_state = hidden_states
+        return output
+
+
+class LSGModelMixin:
+    """Turns the Hugging Face model built by ``super().__init__`` into an LSG model, in place.
+
+    The architecture file names, relative to the base model (``self.<base_model_prefix>`` for heads):
+        lsg_embeddings: module that holds ``global_embeddings`` (where the reference stored it) and
+            whose forward receives ``past_key_values_length`` in decoders,
+        lsg_embedding_norm: normalisation before which the global tokens are prepended,
+        lsg_encoder: module whose output drops the global tokens again.
+    """
+
+    lsg_embeddings: str = "embeddings"
+    lsg_embedding_norm: str = "embeddings.LayerNorm"
+    lsg_encoder: str = "encoder"
+
+    def __init__(self, config, *args: Any, **kwargs: Any) -> None:
+        super().__init__(config, *args, **kwargs)
+        base = getattr(self, self.base_model_prefix, self)
+        norm = base.get_submodule(self.lsg_embedding_norm)
+        embeddings = base.get_submodule(self.lsg_embeddings)
+        embeddings.global_embeddings = nn.Embedding(MAX_GLOBAL_TOKENS, norm.normalized_shape[0])
+        nn.init.normal_(embeddings.global_embeddings.weight, std=getattr(config, "initializer_range", 0.02))
+        global_tokens = GlobalTokens(embeddings.global_embeddings, self.config)
+        embeddings.register_forward_pre_hook(global_tokens.before_embeddings, with_kwargs=True)
+        norm.register_forward_pre_hook(global_tokens.prepend)
+        base.get_submodule(self.lsg_encoder).register_forward_hook(global_tokens.drop)
+
+
+# --------------------------------------------------------------------------------------------------
+# Head classes and Auto registration
+# --------------------------------------------------------------------------------------------------
+
+
+def lsg_auto_classes(config_class: type) -> dict[str, str]:
+    """Auto class name -> LSG class name, for every head of `config_class`."""
+    return {
+        auto_class: path.rsplit(".", 1)[-1]
+        for auto_class, path in config_class.lsg_auto_map().items()
+        if auto_class != "AutoConfig"
+    }
+
+
+def define_lsg_heads(mixin: type, source_module: ModuleType, namespace: dict[str, Any]) -> None:
+    """Create ``LSG<Head>`` = `mixin` + ``<Head>`` of `source_module` for every head of ``mixin.config_class``.
+
+    The classes are put into `namespace` (the architecture file's globals) and marked for remote-code
+    saving, so that `save_pretrained` copies the architecture's files (and these) next to the weights.
+    """
+    config_class = mixin.config_class
+    config_class.register_for_auto_class()
+    for auto_class, name in lsg_auto_classes(config_class).items():
+        parent = getattr(source_module, name.removeprefix("LSG"))
+        attributes = {
+            "__module__": namespace["__name__"],
+            "__qualname__": name,
+            "__doc__": f"{parent.__name__} with LSG attention (Local + Sparse + Global) and global tokens.",
+        }
+        head = type(name, (mixin, parent), attributes)
+        head.register_for_auto_class(auto_class)
+        namespace[name] = head

@@ -1,0 +1,23 @@
+"""LSG-BART: the BART heads of transformers with an LSG encoder.
+
+Each head ``LSGBart<Head>`` is the mixin below plus ``Bart<Head>``; the heads are listed in LSGBartConfig.
+The decoder's self- and cross-attention stay dense (SDPA) with the KV cache; with
+``pass_global_tokens_to_decoder`` the encoder output keeps its global tokens in front and the
+cross-attention mask is extended over them by the attention function.
+"""
+
+from transformers.models.bart import modeling_bart
+
+from .configuration_lsg_bart import LSGBartConfig
+from .lsg_model import LSGModelMixin, define_lsg_heads
+
+
+class LSGBartMixin(LSGModelMixin):
+    """The global tokens live in the encoder and join after embed_scale * tokens + positions."""
+
+    config_class = LSGBartConfig
+    lsg_embeddings = "encoder"
+    lsg_embedding_norm = "encoder.layernorm_embedding"
+
+
+define_lsg_heads(LSGBartMixin, modeling_bart, globals())
