@@ -67,6 +67,28 @@ def explicit_mask(config, length, key_mask):
     return allowed[None] & key_mask[:, None, None, :]
 
 
+def explicit_causal_mask(config, length, key_mask):
+    """(B, H, N, N) bool for causal LSG: globals are a causal prefix; block k sees globals, the left
+    sparse keys and tokens of blocks k - 1 and k up to the query itself."""
+    g, b, s = config.num_global_tokens, config.block_size, config.sparse_block_size
+    use_sparse = config.sparsity_type != "none" and s > 0
+    step = b // config.sparsity_factor if use_sparse else 0
+    allowed = torch.zeros(HEADS, length, length, dtype=torch.bool)
+    for head in range(HEADS):
+        for query in range(length):
+            for key in range(query + 1):
+                if query < g or key < g:
+                    allowed[head, query, key] = True
+                    continue
+                block, token = (query - g) // b, key - g
+                if token // b >= block - 1:
+                    allowed[head, query, key] = True
+                elif use_sparse:
+                    p = sparse_position(config, head, token)
+                    allowed[head, query, key] = p is not None and (block - 1) * step - s <= p < (block - 1) * step
+    return allowed[None] & key_mask[:, None, None, :]
+
+
 def dense_reference(query, key, value, allowed):
     bias = torch.zeros(allowed.shape, dtype=query.dtype).masked_fill(~allowed, torch.finfo(query.dtype).min)
     return F.scaled_dot_product_attention(query, key, value, attn_mask=bias)
@@ -85,18 +107,45 @@ def dense_reference(query, key, value, allowed):
     ids=lambda s: f"{s['sparsity_type']}-g{s['num_global_tokens']}-f{s.get('sparsity_factor', 2)}",
 )
 @pytest.mark.parametrize("lengths", [(101, 101), (101, 77)], ids=["full", "padded"])
-def test_blocked_path_equals_dense_attention_with_explicit_mask(settings, lengths):
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_blocked_path_equals_dense_attention_with_explicit_mask(settings, lengths, causal):
     config = lsg_config(block_size=8, **settings)
     g = config.num_global_tokens
     length = g + max(lengths)  # 101 tokens: not a multiple of the block size
     query, key, value = random_qkv(len(lengths), length)
     key_mask = padding_mask([g + n for n in lengths], length)
 
-    output = lsg_self_attention(query, key, value, key_mask, config)
-    expected = dense_reference(query, key, value, explicit_mask(config, length, key_mask))
+    output = lsg_self_attention(query, key, value, key_mask, config, causal=causal)
+    allowed = (explicit_causal_mask if causal else explicit_mask)(config, length, key_mask)
+    expected = dense_reference(query, key, value, allowed)
 
     real = key_mask[:, None, :, None].expand_as(output)
     torch.testing.assert_close(output[real], expected[real], atol=1e-10, rtol=0)
+
+
+def causal_settings():
+    for sparsity_type in SPARSITY_TYPES:
+        if sparsity_type == "bos_pooling":  # refused for decoders: needs the first token's query
+            continue
+        for factor in (1, 2, 4):
+            yield dict(sparsity_type=sparsity_type, sparsity_factor=factor)
+
+
+@pytest.mark.parametrize("settings", list(causal_settings()), ids=lambda s: f"{s['sparsity_type']}-f{s['sparsity_factor']}")
+@pytest.mark.parametrize("step_queries", [1, 5])
+def test_cached_causal_step_equals_the_full_causal_pass(settings, step_queries):
+    config = lsg_config(block_size=8, sparse_block_size=8, num_global_tokens=2, **settings)
+    length = 2 + 90
+    query, key, value = random_qkv(2, length, seed=3)
+    key_mask = padding_mask([length, 2 + 70], length)
+    full = lsg_self_attention(query, key, value, key_mask, config, causal=True)
+
+    for end in (2 + 10, 2 + 33, 2 + 64, length):  # inside block 1, block 3, at a block start, at the end
+        step = lsg_self_attention(
+            query[:, :, end - step_queries : end], key[:, :, :end], value[:, :, :end], key_mask[:, :end], config,
+            causal=True,
+        )
+        torch.testing.assert_close(step, full[:, :, end - step_queries : end], atol=1e-10, rtol=0)
 
 
 def test_mask_first_token_hides_the_first_real_token_as_a_key():

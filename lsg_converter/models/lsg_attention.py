@@ -449,8 +449,9 @@ def lsg_attention_forward(
     config = module.config
     if attention_mask is not None and attention_mask.dim() == 2:
         attention_mask = _cover_global_tokens(attention_mask, key.shape[2], config)
-    causal_lsg = config.is_decoder and getattr(module, "is_causal", False)
-    if not causal_lsg and (config.is_decoder or getattr(module, "is_decoder", False)):
+    is_decoder_only = getattr(config, "is_decoder", False)
+    causal_lsg = is_decoder_only and getattr(module, "is_causal", False)
+    if not causal_lsg and (is_decoder_only or getattr(module, "is_decoder", False)):
         if attention_mask is not None and attention_mask.dim() == 2:
             attention_mask = attention_mask[:, None, None, :]
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
@@ -478,7 +479,7 @@ def lsg_attention_mask(
     bool padding mask, O(n) instead of the (B, 1, q, kv) matrix; the attention extends it over the
     global tokens and applies causality itself. The dense decoders of encoder-decoder models get SDPA's mask.
     """
-    if mask_function is not bidirectional_mask_function and not config.is_decoder:
+    if mask_function is not bidirectional_mask_function and not getattr(config, "is_decoder", False):
         return sdpa_mask(
             batch_size=batch_size,
             q_length=q_length,

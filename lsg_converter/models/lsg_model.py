@@ -208,7 +208,7 @@ class GlobalTokens:
         if not self.prepended or not num_global or getattr(config, "pass_global_tokens_to_decoder", False):
             return output
         hidden_states = output.last_hidden_state
-        if config.pool_with_global and not config.is_decoder:
+        if config.pool_with_global and not getattr(config, "is_decoder", False):
             # the first real token's state becomes global token 0's
             hidden_states = torch.cat([hidden_states[:, :1], hidden_states[:, num_global + 1 :]], dim=1)
         else:

@@ -1,0 +1,91 @@
+"""Helpers shared by the test modules: tiny source models of every architecture, inputs, processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import torch
+import transformers
+from torch.utils._python_dispatch import TorchDispatchMode
+
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "reference-lsg-0.1.9"
+VOCAB = 99
+TINY_LENGTH = 128  # tokens the tiny sources read (RoBERTa's table has 2 more rows)
+PAD_ID = {"bert": 0, "distilbert": 0, "roberta": 1, "bart": 1}
+EOS_ID = 2
+SHARED = dict(vocab_size=VOCAB)
+TINY_CONFIGS = {
+    "bert": lambda: transformers.BertConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+        max_position_embeddings=TINY_LENGTH, **SHARED,
+    ),
+    "roberta": lambda: transformers.RobertaConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+        max_position_embeddings=TINY_LENGTH + 2, **SHARED,
+    ),
+    "distilbert": lambda: transformers.DistilBertConfig(
+        dim=32, n_layers=2, n_heads=4, hidden_dim=37, max_position_embeddings=TINY_LENGTH, **SHARED
+    ),
+    "bart": lambda: transformers.BartConfig(
+        d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+        encoder_ffn_dim=37, decoder_ffn_dim=37, max_position_embeddings=TINY_LENGTH, **SHARED,
+    ),
+}
+
+
+def is_causal_head(head: str) -> bool:
+    return head.endswith(("LMHeadModel", "ForCausalLM"))
+
+
+def save_tiny_source(folder: Path, arch: str, head: str, seed: int = 0) -> Path:
+    """A tiny random `head` of `arch` saved with save_pretrained (no tokenizer)."""
+    config = TINY_CONFIGS[arch]()
+    config.is_decoder = is_causal_head(head)
+    # question answering needs 2 labels (start, end); 3 elsewhere, as BART reads a 2-label config as 3
+    config.num_labels = 2 if head.endswith("QuestionAnswering") else 3
+    torch.manual_seed(seed)
+    getattr(transformers, head)(config).save_pretrained(folder)
+    return folder
+
+
+def padded_batch(lengths, total, arch="bert", seed=0):
+    """(input_ids, attention_mask): random tokens (no pad/eos ids), each row ending in eos, right padding."""
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(3, VOCAB, (len(lengths), total), generator=generator)
+    attention_mask = (torch.arange(total)[None, :] < torch.tensor(lengths)[:, None]).long()
+    input_ids[torch.arange(len(lengths)), torch.tensor(lengths) - 1] = EOS_ID
+    return input_ids.masked_fill(attention_mask == 0, PAD_ID[arch]), attention_mask
+
+
+def run_without_lsg_converter(script: str, cwd: Path) -> subprocess.CompletedProcess:
+    """Run python code in a fresh process in which `import lsg_converter` fails."""
+    preamble = "import sys\nsys.modules['lsg_converter'] = None\n"
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(
+        [sys.executable, "-c", preamble + textwrap.dedent(script)],
+        cwd=cwd,
+        env=environment,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the element count of the largest tensor any torch operation produces."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        for tensor in result if isinstance(result, (tuple, list)) else [result]:
+            if isinstance(tensor, torch.Tensor):
+                self.largest = max(self.largest, tensor.numel())
+        return result

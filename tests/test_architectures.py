@@ -1,0 +1,173 @@
+"""Every architecture of the table end to end: heads equal their source, reference checkpoints, remote code."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from helpers import (
+    FIXTURES,
+    TINY_LENGTH,
+    is_causal_head,
+    padded_batch,
+    run_without_lsg_converter,
+    save_tiny_source,
+)
+from lsg_converter import ARCHITECTURES, LSGConverter, save_converted
+
+import transformers
+
+ARCH_HEADS = [(arch, head) for arch in ARCHITECTURES for head in ARCHITECTURES[arch].heads]
+OUTPUT_FIELDS = [
+    "last_hidden_state",
+    "pooler_output",
+    "encoder_last_hidden_state",
+    "logits",
+    "prediction_logits",
+    "seq_relationship_logits",
+    "start_logits",
+    "end_logits",
+]
+
+
+def head_inputs(arch, head, lengths=(TINY_LENGTH, 90)):
+    """A padded batch (BART builds its decoder inputs from input_ids, as its classification head expects)."""
+    input_ids, attention_mask = padded_batch(list(lengths), TINY_LENGTH, arch)
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask)
+    if arch == "bert":
+        inputs["token_type_ids"] = (torch.arange(TINY_LENGTH) >= 64).long().expand(len(lengths), -1)
+    if head.endswith("ForMultipleChoice"):
+        inputs = {name: tensor[:, None].repeat(1, 3, 1) for name, tensor in inputs.items()}
+    return inputs
+
+
+@pytest.mark.parametrize("arch,head", ARCH_HEADS, ids=[head for _, head in ARCH_HEADS])
+def test_converted_head_equals_source_without_global_tokens_or_sparsity(arch, head, tmp_path):
+    source_dir = save_tiny_source(tmp_path / "source", arch, head)
+    source = getattr(transformers, head).from_pretrained(source_dir).eval()
+    model, _ = LSGConverter(max_sequence_length=1024).convert_from_pretrained(
+        source_dir, num_global_tokens=0, sparsity_type="none", block_size=64
+    )
+    inputs = head_inputs(arch, head)
+
+    with torch.no_grad():
+        expected, output = source(**inputs), model(**inputs)
+
+    assert type(model).__name__ == f"LSG{head}"
+    compared = [field for field in OUTPUT_FIELDS if getattr(expected, field, None) is not None]
+    assert compared
+    for field in compared:
+        torch.testing.assert_close(getattr(output, field), getattr(expected, field), atol=1e-5, rtol=0)
+
+
+def reference_cases():
+    return sorted(case.name for case in FIXTURES.iterdir() if (case / "case.json").is_file())
+
+
+@pytest.mark.parametrize("case", reference_cases())
+def test_reference_checkpoint_reproduces_reference_outputs(case):
+    settings = json.loads((FIXTURES / case / "case.json").read_text())
+    head = json.loads((FIXTURES / case / "config.json").read_text())["architectures"][0]
+    model = ARCHITECTURES[settings["arch"]].lsg_class(head).from_pretrained(FIXTURES / case).eval()
+    reference = load_file(FIXTURES / case / "reference_io.safetensors")
+    inputs = {name: reference[name] for name in ("input_ids", "attention_mask", "decoder_input_ids") if name in reference}
+    real = reference["attention_mask"].bool()
+
+    with torch.no_grad():
+        output = model(**inputs)
+
+    assert model.config.sparsity_type == settings["sparsity_type"]
+    assert model.config.num_global_tokens == settings["num_global_tokens"]
+    if "encoder_last_hidden_state" in reference:  # seq2seq: the encoder output keeps its global tokens
+        encoder_real = torch.nn.functional.pad(real, (settings["num_global_tokens"], 0), value=True)
+        assert (output.logits - reference["logits"]).abs().max() <= 1e-4
+        difference = output.encoder_last_hidden_state - reference["encoder_last_hidden_state"]
+        assert difference[encoder_real].abs().max() <= 1e-4
+    else:
+        with torch.no_grad():
+            sequence_output = model.base_model(**inputs).last_hidden_state
+        assert (output.logits - reference["logits"])[real].abs().max() <= 1e-4
+        assert (sequence_output - reference["sequence_output"])[real].abs().max() <= 1e-4
+
+
+def test_every_fixture_architecture_is_covered():
+    archs = {json.loads((FIXTURES / case / "case.json").read_text())["arch"] for case in reference_cases()}
+    assert {"bert", "roberta", "distilbert", "bart"} <= archs
+
+
+DEFAULT_HEAD_AUTO_CLASS = {
+    "bert": "AutoModelForPreTraining",
+    "roberta": "AutoModelForMaskedLM",
+    "distilbert": "AutoModelForMaskedLM",
+    "bart": "AutoModelForSeq2SeqLM",
+}
+
+
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+def test_saved_folder_loads_as_remote_code_without_lsg_converter(arch, tmp_path):
+    head = ARCHITECTURES[arch].default_head
+    model, _ = LSGConverter(max_sequence_length=1024).convert_from_pretrained(
+        save_tiny_source(tmp_path / "source", arch, head), block_size=16, sparse_block_size=16, num_global_tokens=2
+    )
+    inputs = dict(zip(("input_ids", "attention_mask"), padded_batch([300, 260], 300, arch)))
+    with torch.no_grad():
+        logits = model(**inputs)[0]
+    torch.save({"inputs": inputs, "logits": logits}, tmp_path / "io.pt")
+    folder = save_converted(model, None, tmp_path / "converted")
+
+    result = run_without_lsg_converter(
+        f"""
+        import torch, transformers
+        auto_class = getattr(transformers, {DEFAULT_HEAD_AUTO_CLASS[arch]!r})
+        model = auto_class.from_pretrained({str(folder)!r}, trust_remote_code=True).eval()
+        assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+        assert type(model).__name__ == {type(model).__name__!r}, type(model).__name__
+        io = torch.load({str(tmp_path / "io.pt")!r})
+        with torch.no_grad():
+            logits = model(**io["inputs"])[0]
+        print("MAX_DIFF", (logits - io["logits"]).abs().max().item())
+        """,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert float(result.stdout.split("MAX_DIFF")[1]) <= 1e-5
+
+
+@pytest.mark.parametrize("arch,head", [(a, h) for a, h in ARCH_HEADS if is_causal_head(h)])
+def test_converting_to_a_causal_head_makes_a_decoder(arch, head, tmp_path):
+    source_dir = save_tiny_source(tmp_path / "source", arch, ARCHITECTURES[arch].default_head)
+
+    model, _ = LSGConverter(max_sequence_length=512).convert_from_pretrained(source_dir, architecture=head)
+
+    assert type(model).__name__ == f"LSG{head}" and model.config.is_decoder
+
+
+def test_distilbert_inputs_embeds_equal_input_ids(tmp_path):
+    model, _ = LSGConverter(max_sequence_length=1024).convert_from_pretrained(
+        save_tiny_source(tmp_path / "source", "distilbert", "DistilBertForMaskedLM"), block_size=16, sparse_block_size=16
+    )
+    input_ids, attention_mask = padded_batch([200, 150], 200, "distilbert")
+
+    with torch.no_grad():
+        from_ids = model(input_ids=input_ids, attention_mask=attention_mask).logits
+        embeddings = model.get_input_embeddings()(input_ids)
+        from_embeddings = model(inputs_embeds=embeddings, attention_mask=attention_mask).logits
+
+    torch.testing.assert_close(from_embeddings, from_ids, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["roberta", "bart"])
+def test_both_offset_rows_are_kept_once_in_front_of_the_tiled_positions(arch, tmp_path):
+    source_dir = save_tiny_source(tmp_path / "source", arch, ARCHITECTURES[arch].default_head)
+    source = getattr(transformers, ARCHITECTURES[arch].default_head).from_pretrained(source_dir)
+    model, _ = LSGConverter(max_sequence_length=1000).convert_from_pretrained(source_dir)
+
+    for table_name in ARCHITECTURES[arch].position_tables:
+        old = source.base_model.get_submodule(table_name).weight
+        new = model.base_model.get_submodule(table_name).weight
+        assert new.shape[0] == 1000 + 2
+        torch.testing.assert_close(new[:2], old[:2])
+        torch.testing.assert_close(new[2 : 2 + TINY_LENGTH], old[2:])
+        torch.testing.assert_close(new[2 + TINY_LENGTH : 2 + 2 * TINY_LENGTH], old[2:])
+    assert model.config.max_position_embeddings == source.config.max_position_embeddings + 1000 - TINY_LENGTH

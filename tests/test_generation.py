@@ -1,0 +1,134 @@
+"""Generation: LSG-BART (LSG encoder, dense decoder with its cache) and causal LSG decoders (BERT, RoBERTa)."""
+
+import pytest
+import torch
+
+from helpers import LargestTensor, padded_batch, save_tiny_source
+from lsg_converter import LSGConverter
+
+CAUSAL_HEADS = [("bert", "BertLMHeadModel"), ("roberta", "RobertaForCausalLM")]
+
+
+@pytest.fixture(scope="module")
+def lsg_bart(tmp_path_factory):
+    """A tiny random BART converted to 16,384 tokens with the default LSG settings."""
+    source_dir = save_tiny_source(tmp_path_factory.mktemp("bart"), "bart", "BartForConditionalGeneration")
+    model, _ = LSGConverter(max_sequence_length=16384).convert_from_pretrained(source_dir)
+    return model
+
+
+def test_bart_beam_search_on_a_3000_token_padded_batch_is_the_same_with_and_without_cache(lsg_bart):
+    input_ids, attention_mask = padded_batch([3000, 2000], 3000, "bart")
+    settings = dict(num_beams=3, max_new_tokens=20, min_new_tokens=20, do_sample=False)
+
+    with_cache = lsg_bart.generate(input_ids=input_ids, attention_mask=attention_mask, use_cache=True, **settings)
+    without_cache = lsg_bart.generate(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **settings)
+
+    assert with_cache.shape == (2, 21)
+    assert torch.equal(with_cache, without_cache)
+
+
+def test_bart_generation_of_a_padded_row_equals_the_row_alone(lsg_bart):
+    input_ids, attention_mask = padded_batch([3000, 2000], 3000, "bart")
+
+    batched = lsg_bart.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=15, num_beams=2)
+    alone = lsg_bart.generate(input_ids=input_ids[1:, :2000], max_new_tokens=15, num_beams=2)
+
+    assert torch.equal(batched[1], alone[0])
+
+
+def test_bart_decoder_sees_the_encoder_global_tokens(lsg_bart):
+    input_ids, attention_mask = padded_batch([600], 600, "bart")
+    encoder_output = lsg_bart.get_encoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    assert lsg_bart.config.pass_global_tokens_to_decoder
+    assert encoder_output.shape[1] == lsg_bart.config.num_global_tokens + 600
+
+
+def test_bart_without_passing_global_tokens_returns_one_encoder_state_per_token(tmp_path):
+    source_dir = save_tiny_source(tmp_path / "source", "bart", "BartForConditionalGeneration")
+    model, _ = LSGConverter(max_sequence_length=1024).convert_from_pretrained(
+        source_dir, pass_global_tokens_to_decoder=False, num_global_tokens=2
+    )
+    input_ids, attention_mask = padded_batch([600, 400], 600, "bart")
+
+    with torch.no_grad():
+        output = model(input_ids=input_ids, attention_mask=attention_mask)
+    generated = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=5)
+
+    assert output.encoder_last_hidden_state.shape[1] == 600
+    assert generated.shape[0] == 2
+
+
+def test_bart_16k_token_encoder_pass_and_greedy_generation_build_no_quadratic_tensor(lsg_bart):
+    length = 16384
+    input_ids, attention_mask = padded_batch([length], length, "bart")
+
+    with torch.no_grad(), LargestTensor() as tracker:
+        generated = lsg_bart.generate(
+            input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=5, min_new_tokens=5
+        )
+
+    assert generated.shape == (1, 6)
+    assert tracker.largest < length * length // 64, f"a tensor of {tracker.largest} elements was built"
+
+
+def causal_model(tmp_path, arch, head, sparsity_type="norm"):
+    source_dir = save_tiny_source(tmp_path / "source", arch, head)
+    model, _ = LSGConverter(max_sequence_length=1024).convert_from_pretrained(
+        source_dir, block_size=8, sparse_block_size=8, sparsity_factor=2, num_global_tokens=2, sparsity_type=sparsity_type
+    )
+    return model
+
+
+@pytest.mark.parametrize("sparsity_type", ["norm", "pooling", "stride", "lsh", "none"])
+@pytest.mark.parametrize("arch,head", CAUSAL_HEADS)
+def test_causal_generation_is_the_same_with_and_without_cache(arch, head, sparsity_type, tmp_path):
+    model = causal_model(tmp_path, arch, head, sparsity_type)
+    prompt, _ = padded_batch([40, 40], 40, arch)  # 40 > 2 blocks: the prompt runs the blocked path
+
+    settings = dict(max_new_tokens=40, min_new_tokens=40, do_sample=False)
+
+    with_cache = model.generate(prompt, use_cache=True, **settings)
+    without_cache = model.generate(prompt, use_cache=False, **settings)
+
+    assert with_cache.shape == (2, 80)
+    assert torch.equal(with_cache, without_cache)
+
+
+@pytest.mark.parametrize("arch,head", CAUSAL_HEADS)
+def test_causal_forward_step_by_step_with_cache_equals_one_full_pass(arch, head, tmp_path):
+    model = causal_model(tmp_path, arch, head)
+    input_ids, _ = padded_batch([70, 70], 70, arch)
+
+    with torch.no_grad():
+        full = model(input_ids=input_ids).logits
+        output = model(input_ids=input_ids[:, :30], use_cache=True)
+        steps = [output.logits]
+        for start in range(30, 70, 4):
+            output = model(input_ids=input_ids[:, start : start + 4], past_key_values=output.past_key_values, use_cache=True)
+            steps.append(output.logits)
+
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("arch,head", CAUSAL_HEADS)
+def test_causal_outputs_do_not_depend_on_later_tokens(arch, head, tmp_path):
+    model = causal_model(tmp_path, arch, head)
+    input_ids, _ = padded_batch([70], 70, arch)
+    changed = input_ids.clone()
+    changed[:, 50:] = 7
+
+    with torch.no_grad():
+        original, altered = model(input_ids=input_ids).logits, model(input_ids=changed).logits
+
+    torch.testing.assert_close(altered[:, :50], original[:, :50], atol=0, rtol=0)
+    assert not torch.allclose(altered[:, 50:], original[:, 50:])
+
+
+def test_bos_pooling_is_refused_for_a_causal_decoder(tmp_path):
+    from lsg_converter import InvalidSettingsError
+
+    source_dir = save_tiny_source(tmp_path / "source", "bert", "BertLMHeadModel")
+    with pytest.raises(InvalidSettingsError, match="bos_pooling.*pooling"):
+        LSGConverter(max_sequence_length=512).convert_from_pretrained(source_dir, sparsity_type="bos_pooling")
