@@ -13,6 +13,7 @@ examples:
   lsg-convert bert-base-uncased --max-len 4096 --save-path bert-base-uncased-lsg-4096
   lsg-convert ./my-bert --max-len 16384 --block-size 256 --sparsity-type pooling --sparsity-factor 4 \\
       --save-path ./my-bert-lsg-16k --overwrite
+  lsg-convert facebook/bart-base --max-len 16384 --save-path bart-base-lsg-16k
 
 exit codes: 0 done, 1 other error, 2 source not found, 3 unsupported model,
             4 invalid setting, 5 output folder exists (use --overwrite)
@@ -24,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="lsg-convert",
-        description="Convert a pretrained BERT-family checkpoint into an LSG model that reads long inputs.",
+        description="Convert a pretrained BERT, RoBERTa, DistilBERT or BART checkpoint into an LSG model that reads long inputs.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -37,6 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sparsity-factor", type=int, help="sparse compression factor (default 2)")
     parser.add_argument("--sparsity-type", choices=SPARSITY_TYPES, help="sparse selection (default norm)")
     parser.add_argument("--num-global-tokens", type=int, help="global tokens, 0 to 512 (default 1)")
+    parser.add_argument(
+        "--pass-global-tokens-to-decoder",
+        action=argparse.BooleanOptionalAction,
+        help="BART: let the decoder attend to the encoder's global tokens (default on)",
+    )
     parser.add_argument("--seed", type=int, default=123, help="seed of the conversion's random draws (default 123)")
     parser.add_argument("--random-global-init", action="store_true", help="draw global tokens at random")
     parser.add_argument("--token", help="Hugging Face Hub token for private sources")
@@ -63,6 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "sparsity_factor": args.sparsity_factor,
             "sparsity_type": args.sparsity_type,
             "num_global_tokens": args.num_global_tokens,
+            "pass_global_tokens_to_decoder": args.pass_global_tokens_to_decoder,
         }.items()
         if value is not None
     }

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import save_tiny_source
+from lsg_converter import ARCHITECTURES
 from lsg_converter.cli import main
 
 ERROR_PREFIX = "lsg-convert: error:"
@@ -52,6 +54,27 @@ def test_success_writes_the_folder_and_returns_0(tiny_bert_dir, tmp_path, capsys
     assert config["block_size"] == 32
     assert (out / "model.safetensors").is_file()
     assert str(out) in captured.out
+
+
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+def test_every_architecture_converts_from_the_command_line(arch, tmp_path, capsys):
+    source = save_tiny_source(tmp_path / "source", arch, ARCHITECTURES[arch].default_head)
+
+    code = main([str(source), "--max-len", "2048", "--save-path", str(tmp_path / "out"), "--num-global-tokens", "2"])
+
+    assert code == 0, capsys.readouterr().err
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["model_type"] == f"lsg-{arch}" and config["num_global_tokens"] == 2
+    assert (tmp_path / "out" / f"modeling_lsg_{arch}.py").is_file()
+
+
+def test_bart_decoder_can_be_kept_from_the_global_tokens(tmp_path, capsys):
+    source = save_tiny_source(tmp_path / "source", "bart", "BartForConditionalGeneration")
+
+    code = main([str(source), "--max-len", "1024", "--save-path", str(tmp_path / "out"), "--no-pass-global-tokens-to-decoder"])
+
+    assert code == 0, capsys.readouterr().err
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["pass_global_tokens_to_decoder"] is False
 
 
 def test_quiet_success_prints_nothing(tiny_bert_dir, tmp_path, capsys):
