@@ -171,3 +171,23 @@ def test_both_offset_rows_are_kept_once_in_front_of_the_tiled_positions(arch, tm
         torch.testing.assert_close(new[2 : 2 + TINY_LENGTH], old[2:])
         torch.testing.assert_close(new[2 + TINY_LENGTH : 2 + 2 * TINY_LENGTH], old[2:])
     assert model.config.max_position_embeddings == source.config.max_position_embeddings + 1000 - TINY_LENGTH
+
+
+def test_deep_copies_and_pickles_use_their_own_global_tokens(tmp_path):
+    import copy
+    import pickle
+
+    model, _ = LSGConverter(max_sequence_length=1024).convert_from_pretrained(
+        save_tiny_source(tmp_path / "source", "bert", "BertForMaskedLM"), block_size=16, sparse_block_size=16
+    )
+    input_ids, attention_mask = padded_batch([300], 300)
+    with torch.no_grad():
+        original = model(input_ids=input_ids, attention_mask=attention_mask).logits
+        copies = [copy.deepcopy(model), pickle.loads(pickle.dumps(model))]
+        for duplicate in copies:
+            torch.testing.assert_close(duplicate(input_ids=input_ids, attention_mask=attention_mask).logits, original)
+            duplicate.bert.embeddings.global_embeddings.weight.zero_()
+            assert not torch.allclose(duplicate(input_ids=input_ids, attention_mask=attention_mask).logits, original)
+        unchanged = model(input_ids=input_ids, attention_mask=attention_mask).logits
+
+    torch.testing.assert_close(unchanged, original, atol=0, rtol=0)

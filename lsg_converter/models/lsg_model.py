@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .lsg_attention import SPARSITY_TYPES, uses_sparse_keys
+from .lsg_attention import LSG_ATTENTION, SPARSITY_TYPES, uses_sparse_keys
 
 MAX_GLOBAL_TOKENS = 512  # rows of the global embedding table, as in the 2023 reference checkpoints
 
@@ -130,7 +130,7 @@ class LSGConfigMixin:
 
         (The attribute is not serialised by transformers, so it cannot be stored in config.json.)
         """
-        return "lsg"
+        return LSG_ATTENTION
 
     @_attn_implementation.setter
     def _attn_implementation(self, value: Any) -> None:
