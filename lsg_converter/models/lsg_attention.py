@@ -330,7 +330,7 @@ def _cached_causal_attention(query, key, value, key_mask, config, dropout: float
 
     # Sparse: compressed positions [(k - 1) c - s, (k - 1) c) for a query in block k, compressed from
     # the complete blocks before the last query's local window.
-    compressed_tokens = max(int(block_start[-1]) - block, 0)
+    compressed_tokens = max((num_tokens - 1) // block * block - block, 0)
     if uses_sparse_keys(config) and compressed_tokens:
         sparse = _sparse_context(
             query, token_keys[:, :, :compressed_tokens], token_values[:, :, :compressed_tokens],
