@@ -10,12 +10,15 @@ saved LSG checkpoints also load without ``trust_remote_code`` while the package 
 from .architectures import ARCHITECTURES, register_auto_classes
 from .converter import LSGConverter, save_converted
 from .errors import (
+    CorruptCheckpointError,
+    HubError,
     InvalidSettingsError,
     LSGError,
     OutputExistsError,
     SourceNotFoundError,
     UnsupportedModelError,
 )
+from .hub import model_card, push_converted
 from .models.lsg_attention import SPARSITY_TYPES
 from .models.configuration_lsg_bert import LSGBertConfig
 from .models.modeling_lsg_bert import (  # classes created from the config's list of heads
@@ -62,6 +65,8 @@ register_auto_classes()
 
 __all__ = [
     "ARCHITECTURES",
+    "CorruptCheckpointError",
+    "HubError",
     "InvalidSettingsError",
     "LSGBartConfig",
     "LSGBartForConditionalGeneration",
@@ -99,5 +104,7 @@ __all__ = [
     "SPARSITY_TYPES",
     "SourceNotFoundError",
     "UnsupportedModelError",
+    "model_card",
+    "push_converted",
     "save_converted",
 ]

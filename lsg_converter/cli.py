@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
-from typing import Sequence
+from typing import NoReturn, Sequence
 
+from tqdm.auto import tqdm
 from transformers.utils import logging
 
 EXAMPLES = """\
@@ -13,39 +15,75 @@ examples:
   lsg-convert bert-base-uncased --max-len 4096 --save-path bert-base-uncased-lsg-4096
   lsg-convert ./my-bert --max-len 16384 --block-size 256 --sparsity-type pooling --sparsity-factor 4 \\
       --save-path ./my-bert-lsg-16k --overwrite
-  lsg-convert facebook/bart-base --max-len 16384 --save-path bart-base-lsg-16k
+  lsg-convert facebook/bart-base --max-len 16384 --save-path bart-base-lsg-16k --push-to-hub me/bart-base-lsg-16k
+  lsg-convert ./reference-lsg-checkpoint --max-len 4096 --save-path ./upgraded   # 2023 format -> new format
 
-exit codes: 0 done, 1 other error, 2 source not found, 3 unsupported model,
-            4 invalid setting, 5 output folder exists (use --overwrite)
+exit codes: 0 done, 1 other error, 2 source not found, 3 unsupported model or head,
+            4 invalid setting or command line, 5 output folder exists (use --overwrite),
+            6 corrupt or truncated source files, 7 Hub unreachable or token/repository refused
 """
+USAGE_EXIT_CODE = 4
+
+
+class _Parser(argparse.ArgumentParser):
+    """Command-line mistakes get the same one-line error as every other failure, with exit code 4."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(USAGE_EXIT_CODE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number of tokens")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
     from .models.lsg_attention import SPARSITY_TYPES
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="lsg-convert",
-        description="Convert a pretrained BERT, RoBERTa, DistilBERT or BART checkpoint into an LSG model that reads long inputs.",
+        description="Convert a pretrained BERT, RoBERTa, DistilBERT or BART checkpoint (or a 2023 LSG checkpoint) "
+        "into an LSG model that reads long inputs.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("source", help="Hub model id or local folder of the model to convert")
-    parser.add_argument("--max-len", type=int, required=True, help="new maximum sequence length, e.g. 4096")
-    parser.add_argument("--save-path", help="output folder (default: <source name>-lsg-<max-len>)")
-    parser.add_argument("--architecture", help="head to build, e.g. BertForMaskedLM (default: the source's)")
-    parser.add_argument("--block-size", type=int, help="local block size (default 128)")
-    parser.add_argument("--sparse-block-size", type=int, help="sparse keys on each side of a block (default 128)")
-    parser.add_argument("--sparsity-factor", type=int, help="sparse compression factor (default 2)")
-    parser.add_argument("--sparsity-type", choices=SPARSITY_TYPES, help="sparse selection (default norm)")
-    parser.add_argument("--num-global-tokens", type=int, help="global tokens, 0 to 512 (default 1)")
+    parser.add_argument("--max-len", type=_positive_int, required=True, help="new maximum sequence length, e.g. 4096")
     parser.add_argument(
+        "--save-path", help="output folder (default: <source name>-lsg-<max-len>; none when only pushing)"
+    )
+    parser.add_argument("--architecture", help="head to build, e.g. BertForMaskedLM (default: the source's)")
+    settings = parser.add_argument_group("LSG settings")
+    settings.add_argument("--block-size", type=int, help="local block size (default 128)")
+    settings.add_argument("--sparse-block-size", type=int, help="sparse keys on each side of a block (default 128)")
+    settings.add_argument("--sparsity-factor", type=int, help="sparse compression factor (default 2)")
+    settings.add_argument("--sparsity-type", choices=SPARSITY_TYPES, help="sparse selection (default norm)")
+    settings.add_argument("--num-global-tokens", type=int, help="global tokens, 0 to 512 (default 1)")
+    settings.add_argument(
         "--pass-global-tokens-to-decoder",
         action=argparse.BooleanOptionalAction,
         help="BART: let the decoder attend to the encoder's global tokens (default on)",
     )
-    parser.add_argument("--seed", type=int, default=123, help="seed of the conversion's random draws (default 123)")
-    parser.add_argument("--random-global-init", action="store_true", help="draw global tokens at random")
-    parser.add_argument("--token", help="Hugging Face Hub token for private sources")
+    tokens = parser.add_argument_group("global tokens")
+    tokens.add_argument("--seed", type=int, default=123, help="seed of the conversion's random draws (default 123)")
+    tokens.add_argument("--random-global-init", action="store_true", help="draw global tokens at random")
+    tokens.add_argument("--resize-lsg", action="store_true", help="LSG source: only resize the positions")
+    tokens.add_argument(
+        "--keep-first-global-token", action="store_true", help="LSG source: keep global 0, initialise the others"
+    )
+    tokens.add_argument(
+        "--reinit-global-tokens", action="store_true", help="LSG source: initialise all global tokens afresh"
+    )
+    hub = parser.add_argument_group("Hugging Face Hub")
+    hub.add_argument("--push-to-hub", metavar="REPO", help="push the converted model to this Hub repository")
+    hub.add_argument("--private", action="store_true", help="create the Hub repository as private")
+    hub.add_argument("--commit-message", help="message of the Hub commit")
+    hub.add_argument("--token", help="Hugging Face token (private sources, pushing)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing non-empty output folder")
     parser.add_argument("--quiet", action="store_true", help="print errors only")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -54,12 +92,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (0 on success)."""
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as done:  # --help, or a command-line mistake already reported on one line
+        return int(done.code or 0)
     if args.quiet:
         logging.set_verbosity_error()
+    if args.quiet or not sys.stderr.isatty():  # bars for people at a terminal, clean logs elsewhere
         logging.disable_progress_bar()
-    from . import LSGConverter, LSGError, save_converted
+    from . import LSGConverter, LSGError, model_card, push_converted, save_converted
     from .converter import check_output_folder
+    from .hub import source_license
 
     lsg_kwargs = {
         key: value
@@ -73,24 +117,74 @@ def main(argv: Sequence[str] | None = None) -> int:
         }.items()
         if value is not None
     }
-    save_path = args.save_path or f"{args.source.rstrip('/').split('/')[-1]}-lsg-{args.max_len}"
+    save_path = args.save_path
+    if save_path is None and not args.push_to_hub:
+        save_path = f"{args.source.rstrip('/').split('/')[-1]}-lsg-{args.max_len}"
+    stages = ["load and convert"] + (["save"] if save_path else []) + (["push"] if args.push_to_hub else [])
+    progress = tqdm(total=len(stages), desc=stages[0], unit="step", disable=True if args.quiet else None, file=sys.stderr)
     try:
         converter = LSGConverter(
-            max_sequence_length=args.max_len, random_global_init=args.random_global_init, seed=args.seed
+            max_sequence_length=args.max_len,
+            random_global_init=args.random_global_init,
+            keep_first_global_token=args.keep_first_global_token,
+            resize_lsg=args.resize_lsg,
+            reinit_global_tokens=args.reinit_global_tokens,
+            seed=args.seed,
         )
-        check_output_folder(save_path, args.overwrite)  # refuse before the (long) conversion, not after it
+        if save_path:
+            check_output_folder(save_path, args.overwrite)  # refuse before the (long) conversion, not after it
         model, tokenizer = converter.convert_from_pretrained(
             args.source, architecture=args.architecture, token=args.token, **lsg_kwargs
         )
-        target = save_converted(model, tokenizer, save_path, overwrite=args.overwrite)
+        card = model_card(
+            model,
+            args.push_to_hub,
+            command="lsg-convert " + shlex.join(_without_token(argv)),
+            license=source_license(args.source, args.token),
+        )
+        target = None
+        if save_path:
+            _advance(progress, "save")
+            target = save_converted(model, tokenizer, save_path, overwrite=args.overwrite, card=card)
+        if args.push_to_hub:
+            _advance(progress, "push")
+            url = push_converted(
+                model,
+                tokenizer,
+                args.push_to_hub,
+                private=args.private,
+                token=args.token,
+                commit_message=args.commit_message,
+                card=card,
+                folder=target,
+            )
+        progress.update()
     except LSGError as error:
+        progress.close()
         if args.debug:
             raise
         print(f"lsg-convert: error: {' '.join(str(error).split())}", file=sys.stderr)
         return error.exit_code
+    progress.close()
     if not args.quiet:
-        print(f"Saved {type(model).__name__} ({args.max_len} tokens) to {target}")
+        if target:
+            print(f"Saved {type(model).__name__} ({args.max_len} tokens) to {target}")
+        if args.push_to_hub:
+            print(f"Pushed to {args.push_to_hub}: {url}")
     return 0
+
+
+def _advance(progress: tqdm, stage: str) -> None:
+    progress.update()
+    progress.set_description(stage)
+
+
+def _without_token(argv: list[str]) -> list[str]:
+    """The command line for the model card, with the value of --token hidden."""
+    shown = []
+    for previous, word in zip([""] + argv, argv):
+        shown.append("***" if previous == "--token" else word.split("=")[0] + "=***" if word.startswith("--token=") else word)
+    return shown
 
 
 if __name__ == "__main__":

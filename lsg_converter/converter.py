@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging as pylogging
 import math
 import os
+import pickle
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -13,11 +14,12 @@ from typing import Any, Iterator
 
 import torch
 from torch import nn
+from safetensors import SafetensorError
 from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging
 
 from .architectures import CAUSAL_HEAD_SUFFIXES, Architecture, find_architecture
-from .errors import InvalidSettingsError, OutputExistsError, SourceNotFoundError
+from .errors import CorruptCheckpointError, InvalidSettingsError, OutputExistsError, SourceNotFoundError
 from .models.lsg_model import MAX_GLOBAL_TOKENS
 
 logger = logging.get_logger(__name__)
@@ -31,8 +33,12 @@ class LSGConverter:
         random_global_init: draw the global tokens from the word-embedding distribution instead of
             [CLS]/[MASK] + positions.
         global_positional_stride: stride between the source positions given to successive global tokens.
-        keep_first_global_token: when the source is already LSG, keep its global token 0.
+        keep_first_global_token: when the source is already LSG, keep its global token 0 and initialise
+            the others afresh (as the 2023 reference does).
         resize_lsg: when the source is already LSG, only resize the positions (keep all global tokens).
+        reinit_global_tokens: when the source is already LSG, initialise all its global tokens afresh.
+            By default an LSG source (ours or a 2023 reference checkpoint) keeps its global tokens, so
+            that upgrading or resizing it keeps its outputs.
         use_token_ids: add the token-type-0 embedding to the global tokens, where the model has one.
         seed: seed of every random draw of the conversion (the global RNG is left untouched).
 
@@ -48,6 +54,7 @@ class LSGConverter:
         global_positional_stride: int = 64,
         keep_first_global_token: bool = False,
         resize_lsg: bool = False,
+        reinit_global_tokens: bool = False,
         use_token_ids: bool = True,
         seed: int = 123,
     ) -> None:
@@ -62,6 +69,7 @@ class LSGConverter:
         self.global_positional_stride = global_positional_stride
         self.keep_first_global_token = keep_first_global_token
         self.resize_lsg = resize_lsg
+        self.reinit_global_tokens = reinit_global_tokens
         self.use_token_ids = use_token_ids
         self.seed = seed
 
@@ -95,12 +103,15 @@ class LSGConverter:
         tokenizer = _load_tokenizer(source, token)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
-            with _quiet_loading():
-                model = lsg_class.from_pretrained(source, config=config, token=token)
+            model = _load_model(lsg_class, source, config, token)
             config = model.config
             base = model.base_model
-            if not (is_lsg and self.resize_lsg):
-                self._init_global_tokens(model, arch, tokenizer, keep_first=is_lsg and self.keep_first_global_token)
+            refresh = is_lsg and not self.resize_lsg and (self.keep_first_global_token or self.reinit_global_tokens)
+            keep_first = refresh and self.keep_first_global_token
+            if not is_lsg or refresh:
+                self._init_global_tokens(model, arch, tokenizer, keep_first=keep_first)
+            else:
+                logger.info("The source is an LSG model: its global tokens are kept.")
             added_rows = _tile_positions(base, arch, self.max_sequence_length)
 
         # BART counts its 2 offset rows outside max_position_embeddings, RoBERTa inside: keep the source's way.
@@ -149,8 +160,11 @@ def save_converted(
     tokenizer: PreTrainedTokenizerBase | None,
     save_path: str | os.PathLike,
     overwrite: bool = False,
+    card: Any = None,
 ) -> Path:
-    """Save model (weights, config with auto_map, remote code) and tokenizer into `save_path`, atomically.
+    """Save model (weights, config with auto_map, remote code), tokenizer and model card into `save_path`, atomically.
+
+    `card` is the README.md (a huggingface_hub ModelCard, see `lsg_converter.model_card`); none by default.
 
     Everything is written to a temporary folder beside `save_path` and renamed into place at the end,
     so an interrupted save leaves nothing behind. An existing non-empty folder is only replaced with
@@ -163,6 +177,8 @@ def save_converted(
         model.save_pretrained(staging)
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
+        if card is not None:
+            card.save(staging / "README.md")
         if target.exists():
             shutil.rmtree(target) if target.is_dir() else target.unlink()
         staging.rename(target)
@@ -186,9 +202,24 @@ def _load_config(source: str, token: str | bool | None) -> Any:
     try:
         return AutoConfig.from_pretrained(source, token=token)
     except (OSError, ValueError) as error:
+        if (Path(source).expanduser() / "config.json").is_file():
+            raise CorruptCheckpointError(
+                f"Cannot read {source}/config.json ({' '.join(str(error).split())[:200]}): fix or restore the file."
+            ) from error
         raise SourceNotFoundError(
             f"Cannot load a model config from {source!r}: give a folder with config.json or a Hub model id "
             f"({' '.join(str(error).split())})."
+        ) from error
+
+
+def _load_model(lsg_class: type, source: str, config: Any, token: str | bool | None) -> PreTrainedModel:
+    try:
+        with _quiet_loading():
+            return lsg_class.from_pretrained(source, config=config, token=token)
+    except (SafetensorError, pickle.UnpicklingError, EOFError, RuntimeError, OSError) as error:
+        raise CorruptCheckpointError(
+            f"Cannot read the weights of {source!r} ({' '.join(str(error).split())[:200]}): the file is truncated "
+            "or corrupt, or does not match its config.json; download or save the model again."
         ) from error
 
 

@@ -29,3 +29,15 @@ class OutputExistsError(LSGError):
     """The output folder exists and is not empty, and overwriting was not asked for."""
 
     exit_code = 5
+
+
+class CorruptCheckpointError(LSGError):
+    """The source's files exist but cannot be read (truncated or corrupt weights, broken config)."""
+
+    exit_code = 6
+
+
+class HubError(LSGError):
+    """The Hugging Face Hub is unreachable or refuses the token or the repository."""
+
+    exit_code = 7

@@ -90,14 +90,13 @@ def test_default_save_path_is_source_name_lsg_max_len(tiny_bert_dir, tmp_path, m
 
 
 def test_help_shows_examples_and_exit_codes(capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        main(["--help"])
-    assert exit_info.value.code == 0
+    assert main(["--help"]) == 0
     out = capsys.readouterr().out
     assert "examples:" in out
     assert "lsg-convert bert-base-uncased --max-len 4096" in out
     assert "exit codes" in out
-    assert "--overwrite" in out
+    assert "--overwrite" in out and "--push-to-hub" in out
+    assert "6 corrupt" in out and "7 Hub" in out
 
 
 def test_console_script_converts_and_exits_0(tiny_bert_dir, tmp_path):
