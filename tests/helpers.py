@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 import transformers
+from safetensors.torch import load_file
 from torch.utils._python_dispatch import TorchDispatchMode
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "reference-lsg-0.1.9"
@@ -89,3 +90,28 @@ class LargestTensor(TorchDispatchMode):
             if isinstance(tensor, torch.Tensor):
                 self.largest = max(self.largest, tensor.numel())
         return result
+
+
+def reference_cases() -> list[str]:
+    """Names of the checkpoints the 2023 reference converted, under shared/fixtures."""
+    return sorted(case.name for case in FIXTURES.iterdir() if (case / "case.json").is_file())
+
+
+def assert_reproduces_reference(model, case: str) -> None:
+    """`model`'s outputs on the fixture's inputs equal the reference's within 1e-4 (real tokens)."""
+    reference = load_file(FIXTURES / case / "reference_io.safetensors")
+    inputs = {name: reference[name] for name in ("input_ids", "attention_mask", "decoder_input_ids") if name in reference}
+    real = reference["attention_mask"].bool()
+    with torch.no_grad():
+        output = model(**inputs)
+    if "encoder_last_hidden_state" in reference:  # seq2seq: the encoder output keeps its global tokens
+        num_global = output.encoder_last_hidden_state.shape[1] - real.shape[1]
+        encoder_real = torch.nn.functional.pad(real, (num_global, 0), value=True)
+        assert (output.logits - reference["logits"]).abs().max() <= 1e-4
+        difference = output.encoder_last_hidden_state - reference["encoder_last_hidden_state"]
+        assert difference[encoder_real].abs().max() <= 1e-4
+    else:
+        with torch.no_grad():
+            sequence_output = model.base_model(**inputs).last_hidden_state
+        assert (output.logits - reference["logits"])[real].abs().max() <= 1e-4
+        assert (sequence_output - reference["sequence_output"])[real].abs().max() <= 1e-4

@@ -103,13 +103,17 @@ def dense_reference(query, key, value, allowed):
         dict(sparsity_type="stride", num_global_tokens=3, sparsity_factor=4, sparse_block_size=6),
         dict(sparsity_type="block_stride", num_global_tokens=1, sparsity_factor=2, sparse_block_size=8),
         dict(sparsity_type="block_stride", num_global_tokens=2, sparsity_factor=4, sparse_block_size=3),
+        # geometries the 2023 reference got wrong: s < 0.75 b / f (it dropped the sparse context) ...
+        dict(sparsity_type="stride", num_global_tokens=1, sparsity_factor=2, sparse_block_size=2),
+        # ... and an odd b / f (it crashed)
+        dict(sparsity_type="block_stride", num_global_tokens=1, sparsity_factor=4, sparse_block_size=5, block_size=12),
     ],
-    ids=lambda s: f"{s['sparsity_type']}-g{s['num_global_tokens']}-f{s.get('sparsity_factor', 2)}",
+    ids=lambda s: f"{s['sparsity_type']}-g{s['num_global_tokens']}-f{s.get('sparsity_factor', 2)}-s{s.get('sparse_block_size', 0)}",
 )
 @pytest.mark.parametrize("lengths", [(101, 101), (101, 77)], ids=["full", "padded"])
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 def test_blocked_path_equals_dense_attention_with_explicit_mask(settings, lengths, causal):
-    config = lsg_config(block_size=8, **settings)
+    config = lsg_config(**{"block_size": 8, **settings})
     g = config.num_global_tokens
     length = g + max(lengths)  # 101 tokens: not a multiple of the block size
     query, key, value = random_qkv(len(lengths), length)

@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from helpers import save_tiny_source
+from helpers import FIXTURES, assert_reproduces_reference, reference_cases, save_tiny_source
 from lsg_converter import ARCHITECTURES
 from lsg_converter.cli import main
 
@@ -195,3 +196,167 @@ def test_overwrite_replaces_the_existing_output(tiny_bert_dir, tmp_path, capsys)
     assert not (out / "weights.bin").exists()
     assert json.loads((out / "config.json").read_text())["model_type"] == "lsg-bert"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_non_integer_max_len_exits_4_in_one_line(tiny_bert_dir, tmp_path, capsys):
+    for max_len in ("4k", "1.5"):
+        code = main([str(tiny_bert_dir), "--max-len", max_len, "--save-path", str(tmp_path / "out")])
+        line = _assert_clean_error(capsys, code, 4)
+        assert "whole number" in line and "--help" in line
+    assert sorted(tmp_path.iterdir()) == []
+
+
+def test_unknown_sparsity_type_exits_4_listing_the_valid_ones(tiny_bert_dir, tmp_path, capsys):
+    code = main([str(tiny_bert_dir), "--max-len", "512", "--sparsity-type", "dense", "--save-path", str(tmp_path / "o")])
+    line = _assert_clean_error(capsys, code, 4)
+    assert "'dense'" in line and all(name in line for name in ("norm", "pooling", "lsh", "bos_pooling"))
+    assert sorted(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "flag,value",
+    [("--sparse-block-size", "-1"), ("--sparsity-factor", "-2"), ("--num-global-tokens", "-1"), ("--num-global-tokens", "513")],
+)
+def test_negative_or_out_of_range_sizes_exit_4_and_write_nothing(tiny_bert_dir, tmp_path, capsys, flag, value):
+    code = main([str(tiny_bert_dir), "--max-len", "512", flag, value, "--save-path", str(tmp_path / "out")])
+    line = _assert_clean_error(capsys, code, 4)
+    assert flag.lstrip("-").replace("-", "_") in line
+    assert sorted(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "geometry",
+    [
+        ["--block-size", "16", "--sparsity-factor", "2", "--sparse-block-size", "4"],  # s < 0.75 b / f
+        ["--block-size", "12", "--sparsity-factor", "4", "--sparse-block-size", "6"],  # b / f odd
+    ],
+    ids=["small-sparse-block", "odd-block-over-factor"],
+)
+def test_geometries_the_reference_got_wrong_convert_and_run(tiny_bert_dir, tmp_path, capsys, geometry):
+    out = tmp_path / "out"
+    assert main([str(tiny_bert_dir), "--max-len", "512", *geometry, "--save-path", str(out)]) == 0, capsys.readouterr().err
+
+    from lsg_converter import LSGBertForMaskedLM
+
+    logits = LSGBertForMaskedLM.from_pretrained(out)(input_ids=torch.randint(5, 99, (1, 300))).logits
+    assert torch.isfinite(logits).all()
+
+
+def test_truncated_weights_exit_6_and_write_nothing(tiny_bert_dir, tmp_path, capsys):
+    source = tmp_path / "source"
+    shutil.copytree(tiny_bert_dir, source)
+    weights = source / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+
+    code = main([str(source), "--max-len", "512", "--save-path", str(tmp_path / "out")])
+
+    line = _assert_clean_error(capsys, code, 6)
+    assert "truncated or corrupt" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["source"]
+
+
+def test_corrupt_config_exits_6_and_writes_nothing(tiny_bert_dir, tmp_path, capsys):
+    source = tmp_path / "source"
+    shutil.copytree(tiny_bert_dir, source)
+    (source / "config.json").write_text('{"model_type": "bert", ')
+
+    code = main([str(source), "--max-len", "512", "--save-path", str(tmp_path / "out")])
+
+    line = _assert_clean_error(capsys, code, 6)
+    assert "config.json" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["source"]
+
+
+class InterruptedTokenizer:
+    """A tokenizer whose save is interrupted (Ctrl-C) after the model files are written."""
+
+    def save_pretrained(self, folder):
+        raise KeyboardInterrupt
+
+
+def test_an_interrupted_save_leaves_nothing_behind(tiny_bert_dir, tmp_path):
+    from lsg_converter import LSGConverter, save_converted
+
+    model, _ = LSGConverter(max_sequence_length=512).convert_from_pretrained(tiny_bert_dir)
+
+    with pytest.raises(KeyboardInterrupt):
+        save_converted(model, InterruptedTokenizer(), tmp_path / "out")
+
+    assert sorted(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------------- 2023 checkpoints
+
+
+@pytest.mark.parametrize("case", reference_cases())
+def test_reference_checkpoint_upgraded_by_the_cli_reproduces_the_reference_outputs(case, tmp_path, capsys):
+    out = tmp_path / "out"
+
+    assert main([str(FIXTURES / case), "--max-len", "1024", "--save-path", str(out)]) == 0, capsys.readouterr().err
+
+    config = json.loads((out / "config.json").read_text())
+    arch = json.loads((FIXTURES / case / "case.json").read_text())["arch"]
+    assert config["model_type"] == f"lsg-{arch}" and (out / f"modeling_lsg_{arch}.py").is_file()
+    model = ARCHITECTURES[arch].lsg_class(config["architectures"][0]).from_pretrained(out).eval()
+    assert_reproduces_reference(model, case)
+
+
+@pytest.fixture
+def trained_legacy_checkpoint(tmp_path):
+    """The bert-norm reference checkpoint (2023 format) with global tokens moved away from their initial values."""
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "legacy"
+    shutil.copytree(FIXTURES / "bert-norm", folder)
+    weights = load_file(folder / "model.safetensors")
+    generator = torch.Generator().manual_seed(0)
+    table = weights["bert.embeddings.global_embeddings.weight"]
+    weights["bert.embeddings.global_embeddings.weight"] = table + 0.1 * torch.randn(table.shape, generator=generator)
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+def upgrade(source, out, *flags, max_len="1024"):
+    from lsg_converter import LSGBertForMaskedLM
+
+    assert main([str(source), "--max-len", max_len, "--save-path", str(out), "--quiet", *flags]) == 0
+    before = LSGBertForMaskedLM.from_pretrained(source).bert.embeddings.global_embeddings.weight
+    return before, LSGBertForMaskedLM.from_pretrained(out).bert.embeddings
+
+
+def fresh_global_tokens(embeddings, count):
+    """Global k = word([CLS] for k = 0, else [MASK]) + position 64 k (default stride) + token type 0."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(FIXTURES / "bert-norm")
+    words = embeddings.word_embeddings.weight[[tokenizer.cls_token_id] + [tokenizer.mask_token_id] * (count - 1)]
+    positions = embeddings.position_embeddings.weight[torch.arange(count) * 64]
+    return words + positions + embeddings.token_type_embeddings.weight[0]
+
+
+def test_upgrading_an_lsg_checkpoint_keeps_its_global_tokens(trained_legacy_checkpoint, tmp_path):
+    before, embeddings = upgrade(trained_legacy_checkpoint, tmp_path / "out")
+
+    assert torch.equal(embeddings.global_embeddings.weight, before)
+
+
+def test_resize_lsg_only_resizes_the_positions(trained_legacy_checkpoint, tmp_path):
+    before, embeddings = upgrade(trained_legacy_checkpoint, tmp_path / "out", "--resize-lsg", max_len="2048")
+
+    assert torch.equal(embeddings.global_embeddings.weight, before)
+    assert embeddings.position_embeddings.weight.shape[0] == 2048
+
+
+def test_keep_first_global_token_keeps_global_0_and_initialises_the_others(trained_legacy_checkpoint, tmp_path):
+    before, embeddings = upgrade(trained_legacy_checkpoint, tmp_path / "out", "--keep-first-global-token")
+    weight = embeddings.global_embeddings.weight
+
+    assert torch.equal(weight[0], before[0])
+    torch.testing.assert_close(weight[1:4], fresh_global_tokens(embeddings, 4)[1:])
+
+
+def test_reinit_global_tokens_initialises_every_global_token_afresh(trained_legacy_checkpoint, tmp_path):
+    before, embeddings = upgrade(trained_legacy_checkpoint, tmp_path / "out", "--reinit-global-tokens")
+
+    torch.testing.assert_close(embeddings.global_embeddings.weight[:4], fresh_global_tokens(embeddings, 4))
+    assert not torch.allclose(embeddings.global_embeddings.weight[:4], before[:4])
