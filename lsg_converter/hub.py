@@ -138,7 +138,7 @@ def push_converted(
     Args:
         folder: an already saved copy of the model (from `save_converted`) to upload as it is;
             without it the model is saved to a temporary folder first.
-        card: the README.md; default: `model_card(model, repo_id)`.
+        card: the README.md; default: `model_card(model, repo_id)` with the source's license.
     Returns:
         The URL of the commit.
     Raises:
@@ -151,7 +151,8 @@ def push_converted(
             folder = save_converted(model, tokenizer, Path(staging) / "model")
         folder = Path(folder)
         if not (folder / "README.md").is_file():
-            (card or model_card(model, repo_id)).save(folder / "README.md")
+            card = card or model_card(model, repo_id, license=source_license(model.config._name_or_path, token))
+            card.save(folder / "README.md")
         operations = [
             CommitOperationAdd(path_in_repo=path.relative_to(folder).as_posix(), path_or_fileobj=str(path))
             for path in sorted(folder.rglob("*"))
