@@ -111,7 +111,7 @@ class LSGConfigMixin:
 
     @classmethod
     def lsg_base_name(cls) -> str:
-        """"Bert" for LSGBertConfig: the prefix of the Hugging Face classes this architecture extends."""
+        """Prefix of the Hugging Face classes this architecture extends ("Bert" for LSGBertConfig)."""
         return cls.__name__.removeprefix("LSG").removesuffix("Config")
 
     @classmethod
