@@ -1,4 +1,7 @@
-"""The library's exceptions. Each message says what to do; the CLI prints it on one line."""
+"""The library's exceptions. Each message says what to do; the CLI prints it on one line.
+
+`exit_code` is the status `lsg-convert` exits with when the error stops it.
+"""
 
 
 class LSGError(Exception):
@@ -6,38 +9,30 @@ class LSGError(Exception):
 
     exit_code = 1
 
+    def __init_subclass__(cls, exit_code: int, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.exit_code = exit_code
 
-class SourceNotFoundError(LSGError):
+
+class SourceNotFoundError(LSGError, exit_code=2):
     """The model to convert cannot be found or read."""
 
-    exit_code = 2
 
-
-class UnsupportedModelError(LSGError):
+class UnsupportedModelError(LSGError, exit_code=3):
     """The source's model type or head cannot be converted."""
 
-    exit_code = 3
 
-
-class InvalidSettingsError(LSGError):
+class InvalidSettingsError(LSGError, exit_code=4):
     """A conversion setting (length, block sizes, sparsity type, ...) cannot work."""
 
-    exit_code = 4
 
-
-class OutputExistsError(LSGError):
+class OutputExistsError(LSGError, exit_code=5):
     """The output folder exists and is not empty, and overwriting was not asked for."""
 
-    exit_code = 5
 
-
-class CorruptCheckpointError(LSGError):
+class CorruptCheckpointError(LSGError, exit_code=6):
     """The source's files exist but cannot be read (truncated or corrupt weights, broken config)."""
 
-    exit_code = 6
 
-
-class HubError(LSGError):
+class HubError(LSGError, exit_code=7):
     """The Hugging Face Hub is unreachable or refuses the token or the repository."""
-
-    exit_code = 7
