@@ -63,9 +63,10 @@ class Architecture:
 
     def lsg_class(self, head: str) -> type:
         """LSG class for a source head name ("BertForMaskedLM") or an LSG one ("LSGBertForMaskedLM")."""
-        lsg_name = self.heads.get(head, head if head in self.heads.values() else None)
+        heads = self.heads
+        lsg_name = heads.get(head, head if head in heads.values() else None)
         if lsg_name is None:
-            known = ", ".join(sorted(self.heads))
+            known = ", ".join(sorted(heads))
             raise UnsupportedModelError(f"Unknown {self.model_type} head {head!r}: use --architecture with one of {known}.")
         return getattr(self.modeling_module(), lsg_name)
 

@@ -103,6 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.disable_progress_bar()
     from . import LSGConverter, LSGError, model_card, push_converted, save_converted
     from .converter import check_output_folder
+    from .errors import one_line
     from .hub import source_license
 
     lsg_kwargs = {
@@ -163,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         progress.close()
         if args.debug:
             raise
-        print(f"lsg-convert: error: {' '.join(str(error).split())}", file=sys.stderr)
+        print(f"lsg-convert: error: {one_line(error)}", file=sys.stderr)
         return error.exit_code
     progress.close()
     if not args.quiet:
@@ -183,7 +184,11 @@ def _without_token(argv: list[str]) -> list[str]:
     """The command line for the model card, with the value of --token hidden."""
     shown = []
     for previous, word in zip([""] + argv, argv):
-        shown.append("***" if previous == "--token" else word.split("=")[0] + "=***" if word.startswith("--token=") else word)
+        if previous == "--token":
+            word = "***"
+        elif word.startswith("--token="):
+            word = "--token=***"
+        shown.append(word)
     return shown
 
 

@@ -19,7 +19,7 @@ from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedT
 from transformers.utils import logging
 
 from .architectures import CAUSAL_HEAD_SUFFIXES, Architecture, find_architecture
-from .errors import CorruptCheckpointError, InvalidSettingsError, OutputExistsError, SourceNotFoundError
+from .errors import CorruptCheckpointError, InvalidSettingsError, OutputExistsError, SourceNotFoundError, one_line
 from .models.lsg_model import MAX_GLOBAL_TOKENS
 
 logger = logging.get_logger(__name__)
@@ -204,11 +204,11 @@ def _load_config(source: str, token: str | bool | None) -> Any:
     except (OSError, ValueError) as error:
         if (Path(source).expanduser() / "config.json").is_file():
             raise CorruptCheckpointError(
-                f"Cannot read {source}/config.json ({' '.join(str(error).split())[:200]}): fix or restore the file."
+                f"Cannot read {source}/config.json ({one_line(error, 200)}): fix or restore the file."
             ) from error
         raise SourceNotFoundError(
             f"Cannot load a model config from {source!r}: give a folder with config.json or a Hub model id "
-            f"({' '.join(str(error).split())})."
+            f"({one_line(error)})."
         ) from error
 
 
@@ -218,7 +218,7 @@ def _load_model(lsg_class: type, source: str, config: Any, token: str | bool | N
             return lsg_class.from_pretrained(source, config=config, token=token)
     except (SafetensorError, pickle.UnpicklingError, EOFError, RuntimeError, OSError) as error:
         raise CorruptCheckpointError(
-            f"Cannot read the weights of {source!r} ({' '.join(str(error).split())[:200]}): the file is truncated "
+            f"Cannot read the weights of {source!r} ({one_line(error, 200)}): the file is truncated "
             "or corrupt, or does not match its config.json; download or save the model again."
         ) from error
 

@@ -4,6 +4,11 @@
 """
 
 
+def one_line(error: BaseException | str, limit: int | None = None) -> str:
+    """The text of `error` on one line (white space folded), cut to `limit` characters."""
+    return " ".join(str(error).split())[:limit]
+
+
 class LSGError(Exception):
     """Base class of every error lsg_converter raises on purpose."""
 

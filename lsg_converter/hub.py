@@ -13,8 +13,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging
 
 from .architectures import find_architecture
-from .errors import HubError
-from .models.lsg_model import AUTO_CLASS_OF_HEAD
+from .errors import HubError, one_line
 
 logger = logging.get_logger(__name__)
 
@@ -63,11 +62,12 @@ def model_card(
     config = model.config
     source = config._name_or_path or "unknown"
     head = config.architectures[0] if config.architectures else type(model).__name__
-    suffix = head.removeprefix("LSG").removeprefix(config.lsg_base_name())
-    auto_class = AUTO_CLASS_OF_HEAD.get(suffix, f"AutoModel{suffix}")
-    name = repo_id or f"{Path(source).name}-lsg-{_max_length(model)}"
+    auto_class = next(auto for auto, path in config.lsg_auto_map().items() if path.endswith(f".{head}"))
+    max_length = _max_length(model)
+    name = repo_id or f"{Path(source).name}-lsg-{max_length}"
+    is_local = Path(source).exists()
     data = ModelCardData(
-        base_model=source if not Path(source).exists() else None,
+        base_model=None if is_local else source,
         license=license,
         library_name="transformers",
         tags=["lsg", "long-context", config.model_type],
@@ -75,15 +75,15 @@ def model_card(
     settings = "\n".join(
         f"| `{key}` | `{getattr(config, key)!r}` |" for key in CARD_SETTINGS if hasattr(config, key)
     )
-    how = command or f"LSGConverter(max_sequence_length={_max_length(model)}).convert_from_pretrained({source!r})"
+    how = command or f"LSGConverter(max_sequence_length={max_length}).convert_from_pretrained({source!r})"
     content = f"""---
 {data.to_yaml()}
 ---
 
 # {name}
 
-[{source}]({_link(source)}) converted to **LSG attention** (Local + Sparse + Global) with
-[lsg_converter](https://pypi.org/project/lsg-converter/): it reads up to **{_max_length(model):,} tokens**
+[{source}]({source if is_local else f"https://huggingface.co/{source}"}) converted to **LSG attention** (Local + Sparse + Global) with
+[lsg_converter](https://pypi.org/project/lsg-converter/): it reads up to **{max_length:,} tokens**
 at O(n) cost, with the source's pretrained weights and no retraining (fine-tuning on long inputs is
 still recommended). Head: `{head}`, model type `{config.model_type}`.
 
@@ -109,7 +109,7 @@ from transformers import {auto_class}, AutoTokenizer
 
 model = {auto_class}.from_pretrained("{name}", trust_remote_code=True)
 tokenizer = AutoTokenizer.from_pretrained("{name}")
-inputs = tokenizer(long_text, return_tensors="pt", truncation=True, max_length={_max_length(model)})
+inputs = tokenizer(long_text, return_tensors="pt", truncation=True, max_length={max_length})
 outputs = model(**inputs)
 ```
 
@@ -168,7 +168,7 @@ def push_converted(
             )
         except HUB_ERRORS as error:
             raise HubError(
-                f"Could not push to {repo_id!r} ({type(error).__name__}: {' '.join(str(error).split())[:200]}): "
+                f"Could not push to {repo_id!r} ({type(error).__name__}: {one_line(error, 200)}): "
                 "check the network, the repository name and --token."
             ) from error
     logger.info(f"Pushed {len(operations)} files to {repo_id}.")
@@ -180,6 +180,3 @@ def _max_length(model: PreTrainedModel) -> int:
     arch = find_architecture(model.config.model_type)
     return model.base_model.get_submodule(arch.position_tables[0]).num_embeddings - arch.position_offset
 
-
-def _link(source: str) -> str:
-    return source if Path(source).exists() else f"https://huggingface.co/{source}"
