@@ -317,13 +317,13 @@ def _cached_causal_attention(query, key, value, key_mask, config, dropout: float
     token_keys, token_values = key[:, :, num_global:], value[:, :, num_global:]
     token_mask = key_mask[:, None, num_global:, None]  # (B, 1, T, 1)
 
-    # Local: tokens [block_start - b, block_start + b) up to the query; row j + b of the copy padded by b.
-    local_index = block_start[:, None] + torch.arange(2 * block, device=device)  # (q, 2b)
-    local_token = local_index - block
+    # Local: tokens [block_start - b, block_start + b) up to the query (indices outside are clamped, then masked).
+    local_token = block_start[:, None] - block + torch.arange(2 * block, device=device)  # (q, 2b)
     local_allowed = (local_token >= 0) & (local_token <= positions[:, None])
+    local_index = local_token.clamp(0, num_tokens - 1)
 
     def local(x):  # (B, H', T, D') -> (B, H', q, 2b, D')
-        return _rows(F.pad(x, (0, 0, block, block)), local_index)
+        return _rows(x, local_index)
 
     keys, values = [local(token_keys)], [local(token_values)]
     masks = [(local(token_mask).squeeze(-1) & local_allowed)[:, :, :, None, :]]  # (B, 1, q, 1, 2b)
@@ -337,15 +337,17 @@ def _cached_causal_attention(query, key, value, key_mask, config, dropout: float
             key_mask[:, num_global : num_global + compressed_tokens], config, scaling,
         )
         span, step = config.sparse_block_size, block // config.sparsity_factor
-        # (k - 1) c - s + i is row k c + i of the compressed copy padded by s + c in front.
-        sparse_index = (block_start // block * step)[:, None] + torch.arange(span, device=device)  # (q, s)
+        # compressed positions (k - 1) c - s + i; those before the start are clamped, then masked
+        sparse_position = (block_start // block - 1)[:, None] * step - span + torch.arange(span, device=device)  # (q, s)
+        sparse_index = sparse_position.clamp(min=0)
 
         def sparse_rows(x):  # (B, H', L, D') -> (B, H', q, s, D')
-            return _rows(F.pad(x, (0, 0, span + step, 0)), sparse_index)
+            return _rows(x, sparse_index)
 
         keys.insert(0, sparse_rows(sparse.keys))
         values.insert(0, sparse_rows(sparse.values))
-        masks.insert(0, sparse_rows(sparse.mask[..., None]).squeeze(-1)[:, :, :, None, :])
+        sparse_mask = sparse_rows(sparse.mask[..., None]).squeeze(-1) & (sparse_position >= 0)
+        masks.insert(0, sparse_mask[:, :, :, None, :])
 
     if num_global:
         keys.insert(0, key[:, :, None, :num_global].expand(-1, -1, num_queries, -1, -1))
