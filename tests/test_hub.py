@@ -29,19 +29,11 @@ class FakeHub:
         self.created = []
         self.commits = []
 
-    @property
-    def create_repo_call(self):
-        def create_repo(api, repo_id, **kwargs):
-            self.created.append((repo_id, kwargs))
-            return RepoUrl(f"https://huggingface.co/{repo_id}")
+    def create_repo(self, repo_id, **kwargs):
+        self.created.append((repo_id, kwargs))
+        return RepoUrl(f"https://huggingface.co/{repo_id}")
 
-        return create_repo
-
-    @property
-    def create_commit_call(self):
-        return lambda api, repo_id, operations, **kwargs: self.commit(repo_id, operations, **kwargs)
-
-    def commit(self, repo_id, operations, **kwargs):
+    def create_commit(self, repo_id, operations, **kwargs):
         files = {op.path_in_repo: Path(op.path_or_fileobj).read_bytes() for op in operations}
         self.commits.append((repo_id, files, kwargs))
         return CommitInfo(
@@ -55,8 +47,8 @@ class FakeHub:
 @pytest.fixture
 def hub(monkeypatch):
     fake = FakeHub()
-    monkeypatch.setattr(HfApi, "create_repo", fake.create_repo_call)
-    monkeypatch.setattr(HfApi, "create_commit", fake.create_commit_call)
+    monkeypatch.setattr(HfApi, "create_repo", lambda api, repo_id, **kw: fake.create_repo(repo_id, **kw))
+    monkeypatch.setattr(HfApi, "create_commit", lambda api, repo_id, operations, **kw: fake.create_commit(repo_id, operations, **kw))
     return fake
 
 
