@@ -189,21 +189,35 @@ SPARSE_COMPRESSORS: dict[str, Callable[..., SparseContext]] = {
 
 
 # --------------------------------------------------------------------------------------------------
-# Attention
+# Attention. Tensors are laid out sequence-major, (B, L, H, D) as the projections produce them, so
+# that blocks are views and SDPA's output already has the layout the model wants back.
 # --------------------------------------------------------------------------------------------------
 
 
-def _windows(x: torch.Tensor, size: int, step: int, count: int, start: int = 0) -> torch.Tensor:
-    """Views of `count` windows of `size` rows, `step` apart, starting at row `start` of x (..., L, D).
+def _pad_rows(x: torch.Tensor, before: int, after: int, value: float | bool = 0) -> torch.Tensor:
+    """Pad dim 1 of x (B, L, ...) with `before` and `after` rows of `value`."""
+    return F.pad(x, (0, 0) * (x.dim() - 2) + (before, after), value=value)
 
-    Returns (..., count, size, D).
+
+def _sliding(x: torch.Tensor, size: int, step: int, count: int, start: int = 0) -> list[torch.Tensor]:
+    """Window i = rows [start + i step, start + i step + size) of x (B, L, ...), for i < count.
+
+    Returns views to concatenate on dim 2 into (B, count, size, ...): when the window is a few whole
+    steps, the step-blocked tensor shifted once per step (its backward is a few slices); otherwise
+    one `unfold` view.
     """
-    return x[..., start:, :].unfold(-2, size, step)[..., :count, :, :].transpose(-1, -2)
+    steps = size // step
+    if size % step == 0 and steps <= 4:
+        end = start + (count + steps - 1) * step
+        rows = x if (start, end) == (0, x.shape[1]) else x[:, start:end]
+        blocked = rows.unflatten(1, (-1, step))  # (B, count + steps - 1, step, ...)
+        return [blocked[:, j : j + count] for j in range(steps)]
+    return [x[:, start:].unfold(1, size, step)[:, :count].movedim(-1, 2)]
 
 
 def _rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """Copies of the rows `index` (q, K) of x (..., L, D): (..., q, K, D)."""
-    return x.index_select(-2, index.flatten()).unflatten(-2, index.shape)
+    """Copies of the rows `index` (q, K) of x (B, L, ...): (B, q, K, ...)."""
+    return x.index_select(1, index.flatten()).unflatten(1, index.shape)
 
 
 def _additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -211,8 +225,22 @@ def _additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros((), dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
-def _sdpa(query, key, value, additive_mask, dropout: float, scaling: float) -> torch.Tensor:
-    return F.scaled_dot_product_attention(query, key, value, attn_mask=additive_mask, dropout_p=dropout, scale=scaling)
+def _drop_keys(allowed: torch.Tensor, groups_shape: torch.Size, num_keys: int, dropout: float) -> torch.Tensor:
+    """Attention dropout as DropKey (Li et al., CVPR 2023) at group granularity: in each group of
+    queries (a block, per head) every key is hidden with probability `dropout` before the softmax.
+    The mask stays O(n) and SDPA keeps its fused kernels. A query that would lose every key keeps
+    them all: it must never fall back onto masked keys."""
+    kept = allowed & (torch.rand(*groups_shape, 1, num_keys, device=allowed.device) >= dropout)
+    return torch.where(kept.any(dim=-1, keepdim=True), kept, allowed)
+
+
+def _sdpa(query, key, value, allowed: torch.Tensor, dropout: float, scaling: float) -> torch.Tensor:
+    """SDPA of query (..., H, q, D) on key, value (..., H, k, D); allowed: bool, broadcastable to (..., H, q, k)."""
+    if dropout:
+        allowed = _drop_keys(allowed, query.shape[:-2], key.shape[-2], dropout)
+    return F.scaled_dot_product_attention(
+        query, key, value, attn_mask=_additive_mask(allowed, query.dtype), scale=scaling
+    )
 
 
 def _causal(num_queries: int, num_keys: int, device: torch.device) -> torch.Tensor:
@@ -225,136 +253,128 @@ def _sparse_context(queries, keys, values, mask, config, scaling) -> SparseConte
     return compress(queries, keys, values, mask, config, scaling)
 
 
-def _attend(query, keys, values, masks, dropout: float, scaling: float) -> torch.Tensor:
+def _attend(queries, keys, values, masks, dropout: float, scaling: float) -> torch.Tensor:
     """Each group of query rows attends to its own keys, through SDPA on 4D tensors.
 
-    query: (B, H, n, rows, D); keys, values: lists of (B, H, n, K_i, D);
-    masks: lists of (B, 1 or H, n, 1 or rows, K_i) bool. Returns (B, H, n * rows, D).
+    queries: (B, n, rows, H, D); keys, values: lists of (B, n, K_i, H, D) pieces (views where they
+    can be), concatenated here: the one copy; masks: list of (B, n, 1 or H, 1 or rows, K_i) bool.
+    Returns (B, n * rows, H, D).
     """
-    batch, heads, groups, rows, head_dim = query.shape
-    mask_heads = max(m.shape[1] for m in masks)
+    batch, groups, rows, heads, head_dim = queries.shape
+    mask_heads = max(m.shape[2] for m in masks)
     mask_rows = max(m.shape[3] for m in masks)
-    allowed = torch.cat([m.expand(-1, mask_heads, -1, mask_rows, -1) for m in masks], dim=-1)
-    additive = _additive_mask(allowed, query.dtype).expand(-1, heads, -1, -1, -1)
-    # Fold batch and heads: SDPA's fused kernels take 4D inputs (B * H, n, rows, D).
+    allowed = torch.cat([m.expand(-1, -1, mask_heads, mask_rows, -1) for m in masks], dim=-1)
+
+    def fold(x):  # (B, n, K, H, D) -> (B * n, H, K, D), a view: SDPA's fused kernels take 4D inputs
+        return x.flatten(0, 1).transpose(1, 2)
+
     output = _sdpa(
-        query.reshape(batch * heads, groups, rows, head_dim),
-        torch.cat(keys, dim=-2).reshape(batch * heads, groups, -1, head_dim),
-        torch.cat(values, dim=-2).reshape(batch * heads, groups, -1, head_dim),
-        additive.reshape(batch * heads, groups, mask_rows, -1),
-        dropout,
-        scaling,
-    )
-    return output.view(batch, heads, groups * rows, head_dim)
+        fold(queries), fold(torch.cat(keys, dim=2)), fold(torch.cat(values, dim=2)), allowed.flatten(0, 1), dropout, scaling
+    )  # (B * n, H, rows, D)
+    return output.transpose(1, 2).reshape(batch, groups * rows, heads, head_dim)
 
 
-def _block_attention(query, key, value, key_mask, config, dropout: float, scaling: float, causal: bool) -> torch.Tensor:
-    """Attention of the token queries (everything after the global tokens), block by block.
+def _block_attention(queries, keys, values, mask, global_tokens, config, dropout: float, scaling: float, causal: bool) -> torch.Tensor:
+    """Attention of the token queries, block by block.
 
-    query, key, value: (B, H, g + T, D) with T a multiple of b; key_mask: (B, g + T) bool.
-    Returns (B, H, T, D).
+    queries, keys, values: (B, T, H, D) tokens, T a multiple of b; mask: (B, T) bool.
+    global_tokens: (keys, values, mask) of the g global tokens, (B, g, H, D) x 2 and (B, g).
+    Returns (B, T, H, D).
     """
-    block, num_global = config.block_size, config.num_global_tokens
-    token_queries, token_keys, token_values = (x[:, :, num_global:] for x in (query, key, value))
-    token_mask = key_mask[:, num_global:]  # (B, T)
-    num_blocks = token_queries.shape[2] // block
+    block = config.block_size
+    num_blocks = queries.shape[1] // block
 
     # Local: block i sees tokens [(i - 1) b, (i + 2) b), causal: [(i - 1) b, (i + 1) b); zero-padded
     # and masked outside the sequence.
-    local_blocks = 2 if causal else 3
+    local_size = (2 if causal else 3) * block
 
-    def local(x):  # (B, H', T, D') -> (B, H', nb, 2b or 3b, D')
-        padded = F.pad(x, (0, 0, block, 0 if causal else block))
-        return _windows(padded, local_blocks * block, block, num_blocks)
+    def local(x, fill=0):  # (B, T, ...) -> pieces (B, nb, ., ...) of the 2b or 3b local rows
+        return _sliding(_pad_rows(x, block, 0 if causal else block, fill), local_size, block, num_blocks)
 
-    local_mask = local(token_mask[:, None, :, None]).transpose(-1, -2)  # (B, 1, nb, 1, 3b)
+    local_mask = torch.cat(local(mask, False), dim=2)[:, :, None, None, :]  # (B, nb, 1, 1, 3b)
     if causal:
         # row r of block i (token i b + r) sees local key j (token (i - 1) b + j) for j <= b + r
-        local_mask = local_mask & _causal(block, 2 * block, query.device)  # (B, 1, nb, b, 2b)
-    block_keys, block_values, block_masks = [local(token_keys)], [local(token_values)], [local_mask]
+        local_mask = local_mask & _causal(block, 2 * block, queries.device)  # (B, nb, 1, b, 2b)
+    block_keys, block_values, block_masks = local(keys), local(values), [local_mask]
 
     # Sparse: block i also sees the s compressed positions left of its local window,
     # [(i - 1) c - s, (i - 1) c), and (bidirectional) the s right of it, [(i + 2) c, (i + 2) c + s), c = b / f.
     if uses_sparse_keys(config):
-        sparse = _sparse_context(token_queries, token_keys, token_values, token_mask, config, scaling)
+        sparse = _sparse_context(*(x.transpose(1, 2) for x in (queries, keys, values)), mask, config, scaling)
         span, step = config.sparse_block_size, block // config.sparsity_factor
         margin = step + span
 
-        def sparse_windows(x):  # (B, H', T / f, D') -> (B, H', nb, s or 2s, D')
-            padded = F.pad(x, (0, 0, margin, margin))
-            left = _windows(padded, span, step, num_blocks)
-            if causal:
-                return left
-            return torch.cat([left, _windows(padded, span, step, num_blocks, start=3 * step + span)], dim=-2)
+        def sparse_windows(x, fill=0):  # (B, T / f, ...) -> pieces (B, nb, ., ...) of the s or 2s sparse rows
+            padded = _pad_rows(x, margin, margin, fill)
+            left = _sliding(padded, span, step, num_blocks)
+            return left if causal else left + _sliding(padded, span, step, num_blocks, start=3 * step + span)
 
-        block_keys.insert(0, sparse_windows(sparse.keys))
-        block_values.insert(0, sparse_windows(sparse.values))
-        block_masks.insert(0, sparse_windows(sparse.mask[..., None]).transpose(-1, -2))
+        block_keys = sparse_windows(sparse.keys.transpose(1, 2)) + block_keys
+        block_values = sparse_windows(sparse.values.transpose(1, 2)) + block_values
+        sparse_mask = torch.cat(sparse_windows(sparse.mask.transpose(1, 2), False), dim=2)  # (B, nb, s or 2s, 1 or H)
+        block_masks.insert(0, sparse_mask.transpose(2, 3)[:, :, :, None, :])
 
     # Global: every block sees every global key.
-    if num_global:
-        block_keys.insert(0, key[:, :, None, :num_global].expand(-1, -1, num_blocks, -1, -1))
-        block_values.insert(0, value[:, :, None, :num_global].expand(-1, -1, num_blocks, -1, -1))
-        block_masks.insert(0, key_mask[:, None, None, None, :num_global].expand(-1, -1, num_blocks, -1, -1))
+    global_keys, global_values, global_mask = global_tokens
+    if global_mask.shape[1]:
+        block_keys.insert(0, global_keys[:, None].expand(-1, num_blocks, -1, -1, -1))
+        block_values.insert(0, global_values[:, None].expand(-1, num_blocks, -1, -1, -1))
+        block_masks.insert(0, global_mask[:, None, None, None, :].expand(-1, num_blocks, -1, -1, -1))
 
-    blocked_queries = token_queries.unflatten(2, (num_blocks, block))  # (B, H, nb, b, D)
+    blocked_queries = queries.unflatten(1, (num_blocks, block))  # (B, nb, b, H, D)
     return _attend(blocked_queries, block_keys, block_values, block_masks, dropout, scaling)
 
 
 def _cached_causal_attention(query, key, value, key_mask, config, dropout: float, scaling: float) -> torch.Tensor:
     """Causal LSG for queries that are the last q of the cached keys (decoding): each gathers its own keys.
 
-    query: (B, H, q, D); key, value: (B, H, g + T, D); key_mask: (B, g + T) bool. Returns (B, H, q, D).
+    query: (B, q, H, D); key, value: (B, g + T, H, D); key_mask: (B, g + T) bool. Returns (B, q, H, D).
     The keys are those a query at the same position gets from `_block_attention` with ``causal=True``.
     """
     block, num_global = config.block_size, config.num_global_tokens
-    num_queries, num_tokens = query.shape[2], key.shape[2] - num_global
+    num_queries, num_tokens = query.shape[1], key.shape[1] - num_global
     if num_tokens < num_queries:
         raise ValueError("A cached causal LSG step must not start inside the global tokens: run the prompt first.")
     device = query.device
     positions = torch.arange(num_tokens - num_queries, num_tokens, device=device)  # token position of each query
     block_start = positions // block * block
-    token_keys, token_values = key[:, :, num_global:], value[:, :, num_global:]
-    token_mask = key_mask[:, None, num_global:, None]  # (B, 1, T, 1)
+    token_keys, token_values = key[:, num_global:], value[:, num_global:]
+    token_mask = key_mask[:, num_global:]  # (B, T)
 
     # Local: tokens [block_start - b, block_start + b) up to the query (indices outside are clamped, then masked).
     local_token = block_start[:, None] - block + torch.arange(2 * block, device=device)  # (q, 2b)
     local_allowed = (local_token >= 0) & (local_token <= positions[:, None])
     local_index = local_token.clamp(0, num_tokens - 1)
-
-    def local(x):  # (B, H', T, D') -> (B, H', q, 2b, D')
-        return _rows(x, local_index)
-
-    keys, values = [local(token_keys)], [local(token_values)]
-    masks = [(local(token_mask).squeeze(-1) & local_allowed)[:, :, :, None, :]]  # (B, 1, q, 1, 2b)
+    keys, values = [_rows(token_keys, local_index)], [_rows(token_values, local_index)]  # (B, q, 2b, H, D)
+    masks = [(_rows(token_mask, local_index) & local_allowed)[:, :, None, None, :]]  # (B, q, 1, 1, 2b)
 
     # Sparse: compressed positions [(k - 1) c - s, (k - 1) c) for a query in block k, compressed from
     # the complete blocks before the last query's local window.
     compressed_tokens = max((num_tokens - 1) // block * block - block, 0)
     if uses_sparse_keys(config) and compressed_tokens:
         sparse = _sparse_context(
-            query, token_keys[:, :, :compressed_tokens], token_values[:, :, :compressed_tokens],
-            key_mask[:, num_global : num_global + compressed_tokens], config, scaling,
+            query.transpose(1, 2),
+            token_keys[:, :compressed_tokens].transpose(1, 2),
+            token_values[:, :compressed_tokens].transpose(1, 2),
+            token_mask[:, :compressed_tokens],
+            config,
+            scaling,
         )
         span, step = config.sparse_block_size, block // config.sparsity_factor
         # compressed positions (k - 1) c - s + i; those before the start are clamped, then masked
         sparse_position = (block_start // block - 1)[:, None] * step - span + torch.arange(span, device=device)  # (q, s)
         sparse_index = sparse_position.clamp(min=0)
-
-        def sparse_rows(x):  # (B, H', L, D') -> (B, H', q, s, D')
-            return _rows(x, sparse_index)
-
-        keys.insert(0, sparse_rows(sparse.keys))
-        values.insert(0, sparse_rows(sparse.values))
-        sparse_mask = sparse_rows(sparse.mask[..., None]).squeeze(-1) & (sparse_position >= 0)
-        masks.insert(0, sparse_mask[:, :, :, None, :])
+        keys.insert(0, _rows(sparse.keys.transpose(1, 2), sparse_index))  # (B, q, s, H, D)
+        values.insert(0, _rows(sparse.values.transpose(1, 2), sparse_index))
+        sparse_mask = _rows(sparse.mask.transpose(1, 2), sparse_index) & (sparse_position >= 0)[:, :, None]  # (B, q, s, 1 or H)
+        masks.insert(0, sparse_mask.transpose(2, 3)[:, :, :, None, :])
 
     if num_global:
-        keys.insert(0, key[:, :, None, :num_global].expand(-1, -1, num_queries, -1, -1))
-        values.insert(0, value[:, :, None, :num_global].expand(-1, -1, num_queries, -1, -1))
-        masks.insert(0, key_mask[:, None, None, None, :num_global].expand(-1, -1, num_queries, -1, -1))
+        keys.insert(0, key[:, None, :num_global].expand(-1, num_queries, -1, -1, -1))
+        values.insert(0, value[:, None, :num_global].expand(-1, num_queries, -1, -1, -1))
+        masks.insert(0, key_mask[:, None, None, None, :num_global].expand(-1, num_queries, -1, -1, -1))
 
-    return _attend(query[:, :, :, None], keys, values, masks, dropout, scaling)
+    return _attend(query[:, :, None], keys, values, masks, dropout, scaling)
 
 
 def lsg_self_attention(
@@ -374,10 +394,11 @@ def lsg_self_attention(
         key, value: (B, H, g + t, D).
         padding_mask: (B, g + t) bool, True for tokens that may be attended; None = no padding.
         config: anything carrying the LSG keys of `LSGConfigMixin`.
+        dropout: attention dropout probability, applied as DropKey (see `_drop_keys`).
         causal: decoder attention: local window = previous and own block up to the query, sparse keys
             on the left only, global tokens form a causal prefix.
     Returns:
-        (B, H, q, D).
+        (B, H, q, D), a transposed view of a contiguous (B, q, H, D) tensor.
     """
     batch, heads, length, head_dim = key.shape
     scaling = head_dim**-0.5 if scaling is None else scaling
@@ -386,37 +407,51 @@ def lsg_self_attention(
     if config.mask_first_token and length > num_global:
         key_mask = key_mask.clone()
         key_mask[:, num_global] = False
-    if causal and query.shape[2] < length:
-        return _cached_causal_attention(query, key, value, key_mask, config, dropout, scaling)
     num_tokens = length - num_global
 
     # Short input: the local window already covers everything, plain attention is exact.
-    if num_tokens <= 2 * block:
+    if num_tokens <= 2 * block and query.shape[2] == length:
         allowed = key_mask[:, None, None, :]
         if causal:
             allowed = allowed & _causal(length, length, key.device)
-        return _sdpa(query, key, value, _additive_mask(allowed, query.dtype), dropout, scaling)
+        return _sdpa(query, key, value, allowed, dropout, scaling)
+
+    # From here on: sequence-major (B, L, H, D) views.
+    query, key, value = (x.transpose(1, 2) for x in (query, key, value))
+    if causal and query.shape[1] < length:
+        return _cached_causal_attention(query, key, value, key_mask, config, dropout, scaling).transpose(1, 2)
 
     padding = -num_tokens % block
     if padding and not config.adaptive:
         raise ValueError(
             f"Input length {num_tokens} is not a multiple of block_size {block}: pad it, or set adaptive=True."
         )
-    query, key, value = (F.pad(x, (0, 0, 0, padding)) for x in (query, key, value))
-    key_mask = F.pad(key_mask, (0, padding), value=False)
-
-    token_output = _block_attention(query, key, value, key_mask, config, dropout, scaling, causal)
-    if not num_global:
-        return token_output[:, :, :length]
-    if causal:  # the global tokens are a prefix: each sees the ones before it
-        global_keys, global_values = key[:, :, :num_global], value[:, :, :num_global]
-        global_allowed = key_mask[:, None, None, :num_global] & _causal(num_global, num_global, key.device)
-    else:
-        global_keys, global_values, global_allowed = key, value, key_mask[:, None, None, :]
-    global_output = _sdpa(
-        query[:, :, :num_global], global_keys, global_values, _additive_mask(global_allowed, query.dtype), dropout, scaling
+    # Split (not slice) into global tokens and tokens: the backward pass then joins the two gradients
+    # with one copy instead of zero-filling two full-size ones and adding them.
+    (global_queries, token_queries), (global_keys, token_keys), (global_values, token_values), (global_mask, token_mask) = (
+        x.split([num_global, num_tokens], dim=1) for x in (query, key, value, key_mask)
     )
-    return torch.cat([global_output, token_output], dim=2)[:, :, :length]
+    if padding:
+        token_queries, token_keys, token_values = (_pad_rows(x, 0, padding) for x in (token_queries, token_keys, token_values))
+        token_mask = F.pad(token_mask, (0, padding), value=False)
+
+    output = _block_attention(
+        token_queries, token_keys, token_values, token_mask, (global_keys, global_values, global_mask),
+        config, dropout, scaling, causal,
+    )  # (B, T, H, D)
+    if num_global:
+        if causal:  # the global tokens are a prefix: each sees the ones before it
+            keys_seen, values_seen = global_keys, global_values
+            allowed = global_mask[:, None, None, :] & _causal(num_global, num_global, key.device)
+        else:
+            keys_seen, values_seen, allowed = key, value, key_mask[:, None, None, :]
+        global_output = _sdpa(
+            global_queries.transpose(1, 2), keys_seen.transpose(1, 2), values_seen.transpose(1, 2), allowed, dropout, scaling
+        )  # (B, H, g, D)
+        output = torch.cat([global_output.transpose(1, 2), output], dim=1)
+    if padding:
+        output = output[:, :length]
+    return output.transpose(1, 2)
 
 
 def _cover_global_tokens(padding_mask: torch.Tensor, num_keys: int, config: Any) -> torch.Tensor:

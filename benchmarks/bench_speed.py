@@ -1,0 +1,360 @@
+"""Side-by-side speed and memory of LSG against its peers, on whole models, in one run.
+
+    python benchmarks/bench_speed.py                                  # CPU, 1k-16k tokens, 2 layers
+    python benchmarks/bench_speed.py --lengths 4096 --repeats 5       # the targets of issue 5 only
+    python benchmarks/bench_speed.py --device cuda --dtype bfloat16   # GPU
+
+Every model is a randomly initialised base-size encoder (hidden 768, 12 heads, intermediate 3072,
+``--layers`` layers, batch 1) fed random token ids:
+
+* ``identity``: BERT whose attention returns its values (attention costs nothing: the limit);
+* ``dense``: BERT with dense SDPA attention;
+* ``longformer``: HF Longformer, window 512;
+* ``bigbird``: HF BigBird, block sparse, block 64, 3 random blocks;
+* ``lsg ...``: this project's LSG-BERT under several settings (block/sparse sizes, type, factor, globals).
+
+For each length it reports the median forward time (no grad), the median forward+backward time
+(loss = mean square of the last hidden states) and the peak memory of a forward+backward step
+(CPU: rise of the resident set size in a fresh process; CUDA: rise of the allocated memory), then
+ratios to the first LSG setting. ``--results`` writes a markdown section (machine, tables, targets)
+into benchmarks/RESULTS.md and ``--plot`` a PNG beside it. Ratios, not absolute times, carry over
+between machines: compare only figures taken in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import transformers
+from transformers import AttentionInterface, BertConfig, BertModel, BigBirdConfig, BigBirdModel
+from transformers import LongformerConfig, LongformerModel
+
+from lsg_converter import LSGBertConfig, LSGBertModel
+
+BASE_DIMS = {"hidden_size": 768, "num_attention_heads": 12, "intermediate_size": 3072, "vocab_size": 30522}
+# name -> LSG keys; the first one is the reference every ratio is taken against.
+LSG_SETTINGS: dict[str, dict[str, Any]] = {
+    "lsg norm 128/128 f2 g1": {"block_size": 128, "sparse_block_size": 128, "sparsity_factor": 2, "sparsity_type": "norm"},
+    "lsg local 256/0 g1": {"block_size": 256, "sparse_block_size": 0, "sparsity_type": "none"},
+    "lsg pooling 128/128 f4 g1": {"block_size": 128, "sparse_block_size": 128, "sparsity_factor": 4, "sparsity_type": "pooling"},
+    "lsg stride 64/64 f4 g1": {"block_size": 64, "sparse_block_size": 64, "sparsity_factor": 4, "sparsity_type": "stride"},
+}
+REFERENCE = next(iter(LSG_SETTINGS))
+PEERS = ("identity", "identity+qk", "dense", "longformer", "bigbird")
+RESULTS_FILE = Path(__file__).with_name("RESULTS.md")
+
+
+def identity_attention(module, query, key, value, attention_mask, **kwargs):
+    """Attention that returns its values: what a model costs when attention is free."""
+    return value.transpose(1, 2), None
+
+
+class _FreeAttention(torch.autograd.Function):
+    """Returns the values; the queries and keys get zero gradients, so their projections still run
+    backward as they do under any real attention."""
+
+    @staticmethod
+    def forward(ctx, query, key, value):
+        return value.view_as(value)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.zeros_like(grad), torch.zeros_like(grad), grad
+
+
+def identity_attention_keeping_qk(module, query, key, value, attention_mask, **kwargs):
+    """Identity attention that keeps the query and key projections in the backward pass."""
+    return _FreeAttention.apply(query, key, value).transpose(1, 2), None
+
+
+AttentionInterface.register("identity", identity_attention)
+AttentionInterface.register("identity_qk", identity_attention_keeping_qk)
+
+
+def build_model(name: str, layers: int, max_length: int) -> torch.nn.Module:
+    """A randomly initialised base-size encoder of the given kind, able to read max_length tokens."""
+    dims = {**BASE_DIMS, "num_hidden_layers": layers, "max_position_embeddings": max_length + 2}
+    if name == "identity":
+        return BertModel(BertConfig(**dims, attn_implementation="identity"), add_pooling_layer=False)
+    if name == "identity+qk":
+        return BertModel(BertConfig(**dims, attn_implementation="identity_qk"), add_pooling_layer=False)
+    if name == "dense":
+        return BertModel(BertConfig(**dims, attn_implementation="sdpa"), add_pooling_layer=False)
+    if name == "longformer":
+        return LongformerModel(LongformerConfig(**dims, attention_window=512), add_pooling_layer=False)
+    if name == "bigbird":
+        config = BigBirdConfig(**dims, attention_type="block_sparse", block_size=64, num_random_blocks=3)
+        return BigBirdModel(config, add_pooling_layer=False)
+    return LSGBertModel(LSGBertConfig(**dims, **LSG_SETTINGS[name]), add_pooling_layer=False)
+
+
+def step_functions(model: torch.nn.Module, input_ids: torch.Tensor) -> tuple[Callable[[], None], Callable[[], None]]:
+    """(forward without grad, forward + backward) of one batch."""
+    inputs = {"input_ids": input_ids}
+    if isinstance(model, LongformerModel):  # its first token global, as LSG's one global token
+        inputs["global_attention_mask"] = torch.zeros_like(input_ids).index_fill_(1, torch.tensor([0]), 1)
+
+    def forward() -> None:
+        with torch.no_grad():
+            model(**inputs)
+
+    def forward_backward() -> None:
+        model(**inputs).last_hidden_state.float().square().mean().backward()
+        model.zero_grad(set_to_none=True)
+
+    return forward, forward_backward
+
+
+def median_seconds(step: Callable[[], None], repeats: int, device: torch.device) -> float:
+    step()  # warm-up
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def prepare(name: str, length: int, args: argparse.Namespace) -> tuple[torch.nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    model = build_model(name, args.layers, length).to(device=device, dtype=dtype).train(not args.eval)
+    if args.compile:
+        model = torch.compile(model)
+    input_ids = torch.randint(1000, BASE_DIMS["vocab_size"], (1, length), device=device)
+    return model, input_ids
+
+
+def resident_kib(field: str) -> int:
+    """VmRSS / VmHWM of this process in KiB (Linux)."""
+    status = Path("/proc/self/status").read_text()
+    return int(re.search(rf"^{field}:\s+(\d+) kB", status, re.M).group(1))
+
+
+def peak_memory_mib(name: str, length: int, args: argparse.Namespace) -> float:
+    """Memory a forward+backward step adds on top of the model and its inputs, in MiB."""
+    model, input_ids = prepare(name, length, args)
+    _, forward_backward = step_functions(model, input_ids)
+    if args.device == "cuda":
+        torch.cuda.synchronize()
+        baseline = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        forward_backward()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - baseline) / 2**20
+    # CPU: run in this (fresh) process once to settle lazy allocations, reset the high-water mark,
+    # then measure the resident set's rise over one step.
+    forward_backward()
+    baseline = resident_kib("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")
+    forward_backward()
+    return (resident_kib("VmHWM") - baseline) / 1024
+
+
+def measure_memory_in_child(name: str, length: int, args: argparse.Namespace) -> float:
+    """CPU peak memory is a process-wide figure: measure each model in a process of its own."""
+    command = [sys.executable, __file__, "--memory-of", name, "--lengths", str(length), *forwarded_options(args)]
+    result = subprocess.run(command, capture_output=True, text=True, check=True)
+    return json.loads(result.stdout.strip().splitlines()[-1])["peak_mib"]
+
+
+def forwarded_options(args: argparse.Namespace) -> list[str]:
+    options = ["--layers", str(args.layers), "--device", args.device, "--dtype", args.dtype]
+    return options + (["--eval"] if args.eval else [])
+
+
+@dataclass
+class Row:
+    model: str
+    length: int
+    forward: float
+    forward_backward: float | None
+    peak_mib: float | None
+
+
+def measure(name: str, length: int, args: argparse.Namespace) -> Row:
+    model, input_ids = prepare(name, length, args)
+    forward, forward_backward = step_functions(model, input_ids)
+    device = torch.device(args.device)
+    forward_seconds = median_seconds(forward, args.repeats, device)
+    train_seconds = None if args.forward_only else median_seconds(forward_backward, args.repeats, device)
+    del model
+    if args.forward_only or args.skip_memory:
+        peak = None
+    elif args.device == "cuda":
+        peak = peak_memory_mib(name, length, args)
+    else:
+        peak = measure_memory_in_child(name, length, args)
+    return Row(name, length, forward_seconds, train_seconds, peak)
+
+
+def machine_description(args: argparse.Namespace) -> str:
+    if args.device == "cuda":
+        device = torch.cuda.get_device_name()
+    else:
+        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name")), platform.processor())
+        device = f"CPU {cpu}, {torch.get_num_threads()} threads"
+    return (
+        f"{device}; torch {torch.__version__}, transformers {transformers.__version__}, Python {platform.python_version()}; "
+        f"{args.dtype}, batch 1, hidden 768, 12 heads, {args.layers} layers, {'eval' if args.eval else 'train'} mode"
+        f"{', torch.compile' if args.compile else ''}, median of {args.repeats} after 1 warm-up"
+    )
+
+
+def fmt(value: float | None, digits: int = 3) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def tables(rows: list[Row], lengths: list[int]) -> str:
+    reference = {row.length: row for row in rows if row.model == REFERENCE}
+    lines = []
+    for length in lengths:
+        base = reference.get(length)
+        lines += [
+            f"\n**{length} tokens** (ratios: model / `{REFERENCE}`; above 1 = slower or larger than LSG)\n",
+            "| model | fwd s | fwd+bwd s | peak MiB | fwd ratio | fwd+bwd ratio | memory ratio |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for row in (r for r in rows if r.length == length):
+            ratio = lambda attribute: (  # noqa: E731
+                None if base is None or getattr(row, attribute) is None or not getattr(base, attribute)
+                else getattr(row, attribute) / getattr(base, attribute)
+            )
+            lines.append(
+                f"| {row.model} | {fmt(row.forward)} | {fmt(row.forward_backward)} | {fmt(row.peak_mib, 0)} "
+                f"| {fmt(ratio('forward'), 2)} | {fmt(ratio('forward_backward'), 2)} | {fmt(ratio('peak_mib'), 2)} |"
+            )
+    return "\n".join(lines)
+
+
+def target_checks(rows: list[Row]) -> list[tuple[str, float, str, float]]:
+    """The targets of issue 5 that this run measured: (what, measured, comparison, bound)."""
+    at = {(row.model, row.length): row for row in rows}
+    checks = []
+    lsg = at.get((REFERENCE, 4096))
+    if lsg and lsg.forward_backward:
+        for peer, comparison, bound in (("identity", "<=", 1.25), ("longformer", ">=", 3.0), ("bigbird", ">=", 2.0), ("dense", ">=", 2.0)):
+            row = at.get((peer, 4096))
+            if row and row.forward_backward:
+                ratio = lsg.forward_backward / row.forward_backward if peer == "identity" else row.forward_backward / lsg.forward_backward
+                what = "LSG / identity" if peer == "identity" else f"{peer} / LSG"
+                checks.append((f"4096 fwd+bwd {what}", ratio, comparison, bound))
+        longformer = at.get(("longformer", 4096))
+        if lsg.peak_mib and longformer and longformer.peak_mib:
+            checks.append(("4096 peak memory LSG / longformer", lsg.peak_mib / longformer.peak_mib, "<=", 0.65))
+    long_run = at.get((REFERENCE, 16384))
+    if lsg and long_run:
+        checks.append(("LSG fwd time 16384 / 4096", long_run.forward / lsg.forward, "<=", 4.4))
+    return checks
+
+
+def checks_text(checks: list[tuple[str, float, str, float]]) -> str:
+    lines = ["| target | measured | bound | met |", "|---|---|---|---|"]
+    for what, value, comparison, bound in checks:
+        met = value <= bound if comparison == "<=" else value >= bound
+        lines.append(f"| {what} | {value:.2f} | {comparison} {bound} | {'yes' if met else 'NO'} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[Row], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for axis, attribute, label in ((axes[0], "forward", "forward"), (axes[1], "forward_backward", "forward + backward")):
+        for model in dict.fromkeys(row.model for row in rows):
+            points = [(row.length, getattr(row, attribute)) for row in rows if row.model == model and getattr(row, attribute)]
+            if points:
+                axis.plot(*zip(*points), marker="o", label=model)
+        axis.set(xscale="log", yscale="log", xlabel="tokens", ylabel="seconds (median)", title=label)
+        axis.grid(True, which="both", alpha=0.3)
+    axes[1].legend(fontsize=8)
+    figure.suptitle(title, fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def write_results(section: str, body: str) -> None:
+    """Replace (or append) the section `section` of RESULTS.md, delimited by HTML comments."""
+    start, end = f"<!-- {section} -->", f"<!-- /{section} -->"
+    text = RESULTS_FILE.read_text() if RESULTS_FILE.exists() else "# Benchmark results\n"
+    block = f"{start}\n{body.strip()}\n{end}"
+    if start in text:
+        text = re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _: block, text, flags=re.S)
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    RESULTS_FILE.write_text(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--models", nargs="+", default=[*PEERS, *LSG_SETTINGS], choices=[*PEERS, *LSG_SETTINGS],
+                        metavar="MODEL", help=f"subset of: {', '.join([*PEERS, *LSG_SETTINGS])}")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--eval", action="store_true", help="eval mode (no dropout) instead of train mode")
+    parser.add_argument("--compile", action="store_true", help="torch.compile every model")
+    parser.add_argument("--forward-only", action="store_true")
+    parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--max-dense-length", type=int, default=16384, help="skip dense/identity-free peers above this")
+    parser.add_argument("--results", metavar="SECTION", help="write the tables into benchmarks/RESULTS.md under this name")
+    parser.add_argument("--plot", type=Path, help="write a PNG plot here")
+    parser.add_argument("--memory-of", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.memory_of:  # child process of measure_memory_in_child
+        print(json.dumps({"peak_mib": peak_memory_mib(args.memory_of, args.lengths[0], args)}))
+        return
+
+    description = machine_description(args)
+    print(description, flush=True)
+    rows = []
+    for length in args.lengths:
+        for name in args.models:
+            if name == "dense" and length > args.max_dense_length:
+                continue
+            rows.append(row := measure(name, length, args))
+            print(f"{length:>6} {name:<28} fwd {fmt(row.forward)} s  fwd+bwd {fmt(row.forward_backward)} s  "
+                  f"peak {fmt(row.peak_mib, 0)} MiB", flush=True)
+
+    report = tables(rows, args.lengths)
+    checks = target_checks(rows)
+    print(report)
+    if checks:
+        print("\n" + checks_text(checks))
+    if args.plot:
+        plot(rows, args.plot, description)
+    if args.results:
+        command = "python benchmarks/bench_speed.py " + " ".join(sys.argv[1:])
+        body = f"## {args.results}\n\n{description}\n\n`{command}`\n{report}\n"
+        if checks:
+            body += "\n**Targets**\n\n" + checks_text(checks) + "\n"
+        if args.plot:
+            body += f"\n![{args.results}]({os.path.relpath(args.plot, RESULTS_FILE.parent)})\n"
+        write_results(args.results, body)
+
+
+if __name__ == "__main__":
+    main()
