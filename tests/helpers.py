@@ -77,19 +77,32 @@ def run_without_lsg_converter(script: str, cwd: Path) -> subprocess.CompletedPro
     )
 
 
-class LargestTensor(TorchDispatchMode):
-    """Records the element count of the largest tensor any torch operation produces."""
+class OpRecorder(TorchDispatchMode):
+    """Records every torch operation that runs under it (forward and backward): its name and the sizes
+    of the tensors it produced (none for views, which produce no new memory)."""
 
     def __init__(self):
         super().__init__()
-        self.largest = 0
+        self.ops: list[tuple[str, list[int]]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         result = func(*args, **(kwargs or {}))
-        for tensor in result if isinstance(result, (tuple, list)) else [result]:
-            if isinstance(tensor, torch.Tensor):
-                self.largest = max(self.largest, tensor.numel())
+        outputs = [] if func.is_view else result if isinstance(result, (tuple, list)) else [result]
+        self.ops.append((func.overloadpacket.__name__, [t.numel() for t in outputs if isinstance(t, torch.Tensor)]))
         return result
+
+    @property
+    def largest(self) -> int:
+        """Element count of the largest tensor any operation produced."""
+        return max((size for _, sizes in self.ops for size in sizes), default=0)
+
+    def count(self, name: str) -> int:
+        """How many times the aten operation `name` (e.g. "_softmax") ran."""
+        return sum(op == name for op, _ in self.ops)
+
+    def outputs_of_at_least(self, elements: int) -> list[str]:
+        """Names of the operations that produced a tensor of at least `elements` elements."""
+        return [name for name, sizes in self.ops if any(size >= elements for size in sizes)]
 
 
 def reference_cases() -> list[str]:

@@ -5,7 +5,7 @@ import torch
 import transformers
 
 import helpers
-from helpers import LargestTensor, padded_batch, run_without_lsg_converter
+from helpers import OpRecorder, padded_batch, run_without_lsg_converter
 from lsg_converter import LSGConverter, save_converted
 
 
@@ -56,7 +56,7 @@ def test_largest_tensor_tracker_sees_the_quadratic_mask_of_dense_attention():
     dense = transformers.BertModel(config).eval()
     input_ids, attention_mask = padded_batch([length, 1000], length)
 
-    with torch.no_grad(), LargestTensor() as tracker:
+    with torch.no_grad(), OpRecorder() as tracker:
         dense(input_ids=input_ids, attention_mask=attention_mask)
 
     assert tracker.largest >= length * length
@@ -68,7 +68,7 @@ def test_16k_token_forward_builds_no_quadratic_tensor(tmp_path):
     model, _ = LSGConverter(max_sequence_length=length).convert_from_pretrained(save_tiny_source(tmp_path))
     input_ids, attention_mask = padded_batch([length], length)
 
-    with torch.no_grad(), LargestTensor() as tracker:
+    with torch.no_grad(), OpRecorder() as tracker:
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
 
     assert logits.shape == (1, length, helpers.VOCAB) and torch.isfinite(logits).all()

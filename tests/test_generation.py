@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from helpers import LargestTensor, padded_batch, save_tiny_source
+from helpers import OpRecorder, padded_batch, save_tiny_source
 from lsg_converter import LSGConverter
 
 CAUSAL_HEADS = [("bert", "BertLMHeadModel"), ("roberta", "RobertaForCausalLM")]
@@ -64,7 +64,7 @@ def test_bart_16k_token_encoder_pass_and_greedy_generation_build_no_quadratic_te
     length = 16384
     input_ids, attention_mask = padded_batch([length], length, "bart")
 
-    with torch.no_grad(), LargestTensor() as tracker:
+    with torch.no_grad(), OpRecorder() as tracker:
         generated = lsg_bart.generate(
             input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=5, min_new_tokens=5
         )

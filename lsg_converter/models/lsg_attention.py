@@ -222,7 +222,7 @@ def _rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 def _additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Bool mask -> 0 / finfo.min. Finite, so a query whose keys are all masked gets no NaN."""
-    return torch.zeros((), dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
+    return torch.where(allowed, torch.zeros((), dtype=dtype, device=allowed.device), torch.finfo(dtype).min)
 
 
 def _drop_keys(allowed: torch.Tensor, groups_shape: torch.Size, num_keys: int, dropout: float) -> torch.Tensor:

@@ -1,0 +1,180 @@
+"""What keeps the LSG core fast: fused SDPA kernels, one copy of the blocked keys, compile-friendly code.
+
+Speed itself is measured side by side by benchmarks/bench_speed.py (figures in benchmarks/RESULTS.md),
+not by timed tests.
+"""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from helpers import OpRecorder
+from lsg_converter import LSGBertConfig, LSGBertForMaskedLM
+from lsg_converter.models.lsg_attention import SPARSITY_TYPES, lsg_self_attention
+from lsg_converter.models.lsg_model import LSG_DEFAULTS
+
+HEADS, HEAD_DIM, BLOCK, SPARSE, GLOBALS = 4, 8, 16, 16, 2
+FUSED_FORWARD = "_scaled_dot_product_flash_attention_for_cpu"
+FUSED_BACKWARD = "_scaled_dot_product_flash_attention_for_cpu_backward"
+
+
+def lsg_config(**overrides):
+    settings = dict(block_size=BLOCK, sparse_block_size=SPARSE, num_global_tokens=GLOBALS)
+    return SimpleNamespace(**{**LSG_DEFAULTS, **settings, **overrides})
+
+
+def projections(batch, length, seed=0, requires_grad=False, head_dim=HEAD_DIM):
+    """q, k, v as a model computes them: (B, N, H, D), handed to the attention as (B, H, N, D) views."""
+    generator = torch.Generator().manual_seed(seed)
+    return [
+        torch.randn(batch, length, HEADS, head_dim, generator=generator).requires_grad_(requires_grad) for _ in range(3)
+    ]
+
+
+def attend(query, key, value, mask, config, **options):
+    """lsg_self_attention on (B, N, H, D) projections, as a model calls it."""
+    return lsg_self_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), mask, config, **options)
+
+
+def padding_mask(lengths, total):
+    return torch.arange(total)[None, :] < torch.tensor(lengths)[:, None]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_blocked_keys_and_values_are_materialised_once(causal):
+    # head_dim > block_size: the attention mask, (heads, rows, keys) per block, stays below the keys
+    tokens, head_dim = 256, 2 * BLOCK
+    keys_per_block = GLOBALS + (1 if causal else 2) * SPARSE + (2 if causal else 3) * BLOCK
+    blocked_size = (tokens // BLOCK) * keys_per_block * HEADS * head_dim
+
+    with torch.no_grad(), OpRecorder() as ops:
+        attend(*projections(1, GLOBALS + tokens, head_dim=head_dim), None, lsg_config(), causal=causal)
+
+    # the key and value windows are views until the one concatenation that SDPA reads
+    assert ops.outputs_of_at_least(blocked_size) == ["cat", "cat"]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_attention_dropout_runs_on_the_fused_kernel_forward_and_backward(causal):
+    query, key, value = projections(2, GLOBALS + 200, requires_grad=True)
+    mask = padding_mask([GLOBALS + 200, GLOBALS + 150], GLOBALS + 200)
+
+    with OpRecorder() as ops:
+        output = attend(query, key, value, mask, lsg_config(), dropout=0.1, causal=causal)
+        output.sum().backward()
+
+    assert ops.count(FUSED_FORWARD) == 2 and ops.count(FUSED_BACKWARD) == 2  # the blocks, the global tokens
+    assert ops.count("_softmax") == 0 and ops.count("native_dropout") == 0  # no math-kernel fallback
+
+
+def test_attention_dropout_is_reproducible_under_a_seed_and_off_at_zero():
+    query, key, value = projections(1, GLOBALS + 100)
+    config = lsg_config()
+
+    def run(dropout, seed=0):
+        torch.manual_seed(seed)
+        return attend(query, key, value, None, config, dropout=dropout)
+
+    torch.testing.assert_close(run(0.2), run(0.2), rtol=0, atol=0)
+    assert not torch.allclose(run(0.2), run(0.2, seed=1))
+    assert not torch.allclose(run(0.2), run(0.0))
+    torch.testing.assert_close(run(0.0), attend(query, key, value, None, config), rtol=0, atol=0)
+
+
+def test_attention_dropout_hides_each_key_with_the_given_probability():
+    # Uniform scores (zero queries) and one key whose value is 1: a group's output is 0 exactly when
+    # that key was dropped for the group (a block of queries, per head).
+    probability, batch, length = 0.3, 500, 20
+    query = torch.zeros(batch, HEADS, length, HEAD_DIM)
+    key = torch.randn(batch, HEADS, length, HEAD_DIM)
+    value = torch.zeros(batch, HEADS, length, HEAD_DIM)
+    value[:, :, 5] = 1.0
+    config = lsg_config(num_global_tokens=0)
+
+    torch.manual_seed(0)
+    output = lsg_self_attention(query, key, value, None, config, dropout=probability)
+
+    dropped = (output[:, :, :, 0] == 0).all(dim=-1).float().mean().item()  # per (row, head)
+    assert abs(dropped - probability) < 0.04
+
+
+@pytest.mark.parametrize("dropout", [0.5, 0.999])
+def test_attention_dropout_never_reveals_future_tokens(dropout):
+    config = lsg_config(block_size=8, sparse_block_size=8)
+    query, key, value = projections(1, GLOBALS + 101)
+    cut = GLOBALS + 60
+    changed_key, changed_value = key.clone(), value.clone()
+    changed_key[:, cut:] += 5.0
+    changed_value[:, cut:] -= 5.0
+
+    torch.manual_seed(0)
+    before = attend(query, key, value, None, config, dropout=dropout, causal=True)
+    torch.manual_seed(0)
+    after = attend(query, changed_key, changed_value, None, config, dropout=dropout, causal=True)
+
+    torch.testing.assert_close(after[:, :, :cut], before[:, :, :cut], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dropout", [0.5, 0.999])
+def test_attention_dropout_never_reveals_padding(dropout):
+    config = lsg_config(block_size=8, sparse_block_size=8)
+    length = GLOBALS + 101
+    query, key, value = projections(1, length)
+    mask = padding_mask([GLOBALS + 70], length)
+    changed_value = value.clone()
+    changed_value[:, GLOBALS + 70 :] += 100.0
+
+    torch.manual_seed(0)
+    before = attend(query, key, value, mask, config, dropout=dropout)
+    torch.manual_seed(0)
+    after = attend(query, key, changed_value, mask, config, dropout=dropout)
+
+    torch.testing.assert_close(after[:, :, : GLOBALS + 70], before[:, :, : GLOBALS + 70], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "sparsity_type, causal",
+    [(sparsity, False) for sparsity in SPARSITY_TYPES]
+    + [(sparsity, True) for sparsity in SPARSITY_TYPES if sparsity != "bos_pooling"],  # refused for decoders
+)
+def test_compiled_attention_equals_eager_in_one_graph(sparsity_type, causal):
+    config = lsg_config(sparsity_type=sparsity_type)
+    mask = padding_mask([GLOBALS + 101, GLOBALS + 77], GLOBALS + 101)
+
+    def attention(query, key, value):
+        return attend(query, key, value, mask, config, causal=causal)
+
+    torch.compiler.reset()  # each test compiles from scratch instead of piling up recompilations
+    # lsh draws its hyperplanes from a seeded torch.Generator, which dynamo leaves to eager Python
+    compiled = torch.compile(attention, backend="aot_eager", fullgraph=sparsity_type != "lsh")
+    eager_inputs = projections(2, GLOBALS + 101, requires_grad=True)
+    compiled_inputs = projections(2, GLOBALS + 101, requires_grad=True)
+
+    eager_output, compiled_output = attention(*eager_inputs), compiled(*compiled_inputs)
+    eager_output.square().sum().backward()
+    compiled_output.square().sum().backward()
+
+    torch.testing.assert_close(compiled_output, eager_output, rtol=0, atol=1e-6)
+    for compiled_input, eager_input in zip(compiled_inputs, eager_inputs):
+        assert eager_input.grad is not None
+        torch.testing.assert_close(compiled_input.grad, eager_input.grad, rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_inductor_compiled_model_equals_eager():
+    config = LSGBertConfig(
+        vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+        max_position_embeddings=600, block_size=16, sparse_block_size=16, num_global_tokens=2,
+    )
+    torch.manual_seed(0)
+    model = LSGBertForMaskedLM(config).eval()
+    input_ids = torch.randint(5, 100, (2, 300))
+    attention_mask = padding_mask([300, 250], 300).long()
+
+    torch.compiler.reset()
+    with torch.no_grad():
+        compiled_logits = torch.compile(model)(input_ids=input_ids, attention_mask=attention_mask).logits
+        eager_logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+
+    torch.testing.assert_close(compiled_logits, eager_logits, rtol=0, atol=1e-5)
