@@ -1,24 +1,28 @@
 """Side-by-side speed and memory of LSG against its peers, on whole models, in one run.
 
-    python benchmarks/bench_speed.py                                  # CPU, 1k-16k tokens, 2 layers
-    python benchmarks/bench_speed.py --lengths 4096 --repeats 5       # the targets of issue 5 only
-    python benchmarks/bench_speed.py --device cuda --dtype bfloat16   # GPU
+    python benchmarks/bench_speed.py --results "CPU" --plot benchmarks/speed_cpu.png   # 1k-16k, 2 layers
+    python benchmarks/bench_speed.py --lengths 4096 --repeats 5                        # the issue-5 targets
+    python benchmarks/bench_speed.py --device cuda --dtype bfloat16                    # GPU
 
 Every model is a randomly initialised base-size encoder (hidden 768, 12 heads, intermediate 3072,
 ``--layers`` layers, batch 1) fed random token ids:
 
-* ``identity``: BERT whose attention returns its values (attention costs nothing: the limit);
-* ``dense``: BERT with dense SDPA attention;
-* ``longformer``: HF Longformer, window 512;
+* ``identity``: BERT whose attention returns its values (attention costs nothing: the limit). Its
+  query and key projections get no gradient, so their backward pass is skipped too;
+* ``identity+qk``: the same, but the queries and keys receive (zero) gradients, so every projection
+  runs backward as under any real attention: the limit for an attention that is part of the graph;
+* ``dense``: BERT with SDPA attention (in train mode HF's attention dropout sends SDPA to its O(n^2)
+  math kernel, so its training step only runs up to ``--max-dense-train-length`` tokens);
+* ``longformer``: HF Longformer, window 512, first token global (as LSG's one global token);
 * ``bigbird``: HF BigBird, block sparse, block 64, 3 random blocks;
 * ``lsg ...``: this project's LSG-BERT under several settings (block/sparse sizes, type, factor, globals).
 
-For each length it reports the median forward time (no grad), the median forward+backward time
-(loss = mean square of the last hidden states) and the peak memory of a forward+backward step
-(CPU: rise of the resident set size in a fresh process; CUDA: rise of the allocated memory), then
-ratios to the first LSG setting. ``--results`` writes a markdown section (machine, tables, targets)
-into benchmarks/RESULTS.md and ``--plot`` a PNG beside it. Ratios, not absolute times, carry over
-between machines: compare only figures taken in one run.
+For each length it reports the median inference time (eval mode, no grad), the median training-step
+time (train mode, forward + backward of the mean square of the last hidden states) and the peak
+memory of a training step (CPU: rise of the resident set size, each model in a fresh process;
+CUDA: rise of the allocated memory), then ratios to the first LSG setting. ``--results`` writes a
+markdown section (machine, tables, targets) into RESULTS.md and ``--plot`` a PNG. Ratios, not
+absolute times, carry over between machines: compare only figures taken in one run.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -44,16 +49,14 @@ from transformers import LongformerConfig, LongformerModel
 from lsg_converter import LSGBertConfig, LSGBertModel
 
 BASE_DIMS = {"hidden_size": 768, "num_attention_heads": 12, "intermediate_size": 3072, "vocab_size": 30522}
-# name -> LSG keys; the first one is the reference every ratio is taken against.
+# name -> LSG keys; the first one measured is the reference every ratio is taken against.
 LSG_SETTINGS: dict[str, dict[str, Any]] = {
     "lsg norm 128/128 f2 g1": {"block_size": 128, "sparse_block_size": 128, "sparsity_factor": 2, "sparsity_type": "norm"},
     "lsg local 256/0 g1": {"block_size": 256, "sparse_block_size": 0, "sparsity_type": "none"},
     "lsg pooling 128/128 f4 g1": {"block_size": 128, "sparse_block_size": 128, "sparsity_factor": 4, "sparsity_type": "pooling"},
     "lsg stride 64/64 f4 g1": {"block_size": 64, "sparse_block_size": 64, "sparsity_factor": 4, "sparsity_type": "stride"},
 }
-REFERENCE = next(iter(LSG_SETTINGS))
 PEERS = ("identity", "identity+qk", "dense", "longformer", "bigbird")
-RESULTS_FILE = Path(__file__).with_name("RESULTS.md")
 
 
 def identity_attention(module, query, key, value, attention_mask, **kwargs):
@@ -100,17 +103,21 @@ def build_model(name: str, layers: int, max_length: int) -> torch.nn.Module:
     return LSGBertModel(LSGBertConfig(**dims, **LSG_SETTINGS[name]), add_pooling_layer=False)
 
 
-def step_functions(model: torch.nn.Module, input_ids: torch.Tensor) -> tuple[Callable[[], None], Callable[[], None]]:
-    """(forward without grad, forward + backward) of one batch."""
+def step_functions(
+    model: torch.nn.Module, input_ids: torch.Tensor, train: bool
+) -> tuple[Callable[[], None], Callable[[], None]]:
+    """(inference: eval mode, no grad; training step: forward + backward, in train mode if `train`)."""
     inputs = {"input_ids": input_ids}
-    if isinstance(model, LongformerModel):  # its first token global, as LSG's one global token
+    if isinstance(getattr(model, "_orig_mod", model), LongformerModel):  # first token global, as LSG's global token
         inputs["global_attention_mask"] = torch.zeros_like(input_ids).index_fill_(1, torch.tensor([0]), 1)
 
     def forward() -> None:
+        model.eval()
         with torch.no_grad():
             model(**inputs)
 
     def forward_backward() -> None:
+        model.train(train)
         model(**inputs).last_hidden_state.float().square().mean().backward()
         model.zero_grad(set_to_none=True)
 
@@ -134,7 +141,7 @@ def median_seconds(step: Callable[[], None], repeats: int, device: torch.device)
 def prepare(name: str, length: int, args: argparse.Namespace) -> tuple[torch.nn.Module, torch.Tensor]:
     torch.manual_seed(0)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    model = build_model(name, args.layers, length).to(device=device, dtype=dtype).train(not args.eval)
+    model = build_model(name, args.layers, length).to(device=device, dtype=dtype)
     if args.compile:
         model = torch.compile(model)
     input_ids = torch.randint(1000, BASE_DIMS["vocab_size"], (1, length), device=device)
@@ -150,7 +157,7 @@ def resident_kib(field: str) -> int:
 def peak_memory_mib(name: str, length: int, args: argparse.Namespace) -> float:
     """Memory a forward+backward step adds on top of the model and its inputs, in MiB."""
     model, input_ids = prepare(name, length, args)
-    _, forward_backward = step_functions(model, input_ids)
+    _, forward_backward = step_functions(model, input_ids, train=not args.eval)
     if args.device == "cuda":
         torch.cuda.synchronize()
         baseline = torch.cuda.memory_allocated()
@@ -190,12 +197,14 @@ class Row:
 
 def measure(name: str, length: int, args: argparse.Namespace) -> Row:
     model, input_ids = prepare(name, length, args)
-    forward, forward_backward = step_functions(model, input_ids)
+    forward, forward_backward = step_functions(model, input_ids, train=not args.eval)
     device = torch.device(args.device)
+    # dense attention in train mode (dropout) runs SDPA's O(n^2) math kernel: cap its length
+    train_step = not args.forward_only and not (name == "dense" and length > args.max_dense_train_length)
     forward_seconds = median_seconds(forward, args.repeats, device)
-    train_seconds = None if args.forward_only else median_seconds(forward_backward, args.repeats, device)
+    train_seconds = median_seconds(forward_backward, args.repeats, device) if train_step else None
     del model
-    if args.forward_only or args.skip_memory:
+    if not train_step or args.skip_memory:
         peak = None
     elif args.device == "cuda":
         peak = peak_memory_mib(name, length, args)
@@ -213,7 +222,8 @@ def machine_description(args: argparse.Namespace) -> str:
         device = f"CPU {cpu}, {torch.get_num_threads()} threads"
     return (
         f"{device}; torch {torch.__version__}, transformers {transformers.__version__}, Python {platform.python_version()}; "
-        f"{args.dtype}, batch 1, hidden 768, 12 heads, {args.layers} layers, {'eval' if args.eval else 'train'} mode"
+        f"{args.dtype}, batch 1, hidden 768, 12 heads, {args.layers} layers; forward: eval mode, no grad; "
+        f"forward+backward: {'eval' if args.eval else 'train'} mode"
         f"{', torch.compile' if args.compile else ''}, median of {args.repeats} after 1 warm-up"
     )
 
@@ -222,13 +232,19 @@ def fmt(value: float | None, digits: int = 3) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
+def reference_setting(rows: list[Row]) -> str:
+    """The LSG setting every ratio is taken against: the first one measured."""
+    return next((row.model for row in rows if row.model in LSG_SETTINGS), "")
+
+
 def tables(rows: list[Row], lengths: list[int]) -> str:
-    reference = {row.length: row for row in rows if row.model == REFERENCE}
+    reference_name = reference_setting(rows)
+    reference = {row.length: row for row in rows if row.model == reference_name}
     lines = []
     for length in lengths:
         base = reference.get(length)
         lines += [
-            f"\n**{length} tokens** (ratios: model / `{REFERENCE}`; above 1 = slower or larger than LSG)\n",
+            f"\n**{length} tokens** (ratios: model / `{reference_name}`; above 1 = slower or larger than LSG)\n",
             "| model | fwd s | fwd+bwd s | peak MiB | fwd ratio | fwd+bwd ratio | memory ratio |",
             "|---|---|---|---|---|---|---|",
         ]
@@ -248,18 +264,21 @@ def target_checks(rows: list[Row]) -> list[tuple[str, float, str, float]]:
     """The targets of issue 5 that this run measured: (what, measured, comparison, bound)."""
     at = {(row.model, row.length): row for row in rows}
     checks = []
-    lsg = at.get((REFERENCE, 4096))
+    reference_name = reference_setting(rows)
+    lsg = at.get((reference_name, 4096))
     if lsg and lsg.forward_backward:
-        for peer, comparison, bound in (("identity", "<=", 1.25), ("longformer", ">=", 3.0), ("bigbird", ">=", 2.0), ("dense", ">=", 2.0)):
+        for peer in ("identity", "identity+qk"):
             row = at.get((peer, 4096))
             if row and row.forward_backward:
-                ratio = lsg.forward_backward / row.forward_backward if peer == "identity" else row.forward_backward / lsg.forward_backward
-                what = "LSG / identity" if peer == "identity" else f"{peer} / LSG"
-                checks.append((f"4096 fwd+bwd {what}", ratio, comparison, bound))
+                checks.append((f"4096 fwd+bwd LSG / {peer}", lsg.forward_backward / row.forward_backward, "<=", 1.25))
+        for peer, bound in (("longformer", 3.0), ("bigbird", 2.0), ("dense", 2.0)):
+            row = at.get((peer, 4096))
+            if row and row.forward_backward:
+                checks.append((f"4096 fwd+bwd {peer} / LSG", row.forward_backward / lsg.forward_backward, ">=", bound))
         longformer = at.get(("longformer", 4096))
         if lsg.peak_mib and longformer and longformer.peak_mib:
             checks.append(("4096 peak memory LSG / longformer", lsg.peak_mib / longformer.peak_mib, "<=", 0.65))
-    long_run = at.get((REFERENCE, 16384))
+    long_run = at.get((reference_name, 16384))
     if lsg and long_run:
         checks.append(("LSG fwd time 16384 / 4096", long_run.forward / lsg.forward, "<=", 4.4))
     return checks
@@ -293,16 +312,16 @@ def plot(rows: list[Row], path: Path, title: str) -> None:
     figure.savefig(path, dpi=110)
 
 
-def write_results(section: str, body: str) -> None:
-    """Replace (or append) the section `section` of RESULTS.md, delimited by HTML comments."""
+def write_results(results_file: Path, section: str, body: str) -> None:
+    """Replace (or append) the section `section` of the results file, delimited by HTML comments."""
     start, end = f"<!-- {section} -->", f"<!-- /{section} -->"
-    text = RESULTS_FILE.read_text() if RESULTS_FILE.exists() else "# Benchmark results\n"
+    text = results_file.read_text() if results_file.exists() else "# Benchmark results\n"
     block = f"{start}\n{body.strip()}\n{end}"
     if start in text:
         text = re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _: block, text, flags=re.S)
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
-    RESULTS_FILE.write_text(text)
+    results_file.write_text(text)
 
 
 def main() -> None:
@@ -314,12 +333,14 @@ def main() -> None:
                         metavar="MODEL", help=f"subset of: {', '.join([*PEERS, *LSG_SETTINGS])}")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--eval", action="store_true", help="eval mode (no dropout) instead of train mode")
+    parser.add_argument("--eval", action="store_true", help="training step in eval mode (no dropout)")
     parser.add_argument("--compile", action="store_true", help="torch.compile every model")
     parser.add_argument("--forward-only", action="store_true")
     parser.add_argument("--skip-memory", action="store_true")
-    parser.add_argument("--max-dense-length", type=int, default=16384, help="skip dense/identity-free peers above this")
-    parser.add_argument("--results", metavar="SECTION", help="write the tables into benchmarks/RESULTS.md under this name")
+    parser.add_argument("--max-dense-train-length", type=int, default=4096,
+                        help="longest input for the dense model's training step (its memory is quadratic)")
+    parser.add_argument("--results", metavar="SECTION", help="write the tables into --results-file under this heading")
+    parser.add_argument("--results-file", type=Path, default=Path(__file__).with_name("RESULTS.md"))
     parser.add_argument("--plot", type=Path, help="write a PNG plot here")
     parser.add_argument("--memory-of", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -333,8 +354,6 @@ def main() -> None:
     rows = []
     for length in args.lengths:
         for name in args.models:
-            if name == "dense" and length > args.max_dense_length:
-                continue
             rows.append(row := measure(name, length, args))
             print(f"{length:>6} {name:<28} fwd {fmt(row.forward)} s  fwd+bwd {fmt(row.forward_backward)} s  "
                   f"peak {fmt(row.peak_mib, 0)} MiB", flush=True)
@@ -347,13 +366,13 @@ def main() -> None:
     if args.plot:
         plot(rows, args.plot, description)
     if args.results:
-        command = "python benchmarks/bench_speed.py " + " ".join(sys.argv[1:])
+        command = "python benchmarks/bench_speed.py " + shlex.join(sys.argv[1:])
         body = f"## {args.results}\n\n{description}\n\n`{command}`\n{report}\n"
         if checks:
             body += "\n**Targets**\n\n" + checks_text(checks) + "\n"
         if args.plot:
-            body += f"\n![{args.results}]({os.path.relpath(args.plot, RESULTS_FILE.parent)})\n"
-        write_results(args.results, body)
+            body += f"\n![{args.results}]({os.path.relpath(args.plot, args.results_file.parent)})\n"
+        write_results(args.results_file, args.results, body)
 
 
 if __name__ == "__main__":
