@@ -178,3 +178,17 @@ def test_inductor_compiled_model_equals_eager():
         eager_logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
 
     torch.testing.assert_close(compiled_logits, eager_logits, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("sparsity_type", ["norm", "pooling", "stride", "lsh"])
+def test_cached_decoding_step_work_does_not_grow_with_the_history(sparsity_type):
+    config = lsg_config(block_size=8, sparse_block_size=8, sparsity_type=sparsity_type)
+
+    def largest_tensor_of_one_step(history):
+        query, key, value = projections(1, GLOBALS + history)
+        mask = torch.ones(1, GLOBALS + history, dtype=torch.bool)
+        with torch.no_grad(), OpRecorder() as ops:
+            attend(query[:, -1:], key, value, mask, config, causal=True)
+        return ops.largest
+
+    assert largest_tensor_of_one_step(4000) == largest_tensor_of_one_step(500)

@@ -348,22 +348,25 @@ def _cached_causal_attention(query, key, value, key_mask, config, dropout: float
     keys, values = [_rows(token_keys, local_index)], [_rows(token_values, local_index)]  # (B, q, 2b, H, D)
     masks = [(_rows(token_mask, local_index) & local_allowed)[:, :, None, None, :]]  # (B, q, 1, 1, 2b)
 
-    # Sparse: compressed positions [(k - 1) c - s, (k - 1) c) for a query in block k, compressed from
-    # the complete blocks before the last query's local window.
-    compressed_tokens = max((num_tokens - 1) // block * block - block, 0)
-    if uses_sparse_keys(config) and compressed_tokens:
+    # Sparse: compressed positions [(k - 1) c - s, (k - 1) c) for a query in block k. Every sparsity
+    # type compresses whole blocks independently, so only the blocks under those windows are
+    # compressed, [first, last): O(s f) per step, not the whole history.
+    span, step, factor = config.sparse_block_size, block // config.sparsity_factor, config.sparsity_factor
+    first_block = (num_tokens - num_queries) // block
+    first = max(((first_block - 1) * block - span * factor) // block * block, 0)
+    last = max((num_tokens - 1) // block * block - block, 0)  # the complete blocks before the last local window
+    if uses_sparse_keys(config) and last > first:
         sparse = _sparse_context(
             query.transpose(1, 2),
-            token_keys[:, :compressed_tokens].transpose(1, 2),
-            token_values[:, :compressed_tokens].transpose(1, 2),
-            token_mask[:, :compressed_tokens],
+            token_keys[:, first:last].transpose(1, 2),
+            token_values[:, first:last].transpose(1, 2),
+            token_mask[:, first:last],
             config,
             scaling,
         )
-        span, step = config.sparse_block_size, block // config.sparsity_factor
         # compressed positions (k - 1) c - s + i; those before the start are clamped, then masked
         sparse_position = (block_start // block - 1)[:, None] * step - span + torch.arange(span, device=device)  # (q, s)
-        sparse_index = sparse_position.clamp(min=0)
+        sparse_index = (sparse_position - first // factor).clamp(min=0)
         keys.insert(0, _rows(sparse.keys.transpose(1, 2), sparse_index))  # (B, q, s, H, D)
         values.insert(0, _rows(sparse.values.transpose(1, 2), sparse_index))
         sparse_mask = _rows(sparse.mask.transpose(1, 2), sparse_index) & (sparse_position >= 0)[:, :, None]  # (B, q, s, 1 or H)
