@@ -36,6 +36,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -298,7 +299,7 @@ def plot(rows: list[Row], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    figure, axes = plt.subplots(1, 2, figsize=(12, 5))
     for axis, attribute, label in ((axes[0], "forward", "forward"), (axes[1], "forward_backward", "forward + backward")):
         for model in dict.fromkeys(row.model for row in rows):
             points = [(row.length, getattr(row, attribute)) for row in rows if row.model == model and getattr(row, attribute)]
@@ -307,7 +308,7 @@ def plot(rows: list[Row], path: Path, title: str) -> None:
         axis.set(xscale="log", yscale="log", xlabel="tokens", ylabel="seconds (median)", title=label)
         axis.grid(True, which="both", alpha=0.3)
     axes[1].legend(fontsize=8)
-    figure.suptitle(title, fontsize=9)
+    figure.suptitle(textwrap.fill(title, 160), fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
 

@@ -13,7 +13,9 @@ The sequence seen by every layer is ``g`` global tokens followed by ``t`` real t
 where the local keys are the previous, own (and next) blocks and the sparse keys are a compressed
 copy of the context just outside the local window (see `SPARSE_COMPRESSORS`). Global queries attend
 to everything (causal: to the global tokens before them). Blocks are batched through
-`scaled_dot_product_attention` on 4D tensors; no tensor of size ``t x t`` is ever built.
+`scaled_dot_product_attention` on 4D tensors, so its fused kernels run forward and backward; in
+training, attention dropout is DropKey (keys hidden before the softmax, see `_drop_keys`), which
+keeps them fused. No tensor of size ``t x t`` is ever built.
 
 This file travels with saved models as remote code: it imports torch and transformers only.
 """
@@ -268,13 +270,15 @@ def _attend(queries, keys, values, masks, dropout: float, scaling: float) -> tor
     def fold(x):  # (B, n, K, H, D) -> (B * n, H, K, D), a view: SDPA's fused kernels take 4D inputs
         return x.flatten(0, 1).transpose(1, 2)
 
-    output = _sdpa(
-        fold(queries), fold(torch.cat(keys, dim=2)), fold(torch.cat(values, dim=2)), allowed.flatten(0, 1), dropout, scaling
-    )  # (B * n, H, rows, D)
+    block_keys, block_values = torch.cat(keys, dim=2), torch.cat(values, dim=2)  # (B, n, K, H, D)
+    output = _sdpa(fold(queries), fold(block_keys), fold(block_values), allowed.flatten(0, 1), dropout, scaling)
+    # output: (B * n, H, rows, D)
     return output.transpose(1, 2).reshape(batch, groups * rows, heads, head_dim)
 
 
-def _block_attention(queries, keys, values, mask, global_tokens, config, dropout: float, scaling: float, causal: bool) -> torch.Tensor:
+def _block_attention(
+    queries, keys, values, mask, global_tokens, config, dropout: float, scaling: float, causal: bool
+) -> torch.Tensor:
     """Attention of the token queries, block by block.
 
     queries, keys, values: (B, T, H, D) tokens, T a multiple of b; mask: (B, T) bool.
@@ -369,7 +373,8 @@ def _cached_causal_attention(query, key, value, key_mask, config, dropout: float
         sparse_index = (sparse_position - first // factor).clamp(min=0)
         keys.insert(0, _rows(sparse.keys.transpose(1, 2), sparse_index))  # (B, q, s, H, D)
         values.insert(0, _rows(sparse.values.transpose(1, 2), sparse_index))
-        sparse_mask = _rows(sparse.mask.transpose(1, 2), sparse_index) & (sparse_position >= 0)[:, :, None]  # (B, q, s, 1 or H)
+        sparse_mask = _rows(sparse.mask.transpose(1, 2), sparse_index)  # (B, q, s, 1 or H)
+        sparse_mask = sparse_mask & (sparse_position >= 0)[:, :, None]
         masks.insert(0, sparse_mask.transpose(2, 3)[:, :, :, None, :])
 
     if num_global:
@@ -431,11 +436,14 @@ def lsg_self_attention(
         )
     # Split (not slice) into global tokens and tokens: the backward pass then joins the two gradients
     # with one copy instead of zero-filling two full-size ones and adding them.
-    (global_queries, token_queries), (global_keys, token_keys), (global_values, token_values), (global_mask, token_mask) = (
-        x.split([num_global, num_tokens], dim=1) for x in (query, key, value, key_mask)
-    )
+    global_queries, token_queries = query.split([num_global, num_tokens], dim=1)
+    global_keys, token_keys = key.split([num_global, num_tokens], dim=1)
+    global_values, token_values = value.split([num_global, num_tokens], dim=1)
+    global_mask, token_mask = key_mask.split([num_global, num_tokens], dim=1)
     if padding:
-        token_queries, token_keys, token_values = (_pad_rows(x, 0, padding) for x in (token_queries, token_keys, token_values))
+        token_queries, token_keys, token_values = (
+            _pad_rows(x, 0, padding) for x in (token_queries, token_keys, token_values)
+        )
         token_mask = F.pad(token_mask, (0, padding), value=False)
 
     output = _block_attention(
@@ -449,7 +457,7 @@ def lsg_self_attention(
         else:
             keys_seen, values_seen, allowed = key, value, key_mask[:, None, None, :]
         global_output = _sdpa(
-            global_queries.transpose(1, 2), keys_seen.transpose(1, 2), values_seen.transpose(1, 2), allowed, dropout, scaling
+            *(x.transpose(1, 2) for x in (global_queries, keys_seen, values_seen)), allowed, dropout, scaling
         )  # (B, H, g, D)
         output = torch.cat([global_output.transpose(1, 2), output], dim=1)
     if padding:
