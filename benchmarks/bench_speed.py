@@ -238,6 +238,12 @@ def reference_setting(rows: list[Row]) -> str:
     return next((row.model for row in rows if row.model in LSG_SETTINGS), "")
 
 
+def ratio(row: Row, base: Row | None, attribute: str) -> float | None:
+    """row.attribute / base.attribute, None where either was not measured."""
+    value, reference = getattr(row, attribute), getattr(base, attribute, None)
+    return None if value is None or not reference else value / reference
+
+
 def tables(rows: list[Row], lengths: list[int]) -> str:
     reference_name = reference_setting(rows)
     reference = {row.length: row for row in rows if row.model == reference_name}
@@ -250,13 +256,10 @@ def tables(rows: list[Row], lengths: list[int]) -> str:
             "|---|---|---|---|---|---|---|",
         ]
         for row in (r for r in rows if r.length == length):
-            ratio = lambda attribute: (  # noqa: E731
-                None if base is None or getattr(row, attribute) is None or not getattr(base, attribute)
-                else getattr(row, attribute) / getattr(base, attribute)
-            )
+            ratios = (fmt(ratio(row, base, attribute), 2) for attribute in ("forward", "forward_backward", "peak_mib"))
             lines.append(
                 f"| {row.model} | {fmt(row.forward)} | {fmt(row.forward_backward)} | {fmt(row.peak_mib, 0)} "
-                f"| {fmt(ratio('forward'), 2)} | {fmt(ratio('forward_backward'), 2)} | {fmt(ratio('peak_mib'), 2)} |"
+                f"| {' | '.join(ratios)} |"
             )
     return "\n".join(lines)
 

@@ -7,11 +7,14 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import transformers
 from safetensors.torch import load_file
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from lsg_converter.models.lsg_model import LSG_DEFAULTS
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "reference-lsg-0.1.9"
 VOCAB = 99
@@ -36,6 +39,16 @@ TINY_CONFIGS = {
         encoder_ffn_dim=37, decoder_ffn_dim=37, max_position_embeddings=TINY_LENGTH, **SHARED,
     ),
 }
+
+
+def lsg_config(**overrides) -> SimpleNamespace:
+    """The LSG keys alone (the reference defaults with `overrides`), as the attention core reads them."""
+    return SimpleNamespace(**{**LSG_DEFAULTS, **overrides})
+
+
+def padding_mask(lengths, total) -> torch.Tensor:
+    """(B, total) bool: row i is True on its first lengths[i] positions."""
+    return torch.arange(total)[None, :] < torch.tensor(lengths)[:, None]
 
 
 def is_causal_head(head: str) -> bool:

@@ -4,29 +4,19 @@ The blocked path is compared with dense attention under the explicit (heads, N, 
 specification describes; such a mask is only affordable at these small sizes.
 """
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import lsg_config, padding_mask
 from lsg_converter.models.lsg_attention import SPARSITY_TYPES, lsg_self_attention
-from lsg_converter.models.lsg_model import LSG_DEFAULTS
 
 HEADS, HEAD_DIM = 4, 8
-
-
-def lsg_config(**overrides):
-    return SimpleNamespace(**{**LSG_DEFAULTS, **overrides})
 
 
 def random_qkv(batch, length, seed=0):
     generator = torch.Generator().manual_seed(seed)
     return [torch.randn(batch, HEADS, length, HEAD_DIM, generator=generator, dtype=torch.float64) for _ in range(3)]
-
-
-def padding_mask(lengths, total):
-    return torch.arange(total)[None, :] < torch.tensor(lengths)[:, None]
 
 
 def sparse_position(config, head, token):

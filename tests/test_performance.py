@@ -4,15 +4,13 @@ Speed itself is measured side by side by benchmarks/bench_speed.py (figures in b
 not by timed tests.
 """
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
-from helpers import OpRecorder
+import helpers
+from helpers import OpRecorder, padding_mask
 from lsg_converter import LSGBertConfig, LSGBertForMaskedLM
 from lsg_converter.models.lsg_attention import SPARSITY_TYPES, lsg_self_attention
-from lsg_converter.models.lsg_model import LSG_DEFAULTS
 
 HEADS, HEAD_DIM, BLOCK, SPARSE, GLOBALS = 4, 8, 16, 16, 2
 FUSED_FORWARD = "_scaled_dot_product_flash_attention_for_cpu"
@@ -20,8 +18,8 @@ FUSED_BACKWARD = "_scaled_dot_product_flash_attention_for_cpu_backward"
 
 
 def lsg_config(**overrides):
-    settings = dict(block_size=BLOCK, sparse_block_size=SPARSE, num_global_tokens=GLOBALS)
-    return SimpleNamespace(**{**LSG_DEFAULTS, **settings, **overrides})
+    settings = {"block_size": BLOCK, "sparse_block_size": SPARSE, "num_global_tokens": GLOBALS}
+    return helpers.lsg_config(**{**settings, **overrides})
 
 
 def projections(batch, length, seed=0, requires_grad=False, head_dim=HEAD_DIM):
@@ -35,10 +33,6 @@ def projections(batch, length, seed=0, requires_grad=False, head_dim=HEAD_DIM):
 def attend(query, key, value, mask, config, **options):
     """lsg_self_attention on (B, N, H, D) projections, as a model calls it."""
     return lsg_self_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), mask, config, **options)
-
-
-def padding_mask(lengths, total):
-    return torch.arange(total)[None, :] < torch.tensor(lengths)[:, None]
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])

@@ -408,7 +408,7 @@ def lsg_self_attention(
     Returns:
         (B, H, q, D), a transposed view of a contiguous (B, q, H, D) tensor.
     """
-    batch, heads, length, head_dim = key.shape
+    batch, _, length, head_dim = key.shape
     scaling = head_dim**-0.5 if scaling is None else scaling
     num_global, block = config.num_global_tokens, config.block_size
     key_mask = torch.ones(batch, length, dtype=torch.bool, device=key.device) if padding_mask is None else padding_mask

@@ -12,7 +12,6 @@ This file travels with saved models as remote code: it imports torch and transfo
 
 from __future__ import annotations
 
-from functools import partial
 from types import ModuleType
 from typing import Any
 
