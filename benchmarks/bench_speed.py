@@ -53,6 +53,7 @@ BASE_DIMS = {"hidden_size": 768, "num_attention_heads": 12, "intermediate_size":
 # name -> LSG keys; the first one measured is the reference every ratio is taken against.
 LSG_SETTINGS: dict[str, dict[str, Any]] = {
     "lsg norm 128/128 f2 g1": {"block_size": 128, "sparse_block_size": 128, "sparsity_factor": 2, "sparsity_type": "norm"},
+    "lsg local 170/0 g1": {"block_size": 170, "sparse_block_size": 0, "sparsity_type": "none"},  # the defaults
     "lsg local 256/0 g1": {"block_size": 256, "sparse_block_size": 0, "sparsity_type": "none"},
     "lsg pooling 128/128 f4 g1": {"block_size": 128, "sparse_block_size": 128, "sparsity_factor": 4, "sparsity_type": "pooling"},
     "lsg stride 64/64 f4 g1": {"block_size": 64, "sparse_block_size": 64, "sparsity_factor": 4, "sparsity_type": "stride"},

@@ -13,7 +13,7 @@ from transformers.utils import logging
 EXAMPLES = """\
 examples:
   lsg-convert bert-base-uncased --max-len 4096 --save-path bert-base-uncased-lsg-4096
-  lsg-convert ./my-bert --max-len 16384 --block-size 256 --sparsity-type pooling --sparsity-factor 4 \\
+  lsg-convert ./my-bert --max-len 16384 --sparsity-type pooling --sparsity-factor 4 \\
       --save-path ./my-bert-lsg-16k --overwrite
   lsg-convert facebook/bart-base --max-len 16384 --save-path bart-base-lsg-16k --push-to-hub me/bart-base-lsg-16k
   lsg-convert ./reference-lsg-checkpoint --max-len 4096 --save-path ./upgraded   # 2023 format -> new format
@@ -43,6 +43,7 @@ def _positive_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .converter import POSITION_TILINGS
     from .models.lsg_attention import SPARSITY_TYPES
 
     parser = _Parser(
@@ -59,11 +60,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--architecture", help="head to build, e.g. BertForMaskedLM (default: the source's)")
     settings = parser.add_argument_group("LSG settings")
-    settings.add_argument("--block-size", type=int, help="local block size (default 128)")
+    settings.add_argument(
+        "--block-size", type=int, help="local block size (default: a third of the source's body positions, 170 for 512)"
+    )
+    settings.add_argument(
+        "--sparsity-type", choices=SPARSITY_TYPES, help="sparse selection (default none: local + global only)"
+    )
     settings.add_argument("--sparse-block-size", type=int, help="sparse keys on each side of a block (default 128)")
     settings.add_argument("--sparsity-factor", type=int, help="sparse compression factor (default 2)")
-    settings.add_argument("--sparsity-type", choices=SPARSITY_TYPES, help="sparse selection (default norm)")
     settings.add_argument("--num-global-tokens", type=int, help="global tokens, 0 to 512 (default 1)")
+    settings.add_argument(
+        "--position-tiling",
+        choices=POSITION_TILINGS,
+        default="body",
+        help="beyond the source's table, repeat its body rows (default) or the whole table (2023 reference)",
+    )
     settings.add_argument(
         "--pass-global-tokens-to-decoder",
         action=argparse.BooleanOptionalAction,
@@ -126,6 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         converter = LSGConverter(
             max_sequence_length=args.max_len,
+            position_tiling=args.position_tiling,
             random_global_init=args.random_global_init,
             keep_first_global_token=args.keep_first_global_token,
             resize_lsg=args.resize_lsg,

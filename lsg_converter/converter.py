@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging as pylogging
-import math
 import os
 import pickle
 import shutil
@@ -20,16 +19,36 @@ from transformers.utils import logging
 
 from .architectures import CAUSAL_HEAD_SUFFIXES, Architecture, find_architecture
 from .errors import CorruptCheckpointError, InvalidSettingsError, OutputExistsError, SourceNotFoundError, one_line
-from .models.lsg_model import MAX_GLOBAL_TOKENS
+from .models.lsg_attention import uses_sparse_keys
+from .models.lsg_model import MAX_GLOBAL_TOKENS, validate_lsg_settings
 
 logger = logging.get_logger(__name__)
+
+# How the learned positions reach the new length (see LSGConverter).
+POSITION_TILINGS = ("body", "table")
+# LSG settings a conversion uses unless told otherwise; block_size is derived from the source (see
+# `window_block_size`), the other keys keep the config defaults (those of the 2023 reference).
+CONVERSION_DEFAULTS: dict[str, Any] = {"sparsity_type": "none", "num_global_tokens": 1}
 
 
 class LSGConverter:
     """Converts a pretrained BERT-family checkpoint into an LSG model reading `max_sequence_length` tokens.
 
+    Default settings (chosen on all-MiniLM-L6-v2 and Shakespeare, see the README's "Extrapolation
+    quality"): local attention only (``sparsity_type="none"``), one global token ([CLS] at position 0),
+    ``block_size`` = a third of the source's body positions (170 for a 512-position model) and
+    ``position_tiling="body"``. Each block then sees its previous, own and next block: 510 tokens,
+    exactly the body of one training window, with the positions that window had, plus the global
+    [CLS]. Any LSG setting passed to `convert_from_pretrained` replaces these.
+
     Args:
         max_sequence_length: length the converted model accepts; position embeddings are tiled to it.
+        position_tiling: how positions beyond the source's table are filled. ``"body"`` (default):
+            the source table stays as it is, then its body rows (1 to P - 2 of a P-row table: the
+            positions text takes between [CLS] and the last [SEP] of a full window) repeat, so every
+            stretch of P - 2 tokens reads like the body of one training window. ``"table"``: the
+            whole table repeats (the 2023 reference; body tokens then also take the [CLS] and [SEP]
+            positions).
         random_global_init: draw the global tokens from the word-embedding distribution instead of
             [CLS]/[MASK] + positions.
         global_positional_stride: stride between the source positions given to successive global tokens.
@@ -50,6 +69,7 @@ class LSGConverter:
     def __init__(
         self,
         max_sequence_length: int = 4096,
+        position_tiling: str = "body",
         random_global_init: bool = False,
         global_positional_stride: int = 64,
         keep_first_global_token: bool = False,
@@ -60,11 +80,16 @@ class LSGConverter:
     ) -> None:
         if isinstance(max_sequence_length, bool) or not isinstance(max_sequence_length, int) or max_sequence_length < 1:
             raise InvalidSettingsError(f"max_sequence_length must be a positive integer, got {max_sequence_length!r}.")
+        if position_tiling not in POSITION_TILINGS:
+            raise InvalidSettingsError(
+                f"Unknown position_tiling {position_tiling!r}: use one of {', '.join(POSITION_TILINGS)}."
+            )
         if global_positional_stride < 1 or MAX_GLOBAL_TOKENS % global_positional_stride:
             raise InvalidSettingsError(
                 f"global_positional_stride must divide {MAX_GLOBAL_TOKENS}, got {global_positional_stride}."
             )
         self.max_sequence_length = max_sequence_length
+        self.position_tiling = position_tiling
         self.random_global_init = random_global_init
         self.global_positional_stride = global_positional_stride
         self.keep_first_global_token = keep_first_global_token
@@ -112,7 +137,13 @@ class LSGConverter:
                 self._init_global_tokens(model, arch, tokenizer, keep_first=keep_first)
             else:
                 logger.info("The source is an LSG model: its global tokens are kept.")
-            added_rows = _tile_positions(base, arch, self.max_sequence_length)
+            source_positions = _learned_positions(base, arch)
+            if not is_lsg and "block_size" not in lsg_kwargs:
+                config.block_size = window_block_size(source_positions, config)
+                validate_lsg_settings(config)
+            # an LSG source's table is already tiled: repeat it whole
+            tiling = "table" if is_lsg else self.position_tiling
+            added_rows = _tile_positions(base, arch, self.max_sequence_length, tiling)
 
         # BART counts its 2 offset rows outside max_position_embeddings, RoBERTa inside: keep the source's way.
         config.max_position_embeddings += added_rows
@@ -243,6 +274,7 @@ def _build_lsg_config(arch: Architecture, source_config: Any, head_name: str, ls
     config_class = arch.config_class()
     if not _is_lsg_config(source_config):
         values.update(config_class.lsg_defaults)
+        values.update(CONVERSION_DEFAULTS)
     if head_name.endswith(CAUSAL_HEAD_SUFFIXES):
         values["is_decoder"] = True
     values.update(lsg_kwargs)
@@ -288,15 +320,46 @@ def _strided_positions(table: torch.Tensor, stride: int) -> torch.Tensor:
     return table.reshape(-1, step, width).transpose(0, 1).reshape(-1, width)
 
 
-def _tile_positions(base: nn.Module, arch: Architecture, max_length: int) -> int:
-    """Repeat the learned positions of every position table up to `max_length` (offset rows kept once in
-    front), in place, and rebuild the position/token-type buffers beside them. Returns the rows added."""
+def window_block_size(source_positions: int, config: Any) -> int:
+    """Default block size: a third of the source's body positions, so that a block's local window
+    (previous, own and next block) spans one training window's body (170 for 512 positions).
+
+    Rounded down to a multiple of ``sparsity_factor`` when the setting uses sparse keys."""
+    block_size = max((source_positions - 2) // 3, 1)
+    if uses_sparse_keys(config) and block_size > config.sparsity_factor:
+        block_size -= block_size % config.sparsity_factor
+    return block_size
+
+
+def tiled_position_rows(source_positions: int, max_length: int, tiling: str) -> torch.Tensor:
+    """Source row of each new position (max_length,): see LSGConverter's `position_tiling`.
+
+    "body": position i < P keeps row i, later ones take 1 + (i - 1) mod (P - 2), so the body rows
+    1..P-2 keep their period (P = 512: positions 511, 512, ... take rows 511, 2, 3, ..., 510, 1, 2, ...).
+    "table": i mod P.
+    """
+    positions = torch.arange(max_length)
+    body_rows = source_positions - 2
+    if tiling == "table" or body_rows < 1:
+        return positions % source_positions
+    return torch.where(positions < source_positions, positions, 1 + (positions - 1) % body_rows)
+
+
+def _learned_positions(base: nn.Module, arch: Architecture) -> int:
+    """Rows of the source's first position table, offset rows excluded (512 for BERT and RoBERTa)."""
+    return base.get_submodule(arch.position_tables[0]).weight.shape[0] - arch.position_offset
+
+
+def _tile_positions(base: nn.Module, arch: Architecture, max_length: int, tiling: str) -> int:
+    """Extend every position table to `max_length` learned rows (offset rows kept once in front) with
+    `tiled_position_rows`, in place, and rebuild the position/token-type buffers beside them.
+    Returns the rows added."""
     added = 0
     for table_name in arch.position_tables:
         table = base.get_submodule(table_name)
         old = table.weight.detach()
         learned = old[arch.position_offset :]
-        tiled = learned.repeat(math.ceil(max_length / learned.shape[0]), 1)[:max_length]
+        tiled = learned[tiled_position_rows(learned.shape[0], max_length, tiling)]
         weight = torch.cat([old[: arch.position_offset], tiled])
         table.weight = nn.Parameter(weight, requires_grad=table.weight.requires_grad)
         table.num_embeddings = weight.shape[0]

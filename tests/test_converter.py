@@ -51,13 +51,33 @@ def _files(folder: Path) -> dict[str, bytes]:
 # ---------------------------------------------------------------------------------------------- positions
 
 
-def test_position_table_is_tiled_from_source_rows(converted, source):
+def test_position_table_keeps_the_source_rows_then_repeats_the_body_rows(converted, source):
     model, _ = converted
     new_table = model.bert.embeddings.position_embeddings.weight.detach()
     old_table = source.bert.embeddings.position_embeddings.weight.detach()
     assert new_table.shape == (NEW_LENGTH, old_table.shape[1])
+    torch.testing.assert_close(new_table[:SOURCE_POSITIONS], old_table, rtol=0, atol=0)
+    body_period = SOURCE_POSITIONS - 2  # rows 1..126: between [CLS] (row 0) and the last [SEP] (row 127)
+    # positions 128..253 continue the body period of the first window (127 was its row 1): rows 2..126, 1
+    first_repeat = old_table[[*range(2, SOURCE_POSITIONS - 1), 1]]
+    torch.testing.assert_close(new_table[SOURCE_POSITIONS : SOURCE_POSITIONS + body_period], first_repeat, rtol=0, atol=0)
+    for position in range(SOURCE_POSITIONS + body_period, NEW_LENGTH):
+        assert torch.equal(new_table[position], new_table[position - body_period]), position
+
+
+def test_table_position_tiling_repeats_the_whole_source_table(tiny_bert_dir, source):
+    model, _ = LSGConverter(max_sequence_length=NEW_LENGTH, position_tiling="table").convert_from_pretrained(
+        tiny_bert_dir
+    )
+    new_table = model.bert.embeddings.position_embeddings.weight.detach()
+    old_table = source.bert.embeddings.position_embeddings.weight.detach()
     expected = old_table[torch.arange(NEW_LENGTH) % SOURCE_POSITIONS]
     torch.testing.assert_close(new_table, expected, rtol=0, atol=0)
+
+
+def test_unknown_position_tiling_raises_invalid_settings_error():
+    with pytest.raises(InvalidSettingsError, match="body, table"):
+        LSGConverter(position_tiling="mirror")
 
 
 def test_config_max_position_embeddings_is_updated(converted):
@@ -165,10 +185,23 @@ def test_lsg_kwargs_land_in_the_config(tiny_bert_dir):
 
 def test_documented_lsg_defaults_apply_without_kwargs(converted):
     model, _ = converted
-    documented = dict(block_size=128, sparse_block_size=128, sparsity_factor=2, sparsity_type="norm", num_global_tokens=1)
+    body_third = (SOURCE_POSITIONS - 2) // 3  # 42 here, 170 for a 512-position source
+    documented = dict(block_size=body_third, sparsity_type="none", num_global_tokens=1)
     for key, value in documented.items():
         assert getattr(model.config, key) == value, key
     assert model.config.model_type == "lsg-bert"
+
+
+def test_default_block_size_is_a_multiple_of_the_sparsity_factor_when_sparse_keys_are_used(tiny_bert_dir):
+    model, _ = LSGConverter(max_sequence_length=256).convert_from_pretrained(
+        tiny_bert_dir, sparsity_type="pooling", sparsity_factor=4
+    )
+    assert model.config.block_size == 40  # a third of the 126 body positions is 42, rounded down to 4 x 10
+
+
+def test_explicit_block_size_replaces_the_derived_default(tiny_bert_dir):
+    model, _ = LSGConverter(max_sequence_length=256).convert_from_pretrained(tiny_bert_dir, block_size=64)
+    assert model.config.block_size == 64
 
 
 @pytest.mark.parametrize(
