@@ -24,7 +24,8 @@ class Architecture:
 
     Attributes:
         model_type: the source's ``config.model_type`` ("bert"); the converted model's is "lsg-bert",
-            its files ``models/configuration_lsg_bert.py`` and ``models/modeling_lsg_bert.py``.
+            its files ``models/configuration_lsg_bert.py`` and ``models/modeling_lsg_bert.py``
+            (dashes become underscores: "xlm-roberta" -> ``modeling_lsg_xlm_roberta.py``).
         default_head: head used when the source config names none.
         word_embeddings: token embedding module, relative to the base model.
         position_tables: learned position embedding modules, relative to the base model; the first
@@ -44,8 +45,13 @@ class Architecture:
     def lsg_model_type(self) -> str:
         return f"lsg-{self.model_type}"
 
+    @property
+    def file_stem(self) -> str:
+        """Stem of the architecture's files: "lsg_xlm_roberta" for "xlm-roberta"."""
+        return self.lsg_model_type.replace("-", "_")
+
     def _module(self, kind: str) -> ModuleType:
-        return importlib.import_module(f"lsg_converter.models.{kind}_lsg_{self.model_type}")
+        return importlib.import_module(f"lsg_converter.models.{kind}_{self.file_stem}")
 
     def modeling_module(self) -> ModuleType:
         return self._module("modeling")
@@ -77,6 +83,10 @@ ARCHITECTURES: dict[str, Architecture] = {
         Architecture("bert", "BertForPreTraining", token_type_table="embeddings.token_type_embeddings"),
         Architecture("roberta", "RobertaForMaskedLM", position_offset=2),
         Architecture("distilbert", "DistilBertForMaskedLM"),
+        Architecture("albert", "AlbertForPreTraining", token_type_table="embeddings.token_type_embeddings"),
+        Architecture("electra", "ElectraForPreTraining", token_type_table="embeddings.token_type_embeddings"),
+        Architecture("camembert", "CamembertForMaskedLM", position_offset=2),
+        Architecture("xlm-roberta", "XLMRobertaForMaskedLM", position_offset=2),
         Architecture(
             "bart",
             "BartForConditionalGeneration",

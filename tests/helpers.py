@@ -19,7 +19,7 @@ from lsg_converter.models.lsg_model import LSG_DEFAULTS
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "reference-lsg-0.1.9"
 VOCAB = 99
 TINY_LENGTH = 128  # tokens the tiny sources read (RoBERTa's table has 2 more rows)
-PAD_ID = {"bert": 0, "distilbert": 0, "roberta": 1, "bart": 1}
+PAD_ID = {"bert": 0, "distilbert": 0, "roberta": 1, "bart": 1, "albert": 0, "electra": 0, "camembert": 1, "xlm-roberta": 1}
 EOS_ID = 2
 SHARED = dict(vocab_size=VOCAB)
 TINY_CONFIGS = {
@@ -33,6 +33,23 @@ TINY_CONFIGS = {
     ),
     "distilbert": lambda: transformers.DistilBertConfig(
         dim=32, n_layers=2, n_heads=4, hidden_dim=37, max_position_embeddings=TINY_LENGTH, **SHARED
+    ),
+    # ALBERT and ELECTRA factorise their embeddings: global tokens live in the narrower embedding space
+    "albert": lambda: transformers.AlbertConfig(
+        embedding_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+        max_position_embeddings=TINY_LENGTH, **SHARED,
+    ),
+    "electra": lambda: transformers.ElectraConfig(
+        embedding_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+        max_position_embeddings=TINY_LENGTH, **SHARED,
+    ),
+    "camembert": lambda: transformers.CamembertConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+        max_position_embeddings=TINY_LENGTH + 2, **SHARED,
+    ),
+    "xlm-roberta": lambda: transformers.XLMRobertaConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+        max_position_embeddings=TINY_LENGTH + 2, **SHARED,
     ),
     "bart": lambda: transformers.BartConfig(
         d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,

@@ -8,6 +8,7 @@ import torch
 from helpers import (
     FIXTURES,
     TINY_LENGTH,
+    VOCAB,
     assert_reproduces_reference,
     reference_cases,
     is_causal_head,
@@ -28,6 +29,7 @@ OUTPUT_FIELDS = [
     "logits",
     "prediction_logits",
     "seq_relationship_logits",
+    "sop_logits",
     "start_logits",
     "end_logits",
 ]
@@ -37,7 +39,7 @@ def head_inputs(arch, head, lengths=(TINY_LENGTH, 90)):
     """A padded batch (BART builds its decoder inputs from input_ids, as its classification head expects)."""
     input_ids, attention_mask = padded_batch(list(lengths), TINY_LENGTH, arch)
     inputs = dict(input_ids=input_ids, attention_mask=attention_mask)
-    if arch == "bert":
+    if ARCHITECTURES[arch].token_type_table is not None:
         inputs["token_type_ids"] = (torch.arange(TINY_LENGTH) >= 64).long().expand(len(lengths), -1)
     if head.endswith("ForMultipleChoice"):
         inputs = {name: tensor[:, None].repeat(1, 3, 1) for name, tensor in inputs.items()}
@@ -83,6 +85,10 @@ DEFAULT_HEAD_AUTO_CLASS = {
     "bert": "AutoModelForPreTraining",
     "roberta": "AutoModelForMaskedLM",
     "distilbert": "AutoModelForMaskedLM",
+    "albert": "AutoModelForPreTraining",
+    "electra": "AutoModelForPreTraining",
+    "camembert": "AutoModelForMaskedLM",
+    "xlm-roberta": "AutoModelForMaskedLM",
     "bart": "AutoModelForSeq2SeqLM",
 }
 
@@ -115,6 +121,53 @@ def test_saved_folder_loads_as_remote_code_without_lsg_converter(arch, tmp_path)
     )
     assert result.returncode == 0, result.stderr
     assert float(result.stdout.split("MAX_DIFF")[1]) <= 1e-5
+
+
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+def test_default_settings_read_4000_tokens_with_finite_outputs(arch, tmp_path):
+    head = ARCHITECTURES[arch].default_head
+    model, _ = LSGConverter(max_sequence_length=4096).convert_from_pretrained(
+        save_tiny_source(tmp_path / "source", arch, head)
+    )
+    input_ids, attention_mask = padded_batch([4000, 3100], 4000, arch)
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask)
+    if model.config.is_encoder_decoder:
+        inputs["decoder_input_ids"] = input_ids[:, :8]
+
+    with torch.no_grad():
+        output = model(**inputs)
+
+    assert model.config.block_size == 128 and model.config.sparsity_type == "norm"
+    assert model.config.num_global_tokens == 1
+    outputs = [getattr(output, field) for field in OUTPUT_FIELDS if getattr(output, field, None) is not None]
+    assert outputs
+    for tensor in outputs:
+        assert torch.isfinite(tensor).all()
+    if not model.config.is_encoder_decoder:
+        assert outputs[0].shape[:2] == (2, 4000)
+
+
+@pytest.mark.parametrize("arch", ["albert", "electra"])
+def test_factorised_embeddings_carry_the_global_tokens_in_the_embedding_space(arch, tmp_path):
+    source_dir = save_tiny_source(tmp_path / "source", arch, ARCHITECTURES[arch].default_head)
+    special_tokens = ["[PAD]", "[UNK]", "[SEP]", "[CLS]", "[MASK]"]
+    vocab = {token: index for index, token in enumerate(special_tokens + [f"t{i}" for i in range(VOCAB - 5)])}
+    transformers.BertTokenizer(vocab=vocab).save_pretrained(source_dir)
+    model, _ = LSGConverter(max_sequence_length=1024).convert_from_pretrained(source_dir, num_global_tokens=2)
+    config, embeddings = model.config, model.base_model.embeddings
+    words, positions = embeddings.word_embeddings.weight, embeddings.position_embeddings.weight
+    token_type_0 = embeddings.token_type_embeddings.weight[0]
+    input_ids, attention_mask = padded_batch([300, 200], 300, arch)
+
+    with torch.no_grad():
+        hidden_states = model.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    assert config.embedding_size < config.hidden_size
+    assert embeddings.global_embeddings.embedding_dim == config.embedding_size
+    global_tokens = embeddings.global_embeddings.weight
+    torch.testing.assert_close(global_tokens[0], words[vocab["[CLS]"]] + positions[0] + token_type_0)
+    torch.testing.assert_close(global_tokens[1], words[vocab["[MASK]"]] + positions[64] + token_type_0)
+    assert hidden_states.shape == (2, 300, config.hidden_size)
 
 
 @pytest.mark.parametrize("arch,head", [(a, h) for a, h in ARCH_HEADS if is_causal_head(h)])

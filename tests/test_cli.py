@@ -66,7 +66,7 @@ def test_every_architecture_converts_from_the_command_line(arch, tmp_path, capsy
     assert code == 0, capsys.readouterr().err
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config["model_type"] == f"lsg-{arch}" and config["num_global_tokens"] == 2
-    assert (tmp_path / "out" / f"modeling_lsg_{arch}.py").is_file()
+    assert (tmp_path / "out" / f"modeling_{ARCHITECTURES[arch].file_stem}.py").is_file()
 
 
 def test_bart_decoder_can_be_kept_from_the_global_tokens(tmp_path, capsys):

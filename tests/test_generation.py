@@ -1,4 +1,5 @@
-"""Generation: LSG-BART (LSG encoder, dense decoder with its cache) and causal LSG decoders (BERT, RoBERTa)."""
+"""Generation: LSG-BART (LSG encoder, dense decoder with its cache) and causal LSG decoders (BERT, RoBERTa,
+CamemBERT, XLM-RoBERTa, ELECTRA)."""
 
 import pytest
 import torch
@@ -6,7 +7,13 @@ import torch
 from helpers import OpRecorder, padded_batch, save_tiny_source
 from lsg_converter import LSGConverter
 
-CAUSAL_HEADS = [("bert", "BertLMHeadModel"), ("roberta", "RobertaForCausalLM")]
+CAUSAL_HEADS = [
+    ("bert", "BertLMHeadModel"),
+    ("roberta", "RobertaForCausalLM"),
+    ("camembert", "CamembertForCausalLM"),
+    ("xlm-roberta", "XLMRobertaForCausalLM"),
+    ("electra", "ElectraForCausalLM"),
+]
 
 
 @pytest.fixture(scope="module")
