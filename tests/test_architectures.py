@@ -7,6 +7,7 @@ import torch
 
 from helpers import (
     FIXTURES,
+    TINY_CONFIGS,
     TINY_LENGTH,
     assert_reproduces_reference,
     reference_cases,
@@ -40,6 +41,8 @@ def head_inputs(arch, head, lengths=(TINY_LENGTH, 90)):
         inputs["token_type_ids"] = (torch.arange(TINY_LENGTH) >= 64).long().expand(len(lengths), -1)
     if head.endswith("ForMultipleChoice"):
         inputs = {name: tensor[:, None].repeat(1, 3, 1) for name, tensor in inputs.items()}
+    if head.endswith(("Model", "ForConditionalGeneration")) and TINY_CONFIGS[arch]().is_encoder_decoder:
+        inputs["decoder_input_ids"] = input_ids[:, :16]  # Pegasus does not derive them from input_ids
     return inputs
 
 
@@ -83,6 +86,8 @@ DEFAULT_HEAD_AUTO_CLASS = {
     "roberta": "AutoModelForMaskedLM",
     "distilbert": "AutoModelForMaskedLM",
     "bart": "AutoModelForSeq2SeqLM",
+    "mbart": "AutoModelForSeq2SeqLM",
+    "pegasus": "AutoModelForSeq2SeqLM",
 }
 
 
@@ -93,6 +98,8 @@ def test_saved_folder_loads_as_remote_code_without_lsg_converter(arch, tmp_path)
         save_tiny_source(tmp_path / "source", arch, head), block_size=16, sparse_block_size=16, num_global_tokens=2
     )
     inputs = dict(zip(("input_ids", "attention_mask"), padded_batch([300, 260], 300, arch)))
+    if model.config.is_encoder_decoder:
+        inputs["decoder_input_ids"] = inputs["input_ids"][:, :16]
     with torch.no_grad():
         logits = model(**inputs)[0]
     torch.save({"inputs": inputs, "logits": logits}, tmp_path / "io.pt")

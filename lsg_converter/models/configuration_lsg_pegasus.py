@@ -1,0 +1,17 @@
+"""Configuration of LSG-Pegasus: PegasusConfig plus the LSG keys (see lsg_model.LSGConfigMixin).
+
+Only the encoder's self-attention is LSG; ``pass_global_tokens_to_decoder`` (default True) lets the
+decoder's cross-attention see the encoder's global tokens.
+"""
+
+from transformers import PegasusConfig
+
+from .lsg_model import SEQ2SEQ_DEFAULTS, LSGConfigMixin
+
+
+class LSGPegasusConfig(LSGConfigMixin, PegasusConfig):
+    """PegasusConfig with the LSG keys; loads reference-format configs (model_type "pegasus") too."""
+
+    model_type = "lsg-pegasus"
+    lsg_heads = ("Model", "ForConditionalGeneration", "ForCausalLM")
+    lsg_defaults = SEQ2SEQ_DEFAULTS
