@@ -1,4 +1,4 @@
-"""lsg_converter: turn pretrained BERT-family and BART checkpoints into LSG models that read long inputs.
+"""lsg_converter: turn pretrained BERT-family, BART, mBART and Pegasus checkpoints into LSG models that read long inputs.
 
     from lsg_converter import LSGConverter
     model, tokenizer = LSGConverter(max_sequence_length=4096).convert_from_pretrained("bert-base-uncased")
@@ -53,10 +53,25 @@ from .models.modeling_lsg_distilbert import (  # classes created from the config
 )
 from .models.configuration_lsg_bart import LSGBartConfig
 from .models.modeling_lsg_bart import (  # classes created from the config's list of heads
+    LSGBartForCausalLM,
     LSGBartForConditionalGeneration,
     LSGBartForQuestionAnswering,
     LSGBartForSequenceClassification,
     LSGBartModel,
+)
+from .models.configuration_lsg_mbart import LSGMBartConfig
+from .models.modeling_lsg_mbart import (  # classes created from the config's list of heads
+    LSGMBartForCausalLM,
+    LSGMBartForConditionalGeneration,
+    LSGMBartForQuestionAnswering,
+    LSGMBartForSequenceClassification,
+    LSGMBartModel,
+)
+from .models.configuration_lsg_pegasus import LSGPegasusConfig
+from .models.modeling_lsg_pegasus import (  # classes created from the config's list of heads
+    LSGPegasusForCausalLM,
+    LSGPegasusForConditionalGeneration,
+    LSGPegasusModel,
 )
 
 __version__ = "0.2.0"
@@ -69,6 +84,7 @@ __all__ = [
     "HubError",
     "InvalidSettingsError",
     "LSGBartConfig",
+    "LSGBartForCausalLM",
     "LSGBartForConditionalGeneration",
     "LSGBartForQuestionAnswering",
     "LSGBartForSequenceClassification",
@@ -92,6 +108,16 @@ __all__ = [
     "LSGDistilBertForTokenClassification",
     "LSGDistilBertModel",
     "LSGError",
+    "LSGMBartConfig",
+    "LSGMBartForCausalLM",
+    "LSGMBartForConditionalGeneration",
+    "LSGMBartForQuestionAnswering",
+    "LSGMBartForSequenceClassification",
+    "LSGMBartModel",
+    "LSGPegasusConfig",
+    "LSGPegasusForCausalLM",
+    "LSGPegasusForConditionalGeneration",
+    "LSGPegasusModel",
     "LSGRobertaConfig",
     "LSGRobertaForCausalLM",
     "LSGRobertaForMaskedLM",

@@ -123,6 +123,64 @@ def test_saved_folder_loads_as_remote_code_without_lsg_converter(arch, tmp_path)
     assert float(result.stdout.split("MAX_DIFF")[1]) <= 1e-5
 
 
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+def test_default_settings_read_4000_tokens(arch, tmp_path):
+    model, _ = LSGConverter(max_sequence_length=4096).convert_from_pretrained(
+        save_tiny_source(tmp_path / "source", arch, ARCHITECTURES[arch].default_head)
+    )
+    input_ids, attention_mask = padded_batch([4000, 3000], 4000, arch)
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask)
+    if model.config.is_encoder_decoder:
+        inputs["decoder_input_ids"] = input_ids[:, :16]
+
+    with torch.no_grad():
+        output = model(**inputs)
+
+    assert model.config.block_size == 128 and model.config.sparsity_type == "norm"
+    outputs = [value for value in output.values() if isinstance(value, torch.Tensor) and value.is_floating_point()]
+    assert outputs and all(value.isfinite().all() for value in outputs)
+
+
+def test_pegasus_positions_are_regenerated_sinusoids_and_give_the_global_tokens_theirs(tmp_path):
+    from transformers.models.pegasus.modeling_pegasus import PegasusSinusoidalPositionalEmbedding
+
+    config = TINY_CONFIGS["pegasus"]()
+    config.max_position_embeddings = 1024  # as google/pegasus-large
+    torch.manual_seed(0)
+    transformers.PegasusForConditionalGeneration(config).save_pretrained(tmp_path / "source")
+
+    model, _ = LSGConverter(max_sequence_length=4096).convert_from_pretrained(tmp_path / "source", num_global_tokens=4)
+
+    sinusoids = PegasusSinusoidalPositionalEmbedding(4096, config.d_model).create_weight()
+    for table_name in ARCHITECTURES["pegasus"].position_tables:
+        torch.testing.assert_close(model.model.get_submodule(table_name).weight.detach(), sinusoids, atol=0, rtol=0)
+    assert model.config.max_position_embeddings == 4096
+    # no tokenizer and no bos/mask id in a Pegasus config: token 0; global k sits at source position 64 k
+    word = model.model.shared.weight[0].detach()
+    expected = torch.stack([word + sinusoids[64 * k] for k in range(4)])
+    torch.testing.assert_close(model.model.encoder.global_embeddings.weight[:4].detach(), expected)
+
+
+SEQ2SEQ_DECODER_HEADS = [(a, h) for a, h in ARCH_HEADS if h.endswith("ForCausalLM") and TINY_CONFIGS[a]().is_encoder_decoder]
+
+
+@pytest.mark.parametrize("arch,head", SEQ2SEQ_DECODER_HEADS)
+def test_decoder_only_head_of_an_encoder_decoder_model_is_its_dense_decoder_with_longer_positions(arch, head, tmp_path):
+    source_dir = save_tiny_source(tmp_path / "source", arch, head)
+    source = getattr(transformers, head).from_pretrained(source_dir).eval()
+    model, _ = LSGConverter(max_sequence_length=1024).convert_from_pretrained(source_dir)
+    prompt, _ = padded_batch([40], 40, arch)
+
+    assert model.config.is_decoder and model.config._attn_implementation == "sdpa"
+    assert model.lsg_global_embeddings is None
+    assert model.model.decoder.embed_positions.weight.shape[0] == 1024 + ARCHITECTURES[arch].position_offset
+    settings = dict(max_new_tokens=40, min_new_tokens=40, do_sample=False)
+    assert torch.equal(model.generate(prompt, **settings), source.generate(prompt, **settings))
+    long_input, _ = padded_batch([1000], 1000, arch)
+    with torch.no_grad():
+        assert model(input_ids=long_input).logits.isfinite().all()
+
+
 @pytest.mark.parametrize("arch,head", [(a, h) for a, h in ARCH_HEADS if is_causal_head(h)])
 def test_converting_to_a_causal_head_makes_a_decoder(arch, head, tmp_path):
     source_dir = save_tiny_source(tmp_path / "source", arch, ARCHITECTURES[arch].default_head)

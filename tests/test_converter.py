@@ -18,9 +18,10 @@ from transformers import (
     BertModel,
     GPT2Config,
     GPT2LMHeadModel,
+    MBartForConditionalGeneration,
 )
 
-from helpers import TINY_CONFIGS, TINY_LENGTH, padded_batch, save_tiny_source
+from helpers import FIXTURES, TINY_CONFIGS, TINY_LENGTH, padded_batch, save_tiny_source
 
 import lsg_converter
 from lsg_converter import (
@@ -174,6 +175,24 @@ def test_source_without_tokenizer_files_takes_global_tokens_from_the_config_ids(
     assert "no tokenizer" in warning and "bos_token_id 0" in warning and "no mask_token_id" in warning
     bos = model.config.bos_token_id
     expected = _bart_globals(source_dir, [bos, bos], [0, 64])  # no mask id: every global uses bos
+    torch.testing.assert_close(model.model.encoder.global_embeddings.weight[:2].detach(), expected)
+
+
+def test_barthez_style_mbart_source_uses_its_tokenizer_of_another_class_when_the_ids_agree(tmp_path, caplog):
+    """BARThez checkpoints are model_type "mbart" with a BarthezTokenizer: a tokenizer class other than
+    MBartTokenizer whose special ids are the model's is used as it is."""
+    source_dir = save_tiny_source(tmp_path / "source", "mbart", "MBartForConditionalGeneration")
+    AutoTokenizer.from_pretrained(FIXTURES / "bart-norm").save_pretrained(source_dir)  # <s> 0 <pad> 1 </s> 2 <mask> 4
+
+    with caplog.at_level("WARNING", logger="lsg_converter"):
+        model, tokenizer = LSGConverter(max_sequence_length=512).convert_from_pretrained(source_dir, num_global_tokens=2)
+
+    assert type(model).__name__ == "LSGMBartForConditionalGeneration"
+    assert type(tokenizer).__name__ != "MBartTokenizer" and tokenizer.mask_token_id == 4
+    assert not [record for record in caplog.records if "Global tokens" in record.getMessage()]
+    source = MBartForConditionalGeneration.from_pretrained(source_dir)
+    words, positions = source.model.shared.weight.detach(), source.model.encoder.embed_positions.weight.detach()[2:]
+    expected = torch.stack([words[0] + positions[0], words[4] + positions[64]])
     torch.testing.assert_close(model.model.encoder.global_embeddings.weight[:2].detach(), expected)
 
 
