@@ -250,11 +250,12 @@ def _load_tokenizer(source: str, token: str | bool | None) -> PreTrainedTokenize
 def _source_head(arch: Architecture, source_config: Any) -> str:
     """The source config's first architecture; the bare model, with a warning, when it is no known head."""
     head = (source_config.architectures or [arch.default_head])[0]
-    if head in arch.heads or head in arch.heads.values():
+    heads = arch.heads
+    if head in heads or head in heads.values():
         return head
     logger.warning(
         f"The source's architecture {head!r} is no {arch.model_type} head: its base model is converted to "
-        f"LSG{arch.base_head}. Pass --architecture (architecture=) with one of {', '.join(sorted(arch.heads))} "
+        f"LSG{arch.base_head}. Pass --architecture (architecture=) with one of {', '.join(sorted(heads))} "
         "to build another head."
     )
     return arch.base_head

@@ -161,6 +161,14 @@ def test_pegasus_positions_are_regenerated_sinusoids_and_give_the_global_tokens_
     torch.testing.assert_close(model.model.encoder.global_embeddings.weight[:4].detach(), expected)
 
 
+def test_pegasus_encoder_layerdrop_is_refused_as_it_could_skip_the_layer_the_global_tokens_join(tmp_path):
+    from lsg_converter import InvalidSettingsError
+
+    source_dir = save_tiny_source(tmp_path / "source", "pegasus", "PegasusForConditionalGeneration")
+    with pytest.raises(InvalidSettingsError, match="encoder_layerdrop=0"):
+        LSGConverter(max_sequence_length=512).convert_from_pretrained(source_dir, encoder_layerdrop=0.1)
+
+
 SEQ2SEQ_DECODER_HEADS = [(a, h) for a, h in ARCH_HEADS if h.endswith("ForCausalLM") and TINY_CONFIGS[a]().is_encoder_decoder]
 
 

@@ -14,5 +14,7 @@ class LSGMBartConfig(LSGConfigMixin, MBartConfig):
     """MBartConfig with the LSG keys; loads reference-format configs (model_type "mbart") too."""
 
     model_type = "lsg-mbart"
-    lsg_heads = ("Model", "ForConditionalGeneration", "ForCausalLM", "ForSequenceClassification", "ForQuestionAnswering")
+    lsg_heads = (
+        "Model", "ForConditionalGeneration", "ForCausalLM", "ForSequenceClassification", "ForQuestionAnswering"
+    )
     lsg_defaults = SEQ2SEQ_DEFAULTS

@@ -4,6 +4,8 @@ Only the encoder's self-attention is LSG; ``pass_global_tokens_to_decoder`` (def
 decoder's cross-attention see the encoder's global tokens.
 """
 
+from typing import Any
+
 from transformers import PegasusConfig
 
 from .lsg_model import SEQ2SEQ_DEFAULTS, LSGConfigMixin
@@ -15,3 +17,11 @@ class LSGPegasusConfig(LSGConfigMixin, PegasusConfig):
     model_type = "lsg-pegasus"
     lsg_heads = ("Model", "ForConditionalGeneration", "ForCausalLM")
     lsg_defaults = SEQ2SEQ_DEFAULTS
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if self.encoder_layerdrop and not self.lsg_dense_decoder:
+            raise ValueError(
+                "LSG-Pegasus joins its global tokens at the first encoder layer, which LayerDrop could skip: "
+                "set encoder_layerdrop=0."
+            )

@@ -138,7 +138,7 @@ class LSGConfigMixin:
 
     @property
     def _attn_implementation(self) -> str:
-        """"lsg": the global tokens and blocks only work with the LSG attention function.
+        """The attention implementation: "lsg", as the global tokens and blocks only work with it.
 
         A dense decoder (`lsg_dense_decoder`) keeps the implementation transformers chose (SDPA by default).
         (The attribute is not serialised by transformers, so it cannot be stored in config.json.)

@@ -5,8 +5,6 @@ LSGPegasusConfig. The decoder stays dense (SDPA) with the KV cache; ``LSGPegasus
 pretrained decoder alone. Positions are sinusoidal: the converter regenerates them at the new length.
 """
 
-from typing import Any
-
 from transformers.models.pegasus import modeling_pegasus
 
 from .configuration_lsg_pegasus import LSGPegasusConfig
@@ -21,14 +19,6 @@ class LSGPegasusMixin(LSGModelMixin):
     config_class = LSGPegasusConfig
     lsg_embeddings = "encoder"
     lsg_prepend_before = "encoder.layers.0"
-
-    def __init__(self, config: LSGPegasusConfig, *args: Any, **kwargs: Any) -> None:
-        if config.encoder_layerdrop and not config.lsg_dense_decoder:
-            raise ValueError(
-                "LSG-Pegasus joins its global tokens at the first encoder layer, which LayerDrop could skip: "
-                "set encoder_layerdrop=0."
-            )
-        super().__init__(config, *args, **kwargs)
 
 
 define_lsg_heads(LSGPegasusMixin, modeling_pegasus, globals())
