@@ -1,4 +1,4 @@
-"""lsg_converter: turn pretrained BERT-family and BART checkpoints into LSG models that read long inputs.
+"""lsg_converter: turn pretrained BERT-family, BART, mBART and Pegasus checkpoints into LSG models for long inputs.
 
     from lsg_converter import LSGConverter
     model, tokenizer = LSGConverter(max_sequence_length=4096).convert_from_pretrained("bert-base-uncased")
@@ -94,10 +94,25 @@ from .models.modeling_lsg_xlm_roberta import (  # classes created from the confi
 )
 from .models.configuration_lsg_bart import LSGBartConfig
 from .models.modeling_lsg_bart import (  # classes created from the config's list of heads
+    LSGBartForCausalLM,
     LSGBartForConditionalGeneration,
     LSGBartForQuestionAnswering,
     LSGBartForSequenceClassification,
     LSGBartModel,
+)
+from .models.configuration_lsg_mbart import LSGMBartConfig
+from .models.modeling_lsg_mbart import (  # classes created from the config's list of heads
+    LSGMBartForCausalLM,
+    LSGMBartForConditionalGeneration,
+    LSGMBartForQuestionAnswering,
+    LSGMBartForSequenceClassification,
+    LSGMBartModel,
+)
+from .models.configuration_lsg_pegasus import LSGPegasusConfig
+from .models.modeling_lsg_pegasus import (  # classes created from the config's list of heads
+    LSGPegasusForCausalLM,
+    LSGPegasusForConditionalGeneration,
+    LSGPegasusModel,
 )
 
 __version__ = "0.2.0"
@@ -118,6 +133,7 @@ __all__ = [
     "LSGAlbertForTokenClassification",
     "LSGAlbertModel",
     "LSGBartConfig",
+    "LSGBartForCausalLM",
     "LSGBartForConditionalGeneration",
     "LSGBartForQuestionAnswering",
     "LSGBartForSequenceClassification",
@@ -158,6 +174,16 @@ __all__ = [
     "LSGElectraForTokenClassification",
     "LSGElectraModel",
     "LSGError",
+    "LSGMBartConfig",
+    "LSGMBartForCausalLM",
+    "LSGMBartForConditionalGeneration",
+    "LSGMBartForQuestionAnswering",
+    "LSGMBartForSequenceClassification",
+    "LSGMBartModel",
+    "LSGPegasusConfig",
+    "LSGPegasusForCausalLM",
+    "LSGPegasusForConditionalGeneration",
+    "LSGPegasusModel",
     "LSGRobertaConfig",
     "LSGRobertaForCausalLM",
     "LSGRobertaForMaskedLM",

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from types import ModuleType
 
 import transformers
+from torch import nn
 
 from .errors import UnsupportedModelError
 from .models.lsg_model import lsg_auto_classes
@@ -28,9 +29,12 @@ class Architecture:
             (dashes become underscores: "xlm-roberta" -> ``modeling_lsg_xlm_roberta.py``).
         default_head: head used when the source config names none.
         word_embeddings: token embedding module, relative to the base model.
-        position_tables: learned position embedding modules, relative to the base model; the first
-            one gives the global tokens their positions.
+        position_tables: position embedding modules, relative to the base model; the first one gives
+            the global tokens their positions. A decoder-only head of an encoder-decoder architecture
+            holds only the decoder's (see `position_tables_in`).
         position_offset: rows in front of the learned positions kept once (2 for RoBERTa and BART).
+        sinusoidal_positions: the position tables are fixed sinusoids (Pegasus): the converter
+            regenerates them at the new length instead of tiling them.
         token_type_table: token type embedding module added to the global tokens, if any.
     """
 
@@ -39,6 +43,7 @@ class Architecture:
     word_embeddings: str = "embeddings.word_embeddings"
     position_tables: tuple[str, ...] = ("embeddings.position_embeddings",)
     position_offset: int = 0
+    sinusoidal_positions: bool = False
     token_type_table: str | None = None
 
     @property
@@ -63,6 +68,11 @@ class Architecture:
         )
 
     @property
+    def base_head(self) -> str:
+        """Source name of the bare model ("BertModel"), the head converted when the source's is unknown."""
+        return f"{self.config_class().lsg_base_name()}Model"
+
+    @property
     def heads(self) -> dict[str, str]:
         """Source head class name -> LSG head class name ("BertForMaskedLM" -> "LSGBertForMaskedLM")."""
         return {name.removeprefix("LSG"): name for name in lsg_auto_classes(self.config_class()).values()}
@@ -75,6 +85,11 @@ class Architecture:
             known = ", ".join(sorted(heads))
             raise UnsupportedModelError(f"Unknown {self.model_type} head {head!r}: use --architecture with one of {known}.")
         return getattr(self.modeling_module(), lsg_name)
+
+    def position_tables_in(self, base: nn.Module) -> dict[str, nn.Embedding]:
+        """The position tables `base` holds, by name, in table order (a decoder-only head holds the decoder's only)."""
+        modules = dict(base.named_modules())
+        return {name: modules[name] for name in self.position_tables if name in modules}
 
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -93,6 +108,20 @@ ARCHITECTURES: dict[str, Architecture] = {
             word_embeddings="shared",
             position_tables=("encoder.embed_positions", "decoder.embed_positions"),
             position_offset=2,
+        ),
+        Architecture(  # BARThez checkpoints are mBART ones: model_type "mbart"
+            "mbart",
+            "MBartForConditionalGeneration",
+            word_embeddings="shared",
+            position_tables=("encoder.embed_positions", "decoder.embed_positions"),
+            position_offset=2,
+        ),
+        Architecture(
+            "pegasus",
+            "PegasusForConditionalGeneration",
+            word_embeddings="shared",
+            position_tables=("encoder.embed_positions", "decoder.embed_positions"),
+            sinusoidal_positions=True,
         ),
     )
 }

@@ -1,4 +1,4 @@
-"""Conversion: load a source checkpoint -> LSG config -> copy weights -> tile positions -> global tokens."""
+"""Conversion: load a source checkpoint -> LSG config -> copy weights -> global tokens -> extend positions."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from safetensors import SafetensorError
 from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
-from transformers.utils import logging
+from transformers.utils import cached_file, logging
 
 from .architectures import CAUSAL_HEAD_SUFFIXES, Architecture, find_architecture
 from .errors import CorruptCheckpointError, InvalidSettingsError, OutputExistsError, SourceNotFoundError, one_line
@@ -42,13 +42,14 @@ class LSGConverter:
     [CLS]. Any LSG setting passed to `convert_from_pretrained` replaces these.
 
     Args:
-        max_sequence_length: length the converted model accepts; position embeddings are tiled to it.
-        position_tiling: how positions beyond the source's table are filled. ``"body"`` (default):
-            the source table stays as it is, then its body rows (1 to P - 2 of a P-row table: the
-            positions text takes between [CLS] and the last [SEP] of a full window) repeat, so every
-            stretch of P - 2 tokens reads like the body of one training window. ``"table"``: the
-            whole table repeats (the 2023 reference; body tokens then also take the [CLS] and [SEP]
-            positions).
+        max_sequence_length: length the converted model accepts; learned position embeddings are
+            extended to it (see `position_tiling`), sinusoidal ones regenerated.
+        position_tiling: how learned positions beyond the source's table are filled. ``"body"``
+            (default): the source table stays as it is, then its body rows (1 to P - 2 of a P-row
+            table: the positions text takes between [CLS] and the last [SEP] of a full window)
+            repeat, so every stretch of P - 2 tokens reads like the body of one training window.
+            ``"table"``: the whole table repeats (the 2023 reference; body tokens then also take the
+            [CLS] and [SEP] positions).
         random_global_init: draw the global tokens from the word-embedding distribution instead of
             [CLS]/[MASK] + positions.
         global_positional_stride: stride between the source positions given to successive global tokens.
@@ -121,8 +122,7 @@ class LSGConverter:
         source_config = _load_config(source, token)
         arch = find_architecture(source_config.model_type)
         is_lsg = _is_lsg_config(source_config)
-        head = architecture or (source_config.architectures or [arch.default_head])[0]
-        lsg_class = arch.lsg_class(head)
+        lsg_class = arch.lsg_class(architecture or _source_head(arch, source_config))
         config = _build_lsg_config(arch, source_config, lsg_class.__name__, lsg_kwargs)
 
         tokenizer = _load_tokenizer(source, token)
@@ -133,17 +133,18 @@ class LSGConverter:
             base = model.base_model
             refresh = is_lsg and not self.resize_lsg and (self.keep_first_global_token or self.reinit_global_tokens)
             keep_first = refresh and self.keep_first_global_token
-            if not is_lsg or refresh:
+            if model.lsg_global_embeddings is None:
+                logger.info(f"{lsg_class.__name__} is the source's dense decoder: only its positions are extended.")
+            elif not is_lsg or refresh:
                 self._init_global_tokens(model, arch, tokenizer, keep_first=keep_first)
             else:
                 logger.info("The source is an LSG model: its global tokens are kept.")
-            source_positions = _learned_positions(base, arch)
             if not is_lsg and "block_size" not in lsg_kwargs:
-                config.block_size = window_block_size(source_positions, config)
+                config.block_size = window_block_size(_source_positions(base, arch), config)
                 validate_lsg_settings(config)
             # an LSG source's table is already tiled: repeat it whole
             tiling = "table" if is_lsg else self.position_tiling
-            added_rows = _tile_positions(base, arch, self.max_sequence_length, tiling)
+            added_rows = _extend_positions(base, arch, self.max_sequence_length, tiling)
 
         # BART counts its 2 offset rows outside max_position_embeddings, RoBERTa inside: keep the source's way.
         config.max_position_embeddings += added_rows
@@ -168,7 +169,7 @@ class LSGConverter:
         """Global 0 = [CLS]/<s> + position 0; global k = [MASK] + a strided source position (+ type 0)."""
         base = model.base_model
         words = base.get_submodule(arch.word_embeddings).weight.detach()
-        table = base.get_submodule(arch.position_tables[0]).weight.detach()[arch.position_offset :]
+        table = next(iter(arch.position_tables_in(base).values())).weight.detach()[arch.position_offset :]
         positions = _strided_positions(table, self.global_positional_stride)
         first_id, mask_id = _global_token_ids(tokenizer, model.config)
         if self.random_global_init:
@@ -180,7 +181,7 @@ class LSGConverter:
         global_tokens = word_part + positions
         if self.use_token_ids and arch.token_type_table is not None:
             global_tokens += base.get_submodule(arch.token_type_table).weight.detach()[0]
-        weight = base.get_submodule(type(model).lsg_embeddings).global_embeddings.weight
+        weight = model.lsg_global_embeddings.weight
         with torch.no_grad():
             start = 1 if keep_first else 0
             weight[start:] = global_tokens[start:].to(weight.dtype)
@@ -255,11 +256,39 @@ def _load_model(lsg_class: type, source: str, config: Any, token: str | bool | N
 
 
 def _load_tokenizer(source: str, token: str | bool | None) -> PreTrainedTokenizerBase | None:
+    """The source's tokenizer; None, with a warning, when it has none or it cannot be read."""
     try:
-        return AutoTokenizer.from_pretrained(source, token=token)
+        tokenizer = AutoTokenizer.from_pretrained(source, token=token)
     except (OSError, ValueError, TypeError) as error:
-        logger.warning(f"No tokenizer could be loaded from {source} ({error}); global tokens use the config's ids.")
+        logger.warning(f"No tokenizer could be loaded from {source} ({one_line(error, 200)}): none is returned.")
         return None
+    # transformers 5 also builds a tokenizer (of special tokens only) where there are no tokenizer files
+    file_names = {"tokenizer_config.json", "tokenizer.json", *getattr(tokenizer, "vocab_files_names", {}).values()}
+    resolved = (
+        cached_file(
+            source, name, token=token,
+            _raise_exceptions_for_missing_entries=False, _raise_exceptions_for_connection_errors=False,
+        )
+        for name in file_names
+    )
+    if not any(resolved):
+        logger.warning(f"{source} has no tokenizer files ({', '.join(sorted(file_names))}): no tokenizer is returned.")
+        return None
+    return tokenizer
+
+
+def _source_head(arch: Architecture, source_config: Any) -> str:
+    """The source config's first architecture; the bare model, with a warning, when it is no known head."""
+    head = (source_config.architectures or [arch.default_head])[0]
+    heads = arch.heads
+    if head in heads or head in heads.values():
+        return head
+    logger.warning(
+        f"The source's architecture {head!r} is no {arch.model_type} head: its base model is converted to "
+        f"LSG{arch.base_head}. Pass --architecture (architecture=) with one of {', '.join(sorted(heads))} "
+        "to build another head."
+    )
+    return arch.base_head
 
 
 def _is_lsg_config(config: Any) -> bool:
@@ -286,17 +315,38 @@ def _build_lsg_config(arch: Architecture, source_config: Any, head_name: str, ls
 
 
 def _global_token_ids(tokenizer: PreTrainedTokenizerBase | None, config: Any) -> tuple[int, int]:
-    """(id of the first global token's word: bos or cls, id of the others': mask)."""
-    source = tokenizer if tokenizer is not None else config
-    first_id = next(
-        (i for i in (getattr(source, "bos_token_id", None), getattr(source, "cls_token_id", None)) if i is not None),
-        getattr(config, "bos_token_id", None) or 0,
-    )
-    mask_id = getattr(source, "mask_token_id", None)
-    if mask_id is None:
-        logger.warning("The source has no mask token: global tokens k > 0 use the first global token's word.")
-        mask_id = first_id
-    return first_id, mask_id
+    """(word of global token 0: bos or cls, word of global tokens k > 0: mask).
+
+    Taken from the tokenizer when its ids belong to the model's vocabulary, else from the config, with
+    a warning that names what is missing (no tokenizer, a tokenizer of another vocabulary, no mask id).
+    """
+    problem = "no tokenizer" if tokenizer is None else _foreign_tokenizer(tokenizer, config)
+    ids = config if problem else tokenizer
+    first_name = next((name for name in ("bos_token_id", "cls_token_id") if getattr(ids, name, None) is not None), None)
+    first_id = 0 if first_name is None else getattr(ids, first_name)
+    mask_id = getattr(ids, "mask_token_id", None)
+    if problem or first_name is None or mask_id is None:
+        origin = f"the config's ids ({problem})" if problem else "the tokenizer's ids"
+        first = f"{first_name} {first_id}" if first_name else "token 0 (no bos_token_id or cls_token_id)"
+        others = f"mask_token_id {mask_id}" if mask_id is not None else f"token {first_id} (no mask_token_id)"
+        logger.warning(f"Global tokens use {origin}: {first} for global token 0, {others} for the others.")
+    return first_id, first_id if mask_id is None else mask_id
+
+
+def _foreign_tokenizer(tokenizer: PreTrainedTokenizerBase, config: Any) -> str | None:
+    """Why `tokenizer`'s ids do not belong to the model of `config` (None when they may): a special
+    token id that differs from the config's, or a bos/cls/mask id beyond the embedding table."""
+    name = type(tokenizer).__name__
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        theirs, ours = getattr(tokenizer, key, None), getattr(config, key, None)
+        if theirs is not None and ours is not None and theirs != ours:
+            return f"the source's {name} has {key} {theirs}, the model {ours}"
+    vocab_size = getattr(config, "vocab_size", None) or 0
+    for key in ("bos_token_id", "cls_token_id", "mask_token_id"):
+        theirs = getattr(tokenizer, key, None)
+        if theirs is not None and vocab_size and theirs >= vocab_size:
+            return f"the source's {name} has {key} {theirs}, beyond the model's {vocab_size} embeddings"
+    return None
 
 
 def _strided_positions(table: torch.Tensor, stride: int) -> torch.Tensor:
@@ -345,22 +395,26 @@ def tiled_position_rows(source_positions: int, max_length: int, tiling: str) -> 
     return torch.where(positions < source_positions, positions, 1 + (positions - 1) % body_rows)
 
 
-def _learned_positions(base: nn.Module, arch: Architecture) -> int:
+def _source_positions(base: nn.Module, arch: Architecture) -> int:
     """Rows of the source's first position table, offset rows excluded (512 for BERT and RoBERTa)."""
-    return base.get_submodule(arch.position_tables[0]).weight.shape[0] - arch.position_offset
+    table = next(iter(arch.position_tables_in(base).values()))
+    return table.weight.shape[0] - arch.position_offset
 
 
-def _tile_positions(base: nn.Module, arch: Architecture, max_length: int, tiling: str) -> int:
-    """Extend every position table to `max_length` learned rows (offset rows kept once in front) with
-    `tiled_position_rows`, in place, and rebuild the position/token-type buffers beside them.
+def _extend_positions(base: nn.Module, arch: Architecture, max_length: int, tiling: str) -> int:
+    """Bring every position table of `base` to `max_length` rows after its offset rows, in place, and
+    rebuild the position/token-type buffers beside it. Learned tables are extended with
+    `tiled_position_rows` (the offset rows kept once in front), sinusoidal ones regenerated.
     Returns the rows added."""
     added = 0
-    for table_name in arch.position_tables:
-        table = base.get_submodule(table_name)
+    for table_name, table in arch.position_tables_in(base).items():
         old = table.weight.detach()
-        learned = old[arch.position_offset :]
-        tiled = learned[tiled_position_rows(learned.shape[0], max_length, tiling)]
-        weight = torch.cat([old[: arch.position_offset], tiled])
+        if arch.sinusoidal_positions:
+            extended = _sinusoidal_positions(max_length, old.shape[1]).to(old)
+        else:
+            learned = old[arch.position_offset :]
+            extended = learned[tiled_position_rows(learned.shape[0], max_length, tiling)]
+        weight = torch.cat([old[: arch.position_offset], extended])
         table.weight = nn.Parameter(weight, requires_grad=table.weight.requires_grad)
         table.num_embeddings = weight.shape[0]
         added = weight.shape[0] - old.shape[0]
@@ -372,6 +426,17 @@ def _tile_positions(base: nn.Module, arch: Architecture, max_length: int, tiling
                 values = torch.arange(weight.shape[0]) if buffer_name == "position_ids" else torch.zeros(weight.shape[0])
                 parent.register_buffer(buffer_name, values.to(buffer).expand(1, -1), persistent=False)
     return added
+
+
+def _sinusoidal_positions(rows: int, width: int) -> torch.Tensor:
+    """(rows, width) fixed sinusoidal positions, sines in the first half and cosines in the second
+    (the non-interleaved layout of Pegasus and Marian): row p, column j < width/2 holds
+    sin(p / 10000^(2j/width)), column width/2 + j holds cos of the same angle."""
+    sines = (width + 1) // 2
+    positions = torch.arange(rows, dtype=torch.float64)[:, None]
+    frequencies = 10000 ** (-2 * torch.arange(sines, dtype=torch.float64) / width)
+    angles = positions * frequencies
+    return torch.cat([angles.sin(), angles[:, : width // 2].cos()], dim=1).float()
 
 
 class _GlobalTokensReportFilter(pylogging.Filter):

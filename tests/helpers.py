@@ -19,7 +19,10 @@ from lsg_converter.models.lsg_model import LSG_DEFAULTS
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "reference-lsg-0.1.9"
 VOCAB = 99
 TINY_LENGTH = 128  # tokens the tiny sources read (RoBERTa's table has 2 more rows)
-PAD_ID = {"bert": 0, "distilbert": 0, "roberta": 1, "bart": 1, "albert": 0, "electra": 0, "camembert": 1, "xlm-roberta": 1}
+PAD_ID = {
+    "bert": 0, "distilbert": 0, "roberta": 1, "bart": 1, "albert": 0, "electra": 0, "camembert": 1, "xlm-roberta": 1,
+    "mbart": 1, "pegasus": 0,
+}
 EOS_ID = 2
 SHARED = dict(vocab_size=VOCAB)
 TINY_CONFIGS = {
@@ -54,6 +57,14 @@ TINY_CONFIGS = {
     "bart": lambda: transformers.BartConfig(
         d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
         encoder_ffn_dim=37, decoder_ffn_dim=37, max_position_embeddings=TINY_LENGTH, **SHARED,
+    ),
+    "mbart": lambda: transformers.MBartConfig(
+        d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+        encoder_ffn_dim=37, decoder_ffn_dim=37, max_position_embeddings=TINY_LENGTH, scale_embedding=True, **SHARED,
+    ),
+    "pegasus": lambda: transformers.PegasusConfig(  # pad 0, eos 1 as in google/pegasus-*
+        d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+        encoder_ffn_dim=37, decoder_ffn_dim=37, max_position_embeddings=TINY_LENGTH, scale_embedding=True, **SHARED,
     ),
 }
 

@@ -7,6 +7,7 @@ import torch
 
 from helpers import (
     FIXTURES,
+    TINY_CONFIGS,
     TINY_LENGTH,
     VOCAB,
     assert_reproduces_reference,
@@ -43,6 +44,8 @@ def head_inputs(arch, head, lengths=(TINY_LENGTH, 90)):
         inputs["token_type_ids"] = (torch.arange(TINY_LENGTH) >= 64).long().expand(len(lengths), -1)
     if head.endswith("ForMultipleChoice"):
         inputs = {name: tensor[:, None].repeat(1, 3, 1) for name, tensor in inputs.items()}
+    if head.endswith(("Model", "ForConditionalGeneration")) and TINY_CONFIGS[arch]().is_encoder_decoder:
+        inputs["decoder_input_ids"] = input_ids[:, :16]  # Pegasus does not derive them from input_ids
     return inputs
 
 
@@ -90,6 +93,8 @@ DEFAULT_HEAD_AUTO_CLASS = {
     "camembert": "AutoModelForMaskedLM",
     "xlm-roberta": "AutoModelForMaskedLM",
     "bart": "AutoModelForSeq2SeqLM",
+    "mbart": "AutoModelForSeq2SeqLM",
+    "pegasus": "AutoModelForSeq2SeqLM",
 }
 
 
@@ -100,6 +105,8 @@ def test_saved_folder_loads_as_remote_code_without_lsg_converter(arch, tmp_path)
         save_tiny_source(tmp_path / "source", arch, head), block_size=16, sparse_block_size=16, num_global_tokens=2
     )
     inputs = dict(zip(("input_ids", "attention_mask"), padded_batch([300, 260], 300, arch)))
+    if model.config.is_encoder_decoder:
+        inputs["decoder_input_ids"] = inputs["input_ids"][:, :16]
     with torch.no_grad():
         logits = model(**inputs)[0]
     torch.save({"inputs": inputs, "logits": logits}, tmp_path / "io.pt")
@@ -137,8 +144,7 @@ def test_default_settings_read_4000_tokens_with_finite_outputs(arch, tmp_path):
     with torch.no_grad():
         output = model(**inputs)
 
-    assert model.config.block_size == 128 and model.config.sparsity_type == "norm"
-    assert model.config.num_global_tokens == 1
+    assert model.config.sparsity_type == "none" and model.config.num_global_tokens == 1
     outputs = [getattr(output, field) for field in OUTPUT_FIELDS if getattr(output, field, None) is not None]
     assert outputs
     for tensor in outputs:
@@ -168,6 +174,54 @@ def test_factorised_embeddings_carry_the_global_tokens_in_the_embedding_space(ar
     torch.testing.assert_close(global_tokens[0], words[vocab["[CLS]"]] + positions[0] + token_type_0)
     torch.testing.assert_close(global_tokens[1], words[vocab["[MASK]"]] + positions[64] + token_type_0)
     assert hidden_states.shape == (2, 300, config.hidden_size)
+
+
+def test_pegasus_positions_are_regenerated_sinusoids_and_give_the_global_tokens_theirs(tmp_path):
+    from transformers.models.pegasus.modeling_pegasus import PegasusSinusoidalPositionalEmbedding
+
+    config = TINY_CONFIGS["pegasus"]()
+    config.max_position_embeddings = 1024  # as google/pegasus-large
+    torch.manual_seed(0)
+    transformers.PegasusForConditionalGeneration(config).save_pretrained(tmp_path / "source")
+
+    model, _ = LSGConverter(max_sequence_length=4096).convert_from_pretrained(tmp_path / "source", num_global_tokens=4)
+
+    sinusoids = PegasusSinusoidalPositionalEmbedding(4096, config.d_model).create_weight()
+    for table_name in ARCHITECTURES["pegasus"].position_tables:
+        torch.testing.assert_close(model.model.get_submodule(table_name).weight.detach(), sinusoids, atol=0, rtol=0)
+    assert model.config.max_position_embeddings == 4096
+    # no tokenizer and no bos/mask id in a Pegasus config: token 0; global k sits at source position 64 k
+    word = model.model.shared.weight[0].detach()
+    expected = torch.stack([word + sinusoids[64 * k] for k in range(4)])
+    torch.testing.assert_close(model.model.encoder.global_embeddings.weight[:4].detach(), expected)
+
+
+def test_pegasus_encoder_layerdrop_is_refused_as_it_could_skip_the_layer_the_global_tokens_join(tmp_path):
+    from lsg_converter import InvalidSettingsError
+
+    source_dir = save_tiny_source(tmp_path / "source", "pegasus", "PegasusForConditionalGeneration")
+    with pytest.raises(InvalidSettingsError, match="encoder_layerdrop=0"):
+        LSGConverter(max_sequence_length=512).convert_from_pretrained(source_dir, encoder_layerdrop=0.1)
+
+
+SEQ2SEQ_DECODER_HEADS = [(a, h) for a, h in ARCH_HEADS if h.endswith("ForCausalLM") and TINY_CONFIGS[a]().is_encoder_decoder]
+
+
+@pytest.mark.parametrize("arch,head", SEQ2SEQ_DECODER_HEADS)
+def test_decoder_only_head_of_an_encoder_decoder_model_is_its_dense_decoder_with_longer_positions(arch, head, tmp_path):
+    source_dir = save_tiny_source(tmp_path / "source", arch, head)
+    source = getattr(transformers, head).from_pretrained(source_dir).eval()
+    model, _ = LSGConverter(max_sequence_length=1024).convert_from_pretrained(source_dir)
+    prompt, _ = padded_batch([40], 40, arch)
+
+    assert model.config.is_decoder and model.config._attn_implementation == "sdpa"
+    assert model.lsg_global_embeddings is None
+    assert model.model.decoder.embed_positions.weight.shape[0] == 1024 + ARCHITECTURES[arch].position_offset
+    settings = dict(max_new_tokens=40, min_new_tokens=40, do_sample=False)
+    assert torch.equal(model.generate(prompt, **settings), source.generate(prompt, **settings))
+    long_input, _ = padded_batch([1000], 1000, arch)
+    with torch.no_grad():
+        assert model(input_ids=long_input).logits.isfinite().all()
 
 
 @pytest.mark.parametrize("arch,head", [(a, h) for a, h in ARCH_HEADS if is_causal_head(h)])

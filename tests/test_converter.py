@@ -10,7 +10,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForMaskedLM, AutoTokenizer, BertForMaskedLM, GPT2Config, GPT2LMHeadModel
+from transformers import (
+    AutoModelForMaskedLM,
+    AutoTokenizer,
+    BartForConditionalGeneration,
+    BertForMaskedLM,
+    BertModel,
+    GPT2Config,
+    GPT2LMHeadModel,
+    MBartForConditionalGeneration,
+)
+
+from helpers import FIXTURES, TINY_CONFIGS, TINY_LENGTH, padded_batch, save_tiny_source
 
 import lsg_converter
 from lsg_converter import (
@@ -165,6 +176,62 @@ def test_tokenizer_model_max_length_is_set(converted):
     assert tokenizer.model_max_length == NEW_LENGTH
 
 
+def _bart_globals(source_dir, word_ids, strided_rows):
+    """Expected BART global tokens: word + position row (the table's 2 offset rows skipped)."""
+    source = BartForConditionalGeneration.from_pretrained(source_dir)
+    words, positions = source.model.shared.weight.detach(), source.model.encoder.embed_positions.weight.detach()[2:]
+    return torch.stack([words[i] + positions[row] for i, row in zip(word_ids, strided_rows)])
+
+
+def test_source_without_tokenizer_files_takes_global_tokens_from_the_config_ids(tmp_path, caplog):
+    source_dir = save_tiny_source(tmp_path / "source", "bart", "BartForConditionalGeneration")
+    assert not {"tokenizer.json", "tokenizer_config.json", "vocab.json"} & {p.name for p in source_dir.iterdir()}
+
+    with caplog.at_level("WARNING", logger="lsg_converter"):
+        model, tokenizer = LSGConverter(max_sequence_length=512).convert_from_pretrained(source_dir, num_global_tokens=2)
+
+    assert tokenizer is None
+    warning = " ".join(record.getMessage() for record in caplog.records)
+    assert "no tokenizer" in warning and "bos_token_id 0" in warning and "no mask_token_id" in warning
+    bos = model.config.bos_token_id
+    expected = _bart_globals(source_dir, [bos, bos], [0, 64])  # no mask id: every global uses bos
+    torch.testing.assert_close(model.model.encoder.global_embeddings.weight[:2].detach(), expected)
+
+
+def test_barthez_style_mbart_source_uses_its_tokenizer_of_another_class_when_the_ids_agree(tmp_path, caplog):
+    """BARThez checkpoints are model_type "mbart" with a BarthezTokenizer: a tokenizer class other than
+    MBartTokenizer whose special ids are the model's is used as it is."""
+    source_dir = save_tiny_source(tmp_path / "source", "mbart", "MBartForConditionalGeneration")
+    AutoTokenizer.from_pretrained(FIXTURES / "bart-norm").save_pretrained(source_dir)  # <s> 0 <pad> 1 </s> 2 <mask> 4
+
+    with caplog.at_level("WARNING", logger="lsg_converter"):
+        model, tokenizer = LSGConverter(max_sequence_length=512).convert_from_pretrained(source_dir, num_global_tokens=2)
+
+    assert type(model).__name__ == "LSGMBartForConditionalGeneration"
+    assert type(tokenizer).__name__ != "MBartTokenizer" and tokenizer.mask_token_id == 4
+    assert not [record for record in caplog.records if "Global tokens" in record.getMessage()]
+    source = MBartForConditionalGeneration.from_pretrained(source_dir)
+    words, positions = source.model.shared.weight.detach(), source.model.encoder.embed_positions.weight.detach()[2:]
+    expected = torch.stack([words[0] + positions[0], words[4] + positions[64]])
+    torch.testing.assert_close(model.model.encoder.global_embeddings.weight[:2].detach(), expected)
+
+
+def test_tokenizer_of_another_vocabulary_gives_way_to_the_config_ids(tmp_path, minilm_path, caplog):
+    source_dir = save_tiny_source(tmp_path / "source", "bart", "BartForConditionalGeneration")
+    bert_tokenizer = AutoTokenizer.from_pretrained(minilm_path)  # [CLS] 101, [MASK] 103, [PAD] 0: not BART's ids
+    bert_tokenizer.save_pretrained(source_dir)
+
+    with caplog.at_level("WARNING", logger="lsg_converter"):
+        model, tokenizer = LSGConverter(max_sequence_length=512).convert_from_pretrained(source_dir, num_global_tokens=2)
+
+    assert type(tokenizer) is type(bert_tokenizer)  # still returned: it is the source's, only its ids are not used
+    warning = " ".join(record.getMessage() for record in caplog.records)
+    assert type(bert_tokenizer).__name__ in warning and "config's ids" in warning
+    bos = model.config.bos_token_id
+    expected = _bart_globals(source_dir, [bos, bos], [0, 64])
+    torch.testing.assert_close(model.model.encoder.global_embeddings.weight[:2].detach(), expected)
+
+
 # ---------------------------------------------------------------------------------------------- settings
 
 
@@ -252,8 +319,36 @@ def test_architecture_argument_builds_the_requested_head(tiny_bert_dir):
 
 
 def test_unknown_head_raises_unsupported_model_error(tiny_bert_dir):
-    with pytest.raises(UnsupportedModelError, match="BertForMaskedLM"):
+    with pytest.raises(UnsupportedModelError, match="--architecture.*BertForMaskedLM"):
         LSGConverter(max_sequence_length=256).convert_from_pretrained(tiny_bert_dir, architecture="BertForSomethingElse")
+
+
+def test_source_of_an_unknown_head_converts_its_base_model_with_a_warning(tmp_path, caplog):
+    """A ColBERT-style checkpoint: a BertModel under "bert." plus a projection, architectures ["HF_ColBERT"]."""
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    bert = BertModel(TINY_CONFIGS["bert"]()).eval()
+    folder = tmp_path / "colbert"
+    bert.save_pretrained(folder)
+    weights = {f"bert.{name}": tensor.contiguous() for name, tensor in bert.state_dict().items()}
+    save_file({**weights, "linear.weight": torch.randn(8, bert.config.hidden_size)}, folder / "model.safetensors")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "architectures": ["HF_ColBERT"]}))
+
+    with caplog.at_level("WARNING", logger="lsg_converter"):
+        model, _ = LSGConverter(max_sequence_length=512).convert_from_pretrained(
+            folder, num_global_tokens=0, sparsity_type="none"
+        )
+
+    assert type(model).__name__ == "LSGBertModel"
+    warning = " ".join(record.getMessage() for record in caplog.records)
+    assert "HF_ColBERT" in warning and "--architecture" in warning and "BertForMaskedLM" in warning
+    input_ids, attention_mask = padded_batch([TINY_LENGTH, 90], TINY_LENGTH)
+    with torch.no_grad():
+        expected = bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        output = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    torch.testing.assert_close(output, expected, atol=1e-5, rtol=0)
 
 
 # ---------------------------------------------------------------------------------------------- saving

@@ -1,11 +1,12 @@
-"""Generation: LSG-BART (LSG encoder, dense decoder with its cache) and causal LSG decoders (BERT, RoBERTa,
-CamemBERT, XLM-RoBERTa, ELECTRA)."""
+"""Generation: encoder-decoder models (LSG encoder, dense decoder with its cache: BART, mBART, Pegasus)
+and causal LSG decoders (BERT, RoBERTa, CamemBERT, XLM-RoBERTa, ELECTRA)."""
 
 import pytest
 import torch
+import transformers
 
-from helpers import OpRecorder, padded_batch, save_tiny_source
-from lsg_converter import LSGConverter
+from helpers import TINY_LENGTH, OpRecorder, padded_batch, save_tiny_source
+from lsg_converter import ARCHITECTURES, LSGConverter
 
 CAUSAL_HEADS = [
     ("bert", "BertLMHeadModel"),
@@ -14,67 +15,89 @@ CAUSAL_HEADS = [
     ("xlm-roberta", "XLMRobertaForCausalLM"),
     ("electra", "ElectraForCausalLM"),
 ]
+ENCODER_DECODERS = [arch for arch, row in ARCHITECTURES.items() if row.default_head.endswith("ForConditionalGeneration")]
 
 
-@pytest.fixture(scope="module")
-def lsg_bart(tmp_path_factory):
-    """A tiny random BART converted to 16,384 tokens with the default LSG settings."""
-    source_dir = save_tiny_source(tmp_path_factory.mktemp("bart"), "bart", "BartForConditionalGeneration")
+@pytest.fixture(scope="module", params=ENCODER_DECODERS)
+def lsg_seq2seq(request, tmp_path_factory):
+    """(arch, a tiny random encoder-decoder converted to 16,384 tokens with the default LSG settings)."""
+    arch = request.param
+    source_dir = save_tiny_source(tmp_path_factory.mktemp(arch), arch, ARCHITECTURES[arch].default_head)
     model, _ = LSGConverter(max_sequence_length=16384).convert_from_pretrained(source_dir)
-    return model
+    return arch, model
 
 
-def test_bart_beam_search_on_a_3000_token_padded_batch_is_the_same_with_and_without_cache(lsg_bart):
-    input_ids, attention_mask = padded_batch([3000, 2000], 3000, "bart")
+@pytest.mark.parametrize("arch", ENCODER_DECODERS)
+def test_generation_without_global_tokens_or_sparsity_equals_the_source(arch, tmp_path):
+    head = ARCHITECTURES[arch].default_head
+    source_dir = save_tiny_source(tmp_path / "source", arch, head)
+    source = getattr(transformers, head).from_pretrained(source_dir).eval()
+    model, _ = LSGConverter(max_sequence_length=1024).convert_from_pretrained(
+        source_dir, num_global_tokens=0, sparsity_type="none", block_size=64
+    )
+    input_ids, attention_mask = padded_batch([TINY_LENGTH, 90], TINY_LENGTH, arch)
+
+    for settings in (dict(num_beams=1), dict(num_beams=3)):
+        settings.update(max_new_tokens=20, min_new_tokens=20, do_sample=False)
+        expected = source.generate(input_ids=input_ids, attention_mask=attention_mask, **settings)
+        generated = model.generate(input_ids=input_ids, attention_mask=attention_mask, **settings)
+        assert torch.equal(generated, expected), settings
+
+
+def test_beam_search_on_a_3000_token_padded_batch_is_the_same_with_and_without_cache(lsg_seq2seq):
+    arch, model = lsg_seq2seq
+    input_ids, attention_mask = padded_batch([3000, 2000], 3000, arch)
     settings = dict(num_beams=3, max_new_tokens=20, min_new_tokens=20, do_sample=False)
 
-    with_cache = lsg_bart.generate(input_ids=input_ids, attention_mask=attention_mask, use_cache=True, **settings)
-    without_cache = lsg_bart.generate(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **settings)
+    with_cache = model.generate(input_ids=input_ids, attention_mask=attention_mask, use_cache=True, **settings)
+    without_cache = model.generate(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **settings)
 
     assert with_cache.shape == (2, 21)
     assert torch.equal(with_cache, without_cache)
 
 
-def test_bart_generation_of_a_padded_row_equals_the_row_alone(lsg_bart):
-    input_ids, attention_mask = padded_batch([3000, 2000], 3000, "bart")
+def test_generation_of_a_padded_row_equals_the_row_alone(lsg_seq2seq):
+    arch, model = lsg_seq2seq
+    input_ids, attention_mask = padded_batch([3000, 2000], 3000, arch)
 
-    batched = lsg_bart.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=15, num_beams=2)
-    alone = lsg_bart.generate(input_ids=input_ids[1:, :2000], max_new_tokens=15, num_beams=2)
+    batched = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=15, num_beams=2)
+    alone = model.generate(input_ids=input_ids[1:, :2000], max_new_tokens=15, num_beams=2)
 
     assert torch.equal(batched[1], alone[0])
 
 
-def test_bart_decoder_sees_the_encoder_global_tokens(lsg_bart):
-    input_ids, attention_mask = padded_batch([600], 600, "bart")
-    encoder_output = lsg_bart.get_encoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+def test_decoder_sees_the_encoder_global_tokens(lsg_seq2seq):
+    arch, model = lsg_seq2seq
+    input_ids, attention_mask = padded_batch([600], 600, arch)
+    encoder_output = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
-    assert lsg_bart.config.pass_global_tokens_to_decoder
-    assert encoder_output.shape[1] == lsg_bart.config.num_global_tokens + 600
+    assert model.config.pass_global_tokens_to_decoder
+    assert encoder_output.shape[1] == model.config.num_global_tokens + 600
 
 
-def test_bart_without_passing_global_tokens_returns_one_encoder_state_per_token(tmp_path):
-    source_dir = save_tiny_source(tmp_path / "source", "bart", "BartForConditionalGeneration")
+@pytest.mark.parametrize("arch", ENCODER_DECODERS)
+def test_without_passing_global_tokens_the_encoder_returns_one_state_per_token(arch, tmp_path):
+    source_dir = save_tiny_source(tmp_path / "source", arch, ARCHITECTURES[arch].default_head)
     model, _ = LSGConverter(max_sequence_length=1024).convert_from_pretrained(
         source_dir, pass_global_tokens_to_decoder=False, num_global_tokens=2
     )
-    input_ids, attention_mask = padded_batch([600, 400], 600, "bart")
+    input_ids, attention_mask = padded_batch([600, 400], 600, arch)
 
     with torch.no_grad():
-        output = model(input_ids=input_ids, attention_mask=attention_mask)
+        output = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=input_ids[:, :8])
     generated = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=5)
 
     assert output.encoder_last_hidden_state.shape[1] == 600
     assert generated.shape[0] == 2
 
 
-def test_bart_16k_token_encoder_pass_and_greedy_generation_build_no_quadratic_tensor(lsg_bart):
+def test_16k_token_encoder_pass_and_greedy_generation_build_no_quadratic_tensor(lsg_seq2seq):
+    arch, model = lsg_seq2seq
     length = 16384
-    input_ids, attention_mask = padded_batch([length], length, "bart")
+    input_ids, attention_mask = padded_batch([length], length, arch)
 
     with torch.no_grad(), OpRecorder() as tracker:
-        generated = lsg_bart.generate(
-            input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=5, min_new_tokens=5
-        )
+        generated = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=5, min_new_tokens=5)
 
     assert generated.shape == (1, 6)
     assert tracker.largest < length * length // 64, f"a tensor of {tracker.largest} elements was built"

@@ -13,5 +13,7 @@ class LSGBartConfig(LSGConfigMixin, BartConfig):
     """BartConfig with the LSG keys; loads reference-format configs (model_type "bart") too."""
 
     model_type = "lsg-bart"
-    lsg_heads = ("Model", "ForConditionalGeneration", "ForSequenceClassification", "ForQuestionAnswering")
+    lsg_heads = (
+        "Model", "ForConditionalGeneration", "ForCausalLM", "ForSequenceClassification", "ForQuestionAnswering"
+    )
     lsg_defaults = SEQ2SEQ_DEFAULTS

@@ -2,7 +2,8 @@
 
 * `LSGConfigMixin` adds the LSG keys to a configuration class and fills its ``auto_map``.
 * `LSGModelMixin` adds the global-token table to a model and hooks it in: the global tokens are
-  prepended before the embedding normalisation and dropped again at the encoder output.
+  prepended before the embedding normalisation (or, without one, the first encoder layer) and
+  dropped again at the encoder output.
 * `define_lsg_heads` creates an architecture's head classes (``LSGBertForMaskedLM`` = the mixin +
   ``BertForMaskedLM``) from the list of heads in its config class.
 
@@ -78,6 +79,9 @@ class LSGConfigMixin:
         pass_global_tokens_to_decoder (True, encoder-decoder models only): the encoder output keeps
             the global tokens in front and the decoder attends to them.
 
+    In an encoder-decoder architecture only the encoder is LSG: its decoder-only head (ForCausalLM)
+    is the pretrained decoder, dense, without global tokens (see `lsg_dense_decoder`).
+
     Subclasses set ``model_type`` (``"lsg-<base>"``), ``lsg_heads`` (head suffixes: ``"Model"``,
     ``"ForMaskedLM"``, ...) and, for encoder-decoder models, ``lsg_defaults = SEQ2SEQ_DEFAULTS``.
     The class is named ``LSG<Base>Config`` and lives in ``configuration_lsg_<base>.py``, its heads
@@ -124,11 +128,23 @@ class LSGConfigMixin:
         return auto_map
 
     @property
-    def _attn_implementation(self) -> str:
-        """Always "lsg": the global tokens and blocks only work with the LSG attention function.
+    def lsg_dense_decoder(self) -> bool:
+        """True for the decoder-only head (ForCausalLM) of an encoder-decoder architecture.
 
+        LSG replaces encoder self-attention only, so that head is the pretrained decoder as it was:
+        dense causal attention with its KV cache, no global tokens; only its position table grows.
+        """
+        return bool(getattr(self, "is_decoder", False)) and "pass_global_tokens_to_decoder" in self.lsg_defaults
+
+    @property
+    def _attn_implementation(self) -> str:
+        """The attention implementation: "lsg", as the global tokens and blocks only work with it.
+
+        A dense decoder (`lsg_dense_decoder`) keeps the implementation transformers chose (SDPA by default).
         (The attribute is not serialised by transformers, so it cannot be stored in config.json.)
         """
+        if self.lsg_dense_decoder:
+            return getattr(self, "_attn_implementation_internal", None) or "sdpa"
         return LSG_ATTENTION
 
     @_attn_implementation.setter
@@ -154,7 +170,8 @@ def validate_lsg_settings(config: Any) -> None:
         raise ValueError(
             f"block_size ({config.block_size}) must be a multiple of sparsity_factor ({config.sparsity_factor})."
         )
-    if getattr(config, "is_decoder", False) and config.sparsity_type == "bos_pooling" and uses_sparse_keys(config):
+    causal_lsg = getattr(config, "is_decoder", False) and not getattr(config, "lsg_dense_decoder", False)
+    if causal_lsg and config.sparsity_type == "bos_pooling" and uses_sparse_keys(config):
         raise ValueError(
             "sparsity_type 'bos_pooling' needs the first token's query, which a cached causal decoder no longer "
             "has: use 'pooling' for decoder (causal LM) models."
@@ -187,8 +204,8 @@ class GlobalTokens:
             kwargs = {**kwargs, "past_key_values_length": past_length - self.config.num_global_tokens}
         return args, kwargs
 
-    def prepend(self, norm: nn.Module, args: tuple) -> tuple:
-        """Forward pre-hook of the embedding norm: (B, t, E) -> (B, g + t, E)."""
+    def prepend(self, module: nn.Module, args: tuple) -> tuple:
+        """Forward pre-hook of the module the global tokens join before: (B, t, E) -> (B, g + t, E)."""
         if not self.prepended:
             return args
         embeddings = args[0]
@@ -222,25 +239,38 @@ class LSGModelMixin:
     The architecture file names, relative to the base model (``self.<base_model_prefix>`` for heads):
         lsg_embeddings: module that holds ``global_embeddings`` (where the reference stored it) and
             whose forward receives ``past_key_values_length`` in decoders,
-        lsg_embedding_norm: normalisation before which the global tokens are prepended,
+        lsg_prepend_before: module whose input (the summed embeddings) gets the global tokens in
+            front: the embedding normalisation, or the first layer in a model without one (Pegasus),
         lsg_encoder: module whose output drops the global tokens again.
+
+    The decoder-only head of an encoder-decoder architecture (`LSGConfigMixin.lsg_dense_decoder`)
+    has no encoder: it gets no global tokens and stays the dense source model.
     """
 
     lsg_embeddings: str = "embeddings"
-    lsg_embedding_norm: str = "embeddings.LayerNorm"
+    lsg_prepend_before: str = "embeddings.LayerNorm"
     lsg_encoder: str = "encoder"
 
     def __init__(self, config, *args: Any, **kwargs: Any) -> None:
         super().__init__(config, *args, **kwargs)
+        if self.config.lsg_dense_decoder:
+            return
         base = getattr(self, self.base_model_prefix, self)
-        norm = base.get_submodule(self.lsg_embedding_norm)
         embeddings = base.get_submodule(self.lsg_embeddings)
-        embeddings.global_embeddings = nn.Embedding(MAX_GLOBAL_TOKENS, norm.normalized_shape[0])
+        width = self.get_input_embeddings().embedding_dim  # the summed embeddings the global tokens join
+        embeddings.global_embeddings = nn.Embedding(MAX_GLOBAL_TOKENS, width)
         nn.init.normal_(embeddings.global_embeddings.weight, std=getattr(config, "initializer_range", 0.02))
         global_tokens = GlobalTokens(embeddings.global_embeddings, self.config)
         embeddings.register_forward_pre_hook(global_tokens.before_embeddings, with_kwargs=True)
-        norm.register_forward_pre_hook(global_tokens.prepend)
+        base.get_submodule(self.lsg_prepend_before).register_forward_pre_hook(global_tokens.prepend)
         base.get_submodule(self.lsg_encoder).register_forward_hook(global_tokens.drop)
+
+    @property
+    def lsg_global_embeddings(self) -> nn.Embedding | None:
+        """The table of global tokens (None in a dense decoder-only head, which has none)."""
+        if self.config.lsg_dense_decoder:
+            return None
+        return self.base_model.get_submodule(self.lsg_embeddings).global_embeddings
 
 
 # --------------------------------------------------------------------------------------------------

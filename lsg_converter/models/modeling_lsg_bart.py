@@ -3,7 +3,8 @@
 Each head ``LSGBart<Head>`` is the mixin below plus ``Bart<Head>``; the heads are listed in LSGBartConfig.
 The decoder's self- and cross-attention stay dense (SDPA) with the KV cache; with
 ``pass_global_tokens_to_decoder`` the encoder output keeps its global tokens in front and the
-cross-attention mask is extended over them by the attention function.
+cross-attention mask is extended over them by the attention function. ``LSGBartForCausalLM`` is the
+pretrained decoder alone: dense, with a longer position table.
 """
 
 from transformers.models.bart import modeling_bart
@@ -17,7 +18,7 @@ class LSGBartMixin(LSGModelMixin):
 
     config_class = LSGBartConfig
     lsg_embeddings = "encoder"
-    lsg_embedding_norm = "encoder.layernorm_embedding"
+    lsg_prepend_before = "encoder.layernorm_embedding"
 
 
 define_lsg_heads(LSGBartMixin, modeling_bart, globals())
