@@ -338,7 +338,7 @@ def test_source_of_an_unknown_head_converts_its_base_model_with_a_warning(tmp_pa
 
     with caplog.at_level("WARNING", logger="lsg_converter"):
         model, _ = LSGConverter(max_sequence_length=512).convert_from_pretrained(
-            folder, num_global_tokens=0, sparsity_type="none"
+            folder, num_global_tokens=0, sparsity_type="none", block_size=TINY_LENGTH
         )
 
     assert type(model).__name__ == "LSGBertModel"
