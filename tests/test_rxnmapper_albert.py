@@ -6,8 +6,8 @@ data: the package is never imported. Its tokenizer (rxnmapper's SmilesTokenizer,
 splits SMILES with a regular expression) is rebuilt with transformers from the folder's vocab.txt.
 
 The same masked tokens (15% of the reaction tokens, fixed seed) are scored one reaction per row, packed
-into 512-token rows (the source's limit: the converted model runs its blocked LSG path with sparse
-keys there) and, for the converted model only, packed into 2,048-token rows.
+into 512-token rows (the source's limit: the converted model runs its blocked LSG path there, local
+windows and the global token) and, for the converted model only, packed into 2,048-token rows.
 """
 
 from __future__ import annotations
