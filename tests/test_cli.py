@@ -78,6 +78,19 @@ def test_bart_decoder_can_be_kept_from_the_global_tokens(tmp_path, capsys):
     assert json.loads((tmp_path / "out" / "config.json").read_text())["pass_global_tokens_to_decoder"] is False
 
 
+@pytest.mark.parametrize("tiling,row_at_source_length", [("body", 2), ("table", 0)])
+def test_position_tiling_flag_chooses_how_positions_repeat(tiny_bert_dir, tmp_path, capsys, tiling, row_at_source_length):
+    from safetensors.torch import load_file
+
+    out = tmp_path / "out"
+    code = main([str(tiny_bert_dir), "--max-len", "512", "--save-path", str(out), "--position-tiling", tiling])
+
+    assert code == 0, capsys.readouterr().err
+    source = load_file(tiny_bert_dir / "model.safetensors")["bert.embeddings.position_embeddings.weight"]
+    table = load_file(out / "model.safetensors")["bert.embeddings.position_embeddings.weight"]
+    assert torch.equal(table[source.shape[0]], source[row_at_source_length])
+
+
 def test_quiet_success_prints_nothing(tiny_bert_dir, tmp_path, capsys):
     code = main([str(tiny_bert_dir), "--max-len", "256", "--save-path", str(tmp_path / "out"), "--quiet"])
     assert code == 0
