@@ -48,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = _Parser(
         prog="lsg-convert",
-        description="Convert a pretrained BERT, RoBERTa, DistilBERT or BART checkpoint (or a 2023 LSG checkpoint) "
+        description="Convert a pretrained BERT, RoBERTa, DistilBERT, ALBERT, CamemBERT, ELECTRA, XLM-RoBERTa, BART, "
+        "mBART (BARThez) or Pegasus checkpoint (or a 2023 LSG checkpoint) "
         "into an LSG model that reads long inputs.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
