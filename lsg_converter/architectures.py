@@ -9,6 +9,7 @@ import importlib
 from dataclasses import dataclass
 from types import ModuleType
 
+import torch
 import transformers
 from torch import nn
 
@@ -90,6 +91,13 @@ class Architecture:
         """The position tables `base` holds, by name, in table order (a decoder-only head holds the decoder's only)."""
         modules = dict(base.named_modules())
         return {name: modules[name] for name in self.position_tables if name in modules}
+
+    def position_rows(self, base: nn.Module) -> torch.Tensor:
+        """The rows of `base`'s first position table after the offset rows, detached: (positions, E).
+
+        Their count is the length the model reads (512 for BERT and RoBERTa)."""
+        table = next(iter(self.position_tables_in(base).values()))
+        return table.weight.detach()[self.position_offset :]
 
 
 ARCHITECTURES: dict[str, Architecture] = {

@@ -140,7 +140,7 @@ class LSGConverter:
             else:
                 logger.info("The source is an LSG model: its global tokens are kept.")
             if not is_lsg and "block_size" not in lsg_kwargs:
-                config.block_size = window_block_size(_source_positions(base, arch), config)
+                config.block_size = window_block_size(arch.position_rows(base).shape[0], config)
                 validate_lsg_settings(config)
             # an LSG source's table is already tiled: repeat it whole
             tiling = "table" if is_lsg else self.position_tiling
@@ -169,8 +169,7 @@ class LSGConverter:
         """Global 0 = [CLS]/<s> + position 0; global k = [MASK] + a strided source position (+ type 0)."""
         base = model.base_model
         words = base.get_submodule(arch.word_embeddings).weight.detach()
-        table = next(iter(arch.position_tables_in(base).values())).weight.detach()[arch.position_offset :]
-        positions = _strided_positions(table, self.global_positional_stride)
+        positions = _strided_positions(arch.position_rows(base), self.global_positional_stride)
         first_id, mask_id = _global_token_ids(tokenizer, model.config)
         if self.random_global_init:
             word_part = torch.distributions.MultivariateNormal(words.mean(0).float(), torch.cov(words.T.float()))
@@ -393,12 +392,6 @@ def tiled_position_rows(source_positions: int, max_length: int, tiling: str) -> 
     if tiling == "table" or body_rows < 1:
         return positions % source_positions
     return torch.where(positions < source_positions, positions, 1 + (positions - 1) % body_rows)
-
-
-def _source_positions(base: nn.Module, arch: Architecture) -> int:
-    """Rows of the source's first position table, offset rows excluded (512 for BERT and RoBERTa)."""
-    table = next(iter(arch.position_tables_in(base).values()))
-    return table.weight.shape[0] - arch.position_offset
 
 
 def _extend_positions(base: nn.Module, arch: Architecture, max_length: int, tiling: str) -> int:

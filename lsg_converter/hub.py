@@ -178,5 +178,5 @@ def push_converted(
 def _max_length(model: PreTrainedModel) -> int:
     """Tokens the model reads: rows of its position table after the offset rows."""
     arch = find_architecture(model.config.model_type)
-    return next(iter(arch.position_tables_in(model.base_model).values())).num_embeddings - arch.position_offset
+    return arch.position_rows(model.base_model).shape[0]
 
