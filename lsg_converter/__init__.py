@@ -16,6 +16,7 @@ from .errors import (
     LSGError,
     OutputExistsError,
     SourceNotFoundError,
+    UnknownSettingError,
     UnsupportedModelError,
 )
 from .hub import model_card, push_converted
@@ -203,6 +204,7 @@ __all__ = [
     "OutputExistsError",
     "SPARSITY_TYPES",
     "SourceNotFoundError",
+    "UnknownSettingError",
     "UnsupportedModelError",
     "model_card",
     "push_converted",

@@ -18,15 +18,15 @@ examples:
   lsg-convert facebook/bart-base --max-len 16384 --save-path bart-base-lsg-16k --push-to-hub me/bart-base-lsg-16k
   lsg-convert ./reference-lsg-checkpoint --max-len 4096 --save-path ./upgraded   # 2023 format -> new format
 
-exit codes: 0 done, 1 other error, 2 source not found, 3 unsupported model or head,
-            4 invalid setting or command line, 5 output folder exists (use --overwrite),
+exit codes: 0 done, 1 other error, 2 invalid setting or command line, 3 unsupported model or head,
+            4 source not found, 5 output folder exists (use --overwrite),
             6 corrupt or truncated source files, 7 Hub unreachable or token/repository refused
 """
-USAGE_EXIT_CODE = 4
+USAGE_EXIT_CODE = 2
 
 
 class _Parser(argparse.ArgumentParser):
-    """Command-line mistakes get the same one-line error as every other failure, with exit code 4."""
+    """Command-line mistakes get the same one-line error as every other failure, with exit code 2."""
 
     def error(self, message: str) -> NoReturn:
         self.exit(USAGE_EXIT_CODE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")

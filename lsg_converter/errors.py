@@ -19,16 +19,21 @@ class LSGError(Exception):
         cls.exit_code = exit_code
 
 
-class SourceNotFoundError(LSGError, exit_code=2):
-    """The model to convert cannot be found or read."""
+class InvalidSettingsError(LSGError, ValueError, exit_code=2):
+    """A conversion setting (length, block sizes, sparsity type, ...) cannot work, or the source has a
+    setting LSG cannot carry. Exit code 2, as for any other command-line mistake."""
+
+
+class UnknownSettingError(InvalidSettingsError, TypeError, exit_code=2):
+    """A keyword argument that no conversion setting or config key has (a misspelling)."""
 
 
 class UnsupportedModelError(LSGError, exit_code=3):
     """The source's model type or head cannot be converted."""
 
 
-class InvalidSettingsError(LSGError, exit_code=4):
-    """A conversion setting (length, block sizes, sparsity type, ...) cannot work."""
+class SourceNotFoundError(LSGError, exit_code=4):
+    """The model to convert cannot be found or read."""
 
 
 class OutputExistsError(LSGError, exit_code=5):

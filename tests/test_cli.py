@@ -135,7 +135,7 @@ def test_console_script_error_exits_with_its_code_and_no_traceback(tmp_path):
         timeout=300,
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
-    assert result.returncode == 2
+    assert result.returncode == 4
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().startswith(ERROR_PREFIX)
     assert not (tmp_path / "out").exists()
@@ -144,17 +144,17 @@ def test_console_script_error_exits_with_its_code_and_no_traceback(tmp_path):
 # ---------------------------------------------------------------------------------------------- bad inputs
 
 
-def test_missing_source_exits_2_and_writes_nothing(tmp_path, capsys):
+def test_missing_source_exits_4_and_writes_nothing(tmp_path, capsys):
     out = tmp_path / "out"
     code = main([str(tmp_path / "no-such-model"), "--max-len", "256", "--save-path", str(out)])
-    _assert_clean_error(capsys, code, 2)
+    _assert_clean_error(capsys, code, 4)
     assert not out.exists()
 
 
 def test_missing_relative_source_error_is_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     code = main(["no-such-model", "--max-len", "256", "--save-path", "out"])
-    _assert_clean_error(capsys, code, 2)
+    _assert_clean_error(capsys, code, 4)
 
 
 def test_unsupported_model_type_exits_3_and_writes_nothing(tmp_path, capsys):
@@ -171,17 +171,17 @@ def test_unsupported_model_type_exits_3_and_writes_nothing(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("max_len", ["0", "-5"])
-def test_non_positive_max_len_exits_4_and_writes_nothing(tiny_bert_dir, tmp_path, capsys, max_len):
+def test_non_positive_max_len_exits_2_and_writes_nothing(tiny_bert_dir, tmp_path, capsys, max_len):
     out = tmp_path / "out"
     code = main([str(tiny_bert_dir), "--max-len", max_len, "--save-path", str(out)])
-    _assert_clean_error(capsys, code, 4)
+    _assert_clean_error(capsys, code, 2)
     assert not out.exists()
 
 
-def test_block_size_0_exits_4_and_writes_nothing(tiny_bert_dir, tmp_path, capsys):
+def test_block_size_0_exits_2_and_writes_nothing(tiny_bert_dir, tmp_path, capsys):
     out = tmp_path / "out"
     code = main([str(tiny_bert_dir), "--max-len", "256", "--block-size", "0", "--save-path", str(out)])
-    _assert_clean_error(capsys, code, 4)
+    _assert_clean_error(capsys, code, 2)
     assert not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
@@ -211,17 +211,17 @@ def test_overwrite_replaces_the_existing_output(tiny_bert_dir, tmp_path, capsys)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
-def test_non_integer_max_len_exits_4_in_one_line(tiny_bert_dir, tmp_path, capsys):
+def test_non_integer_max_len_exits_2_in_one_line(tiny_bert_dir, tmp_path, capsys):
     for max_len in ("4k", "1.5"):
         code = main([str(tiny_bert_dir), "--max-len", max_len, "--save-path", str(tmp_path / "out")])
-        line = _assert_clean_error(capsys, code, 4)
+        line = _assert_clean_error(capsys, code, 2)
         assert "whole number" in line and "--help" in line
     assert sorted(tmp_path.iterdir()) == []
 
 
-def test_unknown_sparsity_type_exits_4_listing_the_valid_ones(tiny_bert_dir, tmp_path, capsys):
+def test_unknown_sparsity_type_exits_2_listing_the_valid_ones(tiny_bert_dir, tmp_path, capsys):
     code = main([str(tiny_bert_dir), "--max-len", "512", "--sparsity-type", "dense", "--save-path", str(tmp_path / "o")])
-    line = _assert_clean_error(capsys, code, 4)
+    line = _assert_clean_error(capsys, code, 2)
     assert "'dense'" in line and all(name in line for name in ("norm", "pooling", "lsh", "bos_pooling"))
     assert sorted(tmp_path.iterdir()) == []
 
@@ -230,9 +230,9 @@ def test_unknown_sparsity_type_exits_4_listing_the_valid_ones(tiny_bert_dir, tmp
     "flag,value",
     [("--sparse-block-size", "-1"), ("--sparsity-factor", "-2"), ("--num-global-tokens", "-1"), ("--num-global-tokens", "513")],
 )
-def test_negative_or_out_of_range_sizes_exit_4_and_write_nothing(tiny_bert_dir, tmp_path, capsys, flag, value):
+def test_negative_or_out_of_range_sizes_exit_2_and_write_nothing(tiny_bert_dir, tmp_path, capsys, flag, value):
     code = main([str(tiny_bert_dir), "--max-len", "512", flag, value, "--save-path", str(tmp_path / "out")])
-    line = _assert_clean_error(capsys, code, 4)
+    line = _assert_clean_error(capsys, code, 2)
     assert flag.lstrip("-").replace("-", "_") in line
     assert sorted(tmp_path.iterdir()) == []
 
