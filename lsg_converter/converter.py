@@ -20,7 +20,7 @@ from transformers.utils import cached_file, logging
 from .architectures import CAUSAL_HEAD_SUFFIXES, Architecture, find_architecture
 from .errors import CorruptCheckpointError, InvalidSettingsError, OutputExistsError, SourceNotFoundError, one_line
 from .models.lsg_attention import uses_sparse_keys
-from .models.lsg_model import MAX_GLOBAL_TOKENS, validate_lsg_settings
+from .models.lsg_model import MAX_GLOBAL_TOKENS, is_reference_config, validate_lsg_settings
 
 logger = logging.get_logger(__name__)
 
@@ -292,7 +292,7 @@ def _source_head(arch: Architecture, source_config: Any) -> str:
 
 def _is_lsg_config(config: Any) -> bool:
     """Ours (model_type lsg-*) or the 2023 reference's (model_type bert + LSG keys)."""
-    return config.model_type.startswith("lsg-") or all(hasattr(config, key) for key in ("block_size", "num_global_tokens"))
+    return config.model_type.startswith("lsg-") or is_reference_config(config.to_dict())
 
 
 def _build_lsg_config(arch: Architecture, source_config: Any, head_name: str, lsg_kwargs: dict[str, Any]) -> Any:

@@ -26,6 +26,7 @@ from helpers import FIXTURES, TINY_CONFIGS, TINY_LENGTH, padded_batch, save_tiny
 import lsg_converter
 from lsg_converter import (
     InvalidSettingsError,
+    LSGBertConfig,
     LSGBertForMaskedLM,
     LSGBertForSequenceClassification,
     LSGConverter,
@@ -257,6 +258,41 @@ def test_documented_lsg_defaults_apply_without_kwargs(converted):
     for key, value in documented.items():
         assert getattr(model.config, key) == value, key
     assert model.config.model_type == "lsg-bert"
+
+
+def test_fresh_conversion_with_one_compressed_token_per_block_keeps_the_aligned_sparse_window(tiny_bert_dir, tmp_path):
+    model, tokenizer = LSGConverter(max_sequence_length=256).convert_from_pretrained(
+        tiny_bert_dir, block_size=8, sparsity_factor=8, sparse_block_size=8, sparsity_type="pooling"
+    )
+    folder = save_converted(model, tokenizer, tmp_path / "converted")
+
+    assert model.config.legacy_sparse_window is False
+    assert LSGBertForMaskedLM.from_pretrained(folder).config.legacy_sparse_window is False
+
+
+@pytest.mark.parametrize(
+    "values,legacy",
+    [
+        (dict(model_type="bert", block_size=8, num_global_tokens=1), True),  # a 2023 reference config.json
+        (dict(model_type="lsg-bert", block_size=8, num_global_tokens=1), False),  # ours, from before the key
+        (dict(model_type="bert"), False),  # a plain BERT config
+        (dict(block_size=8, num_global_tokens=1), False),  # built by hand
+    ],
+    ids=["reference", "ours", "plain", "by-hand"],
+)
+def test_only_configs_written_by_the_2023_reference_default_to_the_legacy_sparse_window(values, legacy):
+    assert LSGBertConfig(**values).legacy_sparse_window is legacy
+
+
+def test_upgraded_reference_checkpoint_keeps_the_legacy_sparse_window_through_save_and_reconversion(tmp_path):
+    model, tokenizer = LSGConverter(max_sequence_length=1024).convert_from_pretrained(FIXTURES / "bert-pooling")
+    upgraded = save_converted(model, tokenizer, tmp_path / "upgraded")
+    again, _ = LSGConverter(max_sequence_length=2048).convert_from_pretrained(upgraded)
+
+    assert model.config.legacy_sparse_window is True
+    assert json.loads((upgraded / "config.json").read_text())["model_type"] == "lsg-bert"
+    assert LSGBertForMaskedLM.from_pretrained(upgraded).config.legacy_sparse_window is True
+    assert again.config.legacy_sparse_window is True
 
 
 def test_default_block_size_is_a_multiple_of_the_sparsity_factor_when_sparse_keys_are_used(tiny_bert_dir):

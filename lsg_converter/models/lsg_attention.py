@@ -41,6 +41,17 @@ def uses_sparse_keys(config: Any) -> bool:
     return config.sparsity_type != "none" and config.sparse_block_size > 0 and config.sparsity_factor > 0
 
 
+def right_sparse_window_shift(config: Any) -> int:
+    """Compressed positions by which block i's right sparse window starts before the aligned (i + 2) c.
+
+    0, except for checkpoints of the 2023 reference (``legacy_sparse_window``) with one compressed
+    token per block (``block_size == sparsity_factor``): the reference started that window two
+    compressed tokens early, at i c, over keys the local window already holds, and models trained
+    with it learned that pattern, so it is reproduced for them.
+    """
+    return -2 if config.legacy_sparse_window and config.block_size == config.sparsity_factor else 0
+
+
 # --------------------------------------------------------------------------------------------------
 # Sparse context: each function compresses the (padded) token sequence of length T into T / f keys
 # --------------------------------------------------------------------------------------------------
@@ -302,16 +313,18 @@ def _block_attention(
     block_keys, block_values, block_masks = local(keys), local(values), [local_mask]
 
     # Sparse: block i also sees the s compressed positions left of its local window,
-    # [(i - 1) c - s, (i - 1) c), and (bidirectional) the s right of it, [(i + 2) c, (i + 2) c + s), c = b / f.
+    # [(i - 1) c - s, (i - 1) c), and (bidirectional) the s right of it, [(i + 2) c, (i + 2) c + s), c = b / f
+    # (that one shifted by `right_sparse_window_shift` for the 2023 reference's checkpoints).
     if uses_sparse_keys(config):
         sparse = _sparse_context(*(x.transpose(1, 2) for x in (queries, keys, values)), mask, config, scaling)
         span, step = config.sparse_block_size, block // config.sparsity_factor
         margin = step + span
+        right_start = margin + 2 * step + right_sparse_window_shift(config)  # (i + 2) c + shift, in padded rows
 
         def sparse_windows(x, fill=0):  # (B, T / f, ...) -> pieces (B, nb, ., ...) of the s or 2s sparse rows
             padded = _pad_rows(x, margin, margin, fill)
             left = _sliding(padded, span, step, num_blocks)
-            return left if causal else left + _sliding(padded, span, step, num_blocks, start=3 * step + span)
+            return left if causal else left + _sliding(padded, span, step, num_blocks, start=right_start)
 
         block_keys = sparse_windows(sparse.keys.transpose(1, 2)) + block_keys
         block_values = sparse_windows(sparse.values.transpose(1, 2)) + block_values

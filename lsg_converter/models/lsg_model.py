@@ -34,11 +34,14 @@ LSG_DEFAULTS: dict[str, Any] = {
     "mask_first_token": False,
     "lsh_num_pre_rounds": 1,
     "lsh_seed": 0,
+    "legacy_sparse_window": False,
 }
 # Extra key of encoder-decoder models: the decoder also attends to the encoder's global tokens.
 SEQ2SEQ_DEFAULTS: dict[str, Any] = {**LSG_DEFAULTS, "pass_global_tokens_to_decoder": True}
 # Keys the 2023 reference wrote into its configs that mean nothing here.
 LEGACY_CONFIG_KEYS = ("base_model_prefix",)
+# LSG keys whose presence, under a plain model_type ("bert", ...), marks a config of the 2023 reference.
+REFERENCE_CONFIG_MARKERS = ("block_size", "num_global_tokens")
 
 # The heads every BERT-like encoder has (suffixes of the Hugging Face class names).
 ENCODER_HEADS = (
@@ -76,6 +79,10 @@ class LSGConfigMixin:
         adaptive (True): pad inputs to a multiple of ``block_size`` instead of refusing them.
         lsh_num_pre_rounds (1): hashing rounds before the final one for ``sparsity_type="lsh"``.
         lsh_seed (0): seed of the random hyperplanes of ``sparsity_type="lsh"``.
+        legacy_sparse_window (False; True when the config was written by the 2023 reference, see
+            `is_reference_config`): reproduce the reference's right sparse window, which starts two
+            compressed tokens early when ``block_size == sparsity_factor`` (see
+            `lsg_attention.right_sparse_window_shift`); models trained with the reference learned it.
         pass_global_tokens_to_decoder (True, encoder-decoder models only): the encoder output keeps
             the global tokens in front and the decoder attends to them.
 
@@ -99,7 +106,8 @@ class LSGConfigMixin:
         super().__init_subclass__(**kwargs)
 
     def __init__(self, **kwargs: Any) -> None:
-        lsg_values = {key: kwargs.pop(key, default) for key, default in self.lsg_defaults.items()}
+        defaults = {**self.lsg_defaults, "legacy_sparse_window": is_reference_config(kwargs)}
+        lsg_values = {key: kwargs.pop(key, default) for key, default in defaults.items()}
         for key in LEGACY_CONFIG_KEYS:
             kwargs.pop(key, None)
         kwargs.pop("model_type", None)  # legacy checkpoints say "bert", "roberta", ...
@@ -152,6 +160,13 @@ class LSGConfigMixin:
         self._attn_implementation_internal = value
 
 
+def is_reference_config(values: dict[str, Any]) -> bool:
+    """Whether config values (a config.json, or a config's ``to_dict()``) were written by the 2023
+    reference: a plain model_type ("bert", "roberta", ...) that carries the LSG keys."""
+    model_type = values.get("model_type") or ""
+    return bool(model_type) and not model_type.startswith("lsg-") and all(key in values for key in REFERENCE_CONFIG_MARKERS)
+
+
 def validate_lsg_settings(config: Any) -> None:
     """Raise ValueError, saying what to change, if the LSG keys of `config` cannot work."""
     for key in ("block_size", "sparse_block_size", "sparsity_factor", "num_global_tokens", "lsh_num_pre_rounds"):
@@ -164,6 +179,8 @@ def validate_lsg_settings(config: Any) -> None:
         raise ValueError("sparse_block_size, sparsity_factor and lsh_num_pre_rounds must be >= 0.")
     if not 0 <= config.num_global_tokens <= MAX_GLOBAL_TOKENS:
         raise ValueError(f"num_global_tokens must be between 0 and {MAX_GLOBAL_TOKENS}, got {config.num_global_tokens}.")
+    if not isinstance(config.legacy_sparse_window, bool):
+        raise ValueError(f"legacy_sparse_window must be True or False, got {config.legacy_sparse_window!r}.")
     if config.sparsity_type not in SPARSITY_TYPES:
         raise ValueError(f"Unknown sparsity_type {config.sparsity_type!r}: use one of {', '.join(SPARSITY_TYPES)}.")
     if uses_sparse_keys(config) and config.block_size % config.sparsity_factor:
