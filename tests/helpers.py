@@ -16,7 +16,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from lsg_converter.models.lsg_model import LSG_DEFAULTS
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "reference-lsg-0.1.9"
+# Checkpoints the 2023 reference converted, with its outputs (see fixtures/README.md); part of the repository.
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "reference-lsg-0.1.9"
+REFERENCE_CASES = ("bart-norm", "bert-norm", "bert-pooling", "distilbert-none", "roberta-pooling")
 VOCAB = 99
 TINY_LENGTH = 128  # tokens the tiny sources read (RoBERTa's table has 2 more rows)
 PAD_ID = {
@@ -147,8 +149,11 @@ class OpRecorder(TorchDispatchMode):
 
 
 def reference_cases() -> list[str]:
-    """Names of the checkpoints the 2023 reference converted, under shared/fixtures."""
-    return sorted(case.name for case in FIXTURES.iterdir() if (case / "case.json").is_file())
+    """Names of the checkpoints the 2023 reference converted, under FIXTURES: all of REFERENCE_CASES,
+    or the test collection fails (a missing fixture must not shrink the suite silently)."""
+    found = sorted(case.name for case in FIXTURES.glob("*") if (case / "case.json").is_file())
+    assert found == sorted(REFERENCE_CASES), f"{FIXTURES} holds {found}, expected {sorted(REFERENCE_CASES)}"
+    return found
 
 
 def assert_reproduces_reference(model, case: str) -> None:
