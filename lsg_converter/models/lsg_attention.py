@@ -128,7 +128,10 @@ def sparse_by_block_stride(queries, keys, values, mask, config, scaling) -> Spar
 
 
 def sparse_by_bos_pooling(queries, keys, values, mask, config, scaling) -> SparseContext:
-    """In each window of f tokens, mean weighted by softmax(q_first . k * scaling), q_first = first real token."""
+    """In each window of f tokens, mean weighted by softmax(q_first . k * scaling), q_first = first real token.
+
+    A window of padding only is masked (the 2023 reference left it unmasked, so its rows depended on
+    the padding after them: see the README's compatibility notes)."""
     factor = config.sparsity_factor
     batch, heads, length, head_dim = keys.shape
     window_keys = keys.view(batch, heads, -1, factor, head_dim)
