@@ -82,17 +82,18 @@ def plays() -> list[Path]:
     return sorted(path for location in spec.submodule_search_locations for path in Path(location).glob("plays/*/*.md"))
 
 
-def short_speeches(plays: list[Path], tokenizer, count: int) -> list[str]:
-    """The first `count` speeches of at least 8 words that the source reads whole (< 256 tokens)."""
+@pytest.fixture(scope="module")
+def short_texts(plays, minilm_source) -> list[str]:
+    """The plays' first 50 speeches of at least 8 words that all-MiniLM-L6-v2 reads whole (< 256 tokens)."""
     speeches = []
     for play in plays:
         for block in play.read_text(encoding="utf-8").split("\n\n"):
             if not block.startswith("**"):  # a speech: **SPEAKER** then its lines
                 continue
             text = " ".join(line.strip() for line in block.splitlines()[1:])
-            if len(text.split()) >= 8 and len(tokenizer(text)["input_ids"]) < SOURCE_MAX_SEQ_LENGTH:
+            if len(text.split()) >= 8 and len(minilm_source.tokenizer(text)["input_ids"]) < SOURCE_MAX_SEQ_LENGTH:
                 speeches.append(text)
-            if len(speeches) == count:
+            if len(speeches) == 50:
                 return speeches
     return speeches
 
@@ -216,11 +217,22 @@ def test_max_seq_length_is_the_new_length(minilm_source, minilm_converted):
 
 
 @pytest.mark.slow
-def test_short_texts_embed_as_the_source_without_global_tokens(minilm_source, minilm_converted, plays):
-    texts = short_speeches(plays, minilm_source.tokenizer, 50)
-    expected = minilm_source.encode(texts, convert_to_tensor=True)
-    embeddings = minilm_converted.encode(texts, convert_to_tensor=True)
+def test_short_texts_embed_as_the_source_without_global_tokens(minilm_source, minilm_converted, short_texts):
+    expected = minilm_source.encode(short_texts, convert_to_tensor=True)
+    embeddings = minilm_converted.encode(short_texts, convert_to_tensor=True)
     assert (embeddings - expected).abs().max() <= 1e-5
+
+
+@pytest.mark.slow
+def test_default_global_token_keeps_short_texts_at_a_cosine_of_about_0_98_to_the_source(
+    minilm_path, minilm_source, short_texts, tmp_path
+):
+    """The README's figure: with the defaults (1 global token) short texts move a little."""
+    converted = SentenceTransformer(str(_convert_and_save(minilm_path, tmp_path / "default", LENGTH)), trust_remote_code=True)
+    cosines = torch.nn.functional.cosine_similarity(
+        converted.encode(short_texts, convert_to_tensor=True), minilm_source.encode(short_texts, convert_to_tensor=True)
+    )
+    assert 0.98 <= cosines.mean() <= 0.99 and cosines.min() >= 0.97
 
 
 @pytest.mark.slow
