@@ -24,7 +24,7 @@ from huggingface_hub import snapshot_download
 from transformers import PreTrainedModel
 from transformers.utils import cached_file, logging
 
-from .errors import HubError, one_line
+from .errors import CorruptCheckpointError, HubError, one_line
 from .hub import HUB_ERRORS
 
 logger = logging.get_logger(__name__)
@@ -36,6 +36,7 @@ PIPELINE_ATTRIBUTE = "sentence_transformers_pipeline"
 TRANSFORMER_TYPE = "sentence_transformers.models.Transformer"
 # module classes that read text with a model of their own: only the first module (the converted model) may
 MODEL_MODULES = ("Transformer", "MLMTransformer", "CLIPModel", "Router", "Asym")
+MODULE_KEYS = {"idx", "name", "path", "type"}  # of each modules.json entry
 
 
 @dataclass(frozen=True)
@@ -63,9 +64,7 @@ class SentencePipeline:
         return [module["type"].rpartition(".")[2] for module in self.modules]
 
 
-def carry_pipeline(
-    model: PreTrainedModel, source: str, token: str | bool | None, max_seq_length: int
-) -> SentencePipeline | None:
+def carry_pipeline(model: PreTrainedModel, source: str, token: str | bool | None, max_seq_length: int) -> None:
     """Read the sentence-transformers pipeline of `source` (None for a plain transformers model) and attach
     it to `model` as ``model.sentence_transformers_pipeline``, for `write_pipeline` to save.
 
@@ -80,7 +79,6 @@ def carry_pipeline(
             f"{source} is a sentence-transformers model: its pipeline ({' -> '.join(pipeline.module_names)}) "
             f"is carried over with max_seq_length {max_seq_length}; save_converted writes it."
         )
-    return pipeline
 
 
 def pipeline_of(model: PreTrainedModel) -> SentencePipeline | None:
@@ -113,10 +111,15 @@ def _read_pipeline(source: str, token: str | bool | None, max_seq_length: int) -
     modules_file = _resolve(source, MODULES_FILE, token)
     if modules_file is None:
         return None
-    source_modules = json.loads(modules_file.read_text(encoding="utf-8"))
+    source_modules = _read_json(modules_file, list)
+    if not source_modules or not all(map(_is_module_entry, source_modules)):
+        raise CorruptCheckpointError(
+            f"{modules_file} lists no sentence-transformers modules (each with {', '.join(sorted(MODULE_KEYS))}): "
+            "fix or restore the file."
+        )
     folder = modules_file.parent
     if not os.path.isdir(source):
-        folder = _hub_snapshot(source, folder.name, [module.get("path", "") for module in source_modules], token)
+        folder = _hub_snapshot(source, folder.name, [module["path"] for module in source_modules], token)
     modules = [_as_model_module(source_modules[0])] + [
         module for module in source_modules[1:] if _can_carry(module)
     ]
@@ -128,6 +131,16 @@ def _read_pipeline(source: str, token: str | bool | None, max_seq_length: int) -
         transformer_settings=_read_json(folder / TRANSFORMER_SETTINGS_FILE) or {},
         package_settings=_read_json(folder / PACKAGE_SETTINGS_FILE),
         max_seq_length=max_seq_length,
+    )
+
+
+def _is_module_entry(module: Any) -> bool:
+    """Whether `module` is a modules.json entry: idx, name, path and type, the last two strings."""
+    return (
+        isinstance(module, dict)
+        and MODULE_KEYS <= module.keys()
+        and isinstance(module["path"], str)
+        and isinstance(module["type"], str)
     )
 
 
@@ -169,7 +182,7 @@ def _as_model_module(module: dict[str, Any]) -> dict[str, Any]:
 
 def _can_carry(module: dict[str, Any]) -> bool:
     """Whether a module after the first can be copied as it is; warns (saying why) when not."""
-    path = PurePosixPath(module.get("path", ""))
+    path = PurePosixPath(module["path"])
     if not module["type"].startswith("sentence_transformers."):
         reason = "its code is not part of sentence-transformers"
     elif module["type"].rpartition(".")[2] in MODEL_MODULES:
@@ -185,8 +198,18 @@ def _can_carry(module: dict[str, Any]) -> bool:
     return False
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+def _read_json(path: Path, kind: type = dict) -> Any:
+    """The JSON object (or list, with `kind=list`) in `path`, None when there is no such file;
+    CorruptCheckpointError when it cannot be read or holds something else."""
+    if not path.is_file():
+        return None
+    try:
+        content = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise CorruptCheckpointError(f"Cannot read {path} ({one_line(error, 200)}): fix or restore the file.") from error
+    if not isinstance(content, kind):
+        raise CorruptCheckpointError(f"{path} holds no JSON {'list' if kind is list else 'object'}: fix or restore the file.")
+    return content
 
 
 def _write_json(path: Path, content: Any) -> None:

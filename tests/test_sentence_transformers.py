@@ -268,3 +268,23 @@ def test_saved_folder_loads_with_sentence_transformers_without_lsg_converter(min
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"PIPELINE ['Transformer', 'Pooling', 'Normalize'] {LENGTH}" in result.stdout
     assert float(result.stdout.split("MAX_DIFF")[1]) <= 1e-6
+
+
+# ------------------------------------------------------------------------------------------ bad sources
+
+
+@pytest.mark.parametrize(
+    "content",
+    ['[{"idx": 0, "name": "0", "path": ""', "[]", '{"idx": 0}', '[{"idx": 0, "name": "0", "path": ""}]'],
+    ids=["truncated", "empty", "no-list", "no-type"],
+)
+def test_unreadable_modules_json_exits_6_with_one_line_before_writing(tiny_st_source, tmp_path, capsys, content):
+    source = shutil.copytree(tiny_st_source, tmp_path / "source")
+    (source / "modules.json").write_text(content)
+    target = tmp_path / "converted"
+
+    code = main([str(source), "--max-len", str(TINY_LENGTH), "--save-path", str(target)])
+
+    err = capsys.readouterr().err.strip()
+    assert code == 6 and err.count("\n") == 0 and "modules.json" in err and "fix or restore the file" in err
+    assert not target.exists()
