@@ -19,7 +19,7 @@ import torch
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling, Transformer
 
-from helpers import run_without_lsg_converter
+from helpers import run_without_lsg_converter, save_tiny_source
 from lsg_converter import LSGConverter, save_converted
 from lsg_converter.cli import main
 
@@ -137,8 +137,6 @@ def test_plain_transformers_source_writes_no_sentence_transformers_files(tiny_be
 
 
 def test_source_without_tokenizer_converts_and_saves_without_sentence_transformers_files(tmp_path):
-    from helpers import save_tiny_source
-
     source = save_tiny_source(tmp_path / "source", "bert", "BertModel")
     folder = _convert_and_save(source, tmp_path / "converted")
     assert (folder / "model.safetensors").is_file()
