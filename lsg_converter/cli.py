@@ -117,6 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .converter import check_output_folder
     from .errors import one_line
     from .hub import source_license
+    from .sbert import pipeline_of
 
     lsg_kwargs = {
         key: value
@@ -185,6 +186,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"Saved {type(model).__name__} ({args.max_len} tokens) to {target}")
         if args.push_to_hub:
             print(f"Pushed to {args.push_to_hub}: {url}")
+        if pipeline_of(model) is not None:
+            location = str(target or args.push_to_hub)
+            print(f"Load it with sentence-transformers: SentenceTransformer({location!r}, trust_remote_code=True)")
     return 0
 
 

@@ -21,6 +21,7 @@ from .architectures import CAUSAL_HEAD_SUFFIXES, Architecture, find_architecture
 from .errors import CorruptCheckpointError, InvalidSettingsError, OutputExistsError, SourceNotFoundError, one_line
 from .models.lsg_attention import uses_sparse_keys
 from .models.lsg_model import MAX_GLOBAL_TOKENS, is_reference_config, validate_lsg_settings
+from .sbert import carry_pipeline, write_pipeline
 
 logger = logging.get_logger(__name__)
 
@@ -29,6 +30,8 @@ POSITION_TILINGS = ("body", "table")
 # LSG settings a conversion uses unless told otherwise; block_size is derived from the source (see
 # `window_block_size`), the other keys keep the config defaults (those of the 2023 reference).
 CONVERSION_DEFAULTS: dict[str, Any] = {"sparsity_type": "none", "num_global_tokens": 1}
+# tokenizer_config.json keys that transformers copies from tokenizer.json's truncation and padding
+TOKENIZER_LENGTH_SETTINGS = ("max_length", "stride", "truncation_strategy", "pad_to_multiple_of")
 
 
 class LSGConverter:
@@ -116,7 +119,10 @@ class LSGConverter:
                 num_global_tokens, pool_with_global, mask_first_token, lsh_num_pre_rounds, adaptive),
                 or any other config key to override.
         Returns:
-            (model in eval mode, tokenizer with model_max_length set, or None if the source has none).
+            (model in eval mode, tokenizer with model_max_length set and no truncation or padding of its
+            own, or None if the source has none). A sentence-transformers source's pipeline (modules.json,
+            Pooling, Dense, Normalize...) travels as ``model.sentence_transformers_pipeline``, which
+            `save_converted` writes.
         """
         source = str(model_name_or_path)
         source_config = _load_config(source, token)
@@ -149,7 +155,9 @@ class LSGConverter:
         # BART counts its 2 offset rows outside max_position_embeddings, RoBERTa inside: keep the source's way.
         config.max_position_embeddings += added_rows
         config._name_or_path = source
+        carry_pipeline(model, source, token, self.max_sequence_length)
         if tokenizer is not None:
+            _drop_source_lengths(tokenizer)
             tokenizer.model_max_length = self.max_sequence_length
             tokenizer.init_kwargs["model_max_length"] = self.max_sequence_length
         logger.info(
@@ -210,6 +218,7 @@ def save_converted(
             tokenizer.save_pretrained(staging)
         if card is not None:
             card.save(staging / "README.md")
+        write_pipeline(model, staging)
         if target.exists():
             shutil.rmtree(target) if target.is_dir() else target.unlink()
         staging.rename(target)
@@ -274,6 +283,17 @@ def _load_tokenizer(source: str, token: str | bool | None) -> PreTrainedTokenize
         logger.warning(f"{source} has no tokenizer files ({', '.join(sorted(file_names))}): no tokenizer is returned.")
         return None
     return tokenizer
+
+
+def _drop_source_lengths(tokenizer: PreTrainedTokenizerBase) -> None:
+    """Forget the truncation and padding the source's tokenizer.json sets (all-MiniLM-L6-v2: 128 tokens),
+    so that the converted tokenizer cuts and pads only when asked, up to model_max_length."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        backend.no_truncation()
+        backend.no_padding()
+    for key in TOKENIZER_LENGTH_SETTINGS:
+        tokenizer.init_kwargs.pop(key, None)
 
 
 def _source_head(arch: Architecture, source_config: Any) -> str:

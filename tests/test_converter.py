@@ -177,6 +177,62 @@ def test_tokenizer_model_max_length_is_set(converted):
     assert tokenizer.model_max_length == NEW_LENGTH
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
+LONG_TOKENS = 3000
+
+
+@pytest.fixture(scope="module")
+def truncating_source(tiny_bert_dir, minilm_path, tmp_path_factory) -> Path:
+    """tiny_bert_dir's weights beside all-MiniLM-L6-v2's own tokenizer files, whose tokenizer.json
+    truncates and pads to 128 tokens."""
+    folder = tmp_path_factory.mktemp("truncating") / "source"
+    folder.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (folder / name).write_bytes((tiny_bert_dir / name).read_bytes())
+    for name in TOKENIZER_FILES:
+        (folder / name).write_bytes((minilm_path / name).read_bytes())
+    assert json.loads((folder / "tokenizer.json").read_text())["truncation"]["max_length"] == 128
+    return folder
+
+
+@pytest.fixture(scope="module")
+def untruncated(truncating_source):
+    """(model, tokenizer) of truncating_source converted to 4096 tokens."""
+    return LSGConverter(max_sequence_length=4096).convert_from_pretrained(truncating_source)
+
+
+def _long_text() -> str:
+    """A text of LONG_TOKENS ids with [CLS] and [SEP]."""
+    return " ".join(["word"] * (LONG_TOKENS - 2))
+
+
+def test_converted_tokenizer_has_no_truncation_or_padding_of_the_source(untruncated):
+    _, tokenizer = untruncated
+    assert tokenizer.backend_tokenizer.truncation is None and tokenizer.backend_tokenizer.padding is None
+    assert len(tokenizer.backend_tokenizer.encode(_long_text()).ids) == LONG_TOKENS
+
+
+def test_saved_tokenizer_json_has_no_truncation_or_padding(untruncated, tmp_path):
+    model, tokenizer = untruncated
+    folder = save_converted(model, tokenizer, tmp_path / "out")
+    saved = json.loads((folder / "tokenizer.json").read_text())
+    assert saved["truncation"] is None and saved["padding"] is None
+    assert "max_length" not in json.loads((folder / "tokenizer_config.json").read_text())
+
+
+def test_saved_tokenizer_encodes_a_long_text_whole_by_default(untruncated, tmp_path):
+    model, tokenizer = untruncated
+    reloaded = AutoTokenizer.from_pretrained(save_converted(model, tokenizer, tmp_path / "out"))
+    assert reloaded.model_max_length == 4096
+    assert len(reloaded(_long_text())["input_ids"]) == LONG_TOKENS
+
+
+def test_converted_tokenizer_truncates_and_pads_to_the_new_length_when_asked(untruncated):
+    _, tokenizer = untruncated
+    assert len(tokenizer(_long_text() * 2, truncation=True)["input_ids"]) == 4096
+    assert len(tokenizer("word", padding="max_length")["input_ids"]) == 4096
+
+
 def _bart_globals(source_dir, word_ids, strided_rows):
     """Expected BART global tokens: word + position row (the table's 2 offset rows skipped)."""
     source = BartForConditionalGeneration.from_pretrained(source_dir)
