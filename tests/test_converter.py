@@ -319,7 +319,7 @@ def test_architecture_argument_builds_the_requested_head(tiny_bert_dir):
 
 
 def test_unknown_head_raises_unsupported_model_error(tiny_bert_dir):
-    with pytest.raises(UnsupportedModelError, match="--architecture.*BertForMaskedLM"):
+    with pytest.raises(UnsupportedModelError, match="architecture=.*BertForMaskedLM"):
         LSGConverter(max_sequence_length=256).convert_from_pretrained(tiny_bert_dir, architecture="BertForSomethingElse")
 
 
@@ -343,7 +343,7 @@ def test_source_of_an_unknown_head_converts_its_base_model_with_a_warning(tmp_pa
 
     assert type(model).__name__ == "LSGBertModel"
     warning = " ".join(record.getMessage() for record in caplog.records)
-    assert "HF_ColBERT" in warning and "--architecture" in warning and "BertForMaskedLM" in warning
+    assert "HF_ColBERT" in warning and "architecture=" in warning and "BertForMaskedLM" in warning
     input_ids, attention_mask = padded_batch([TINY_LENGTH, 90], TINY_LENGTH)
     with torch.no_grad():
         expected = bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
