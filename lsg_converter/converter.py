@@ -108,7 +108,7 @@ class LSGConverter:
                 raise UnknownSettingError(
                     f"LSGConverter() got {name}={value!r}, an LSG setting: pass it to convert_from_pretrained() instead."
                 )
-            raise _unknown_setting_error("LSGConverter()", name, value, valid, "LSGConverter's arguments")
+            raise _unknown_setting_error("LSGConverter()", name, value, valid, "no argument of LSGConverter()")
         if isinstance(max_sequence_length, bool) or not isinstance(max_sequence_length, int) or max_sequence_length < 1:
             raise InvalidSettingsError(
                 f"max_sequence_length={max_sequence_length!r} is not a positive integer: use a whole number of tokens."
@@ -477,7 +477,6 @@ def _report_loading(model: PreTrainedModel, loading_info: dict[str, Any], kept: 
 
 def _check_setting_names(arch: Architecture, source_config: Any, lsg_kwargs: dict[str, Any]) -> None:
     """UnknownSettingError for a keyword that is neither an LSG setting nor a key of the source's config."""
-    config_type = type(source_config)
     valid = {
         *source_config.to_dict(),
         *(field.name for field in dataclasses.fields(source_config)),
@@ -487,14 +486,15 @@ def _check_setting_names(arch: Architecture, source_config: Any, lsg_kwargs: dic
     valid = {name for name in valid if not name.startswith("_")}
     for name, value in lsg_kwargs.items():
         if name not in valid:
-            about = f"LSG settings and the keys of the source's {config_type.__name__}"
+            about = f"no LSG setting or key of the source's {type(source_config).__name__}"
             raise _unknown_setting_error("convert_from_pretrained()", name, value, valid, about)
 
 
-def _unknown_setting_error(where: str, name: str, value: Any, valid: Iterable[str], about: str) -> UnknownSettingError:
-    """'<where> got an unknown setting name=value: did you mean <closest>=?' (one line)."""
-    closest = difflib.get_close_matches(name, sorted(valid), n=1)
-    hint = f"did you mean {closest[0]}=?" if closest else f"none of the {about} is called that."
+def _unknown_setting_error(where: str, name: str, value: Any, valid: Iterable[str], nothing: str) -> UnknownSettingError:
+    """'<where> got an unknown setting name=value: did you mean <closest>=?' (one line); `nothing` says
+    what has no such name when no valid name is close ("no argument of LSGConverter()")."""
+    closest = difflib.get_close_matches(name, sorted(valid), n=1, cutoff=0.5)
+    hint = f"did you mean {closest[0]}=?" if closest else f"{nothing} is called that."
     return UnknownSettingError(f"{where} got an unknown setting {name}={value!r}: {hint}")
 
 
