@@ -143,7 +143,7 @@ class LSGConverter:
 
         Args:
             model_name_or_path: source checkpoint: a plain model or an LSG one (ours or the 2023 reference's).
-            architecture: head to build ("BertForMaskedLM"); default: the source config's first architecture.
+            architecture: head to build ("BertForMaskedLM"); default: the one the source holds (see below).
             token: Hugging Face Hub token for private sources.
             **lsg_kwargs: LSG settings (block_size, sparse_block_size, sparsity_factor, sparsity_type,
                 num_global_tokens, pool_with_global, mask_first_token, lsh_num_pre_rounds, adaptive),
