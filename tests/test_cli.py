@@ -163,6 +163,7 @@ def test_unsupported_model_type_exits_3_and_writes_nothing(tmp_path, capsys):
     GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=32)).save_pretrained(
         tmp_path / "gpt2"
     )
+    capsys.readouterr()  # what saving the source printed
     out = tmp_path / "out"
     code = main([str(tmp_path / "gpt2"), "--max-len", "256", "--save-path", str(out)])
     line = _assert_clean_error(capsys, code, 3)
