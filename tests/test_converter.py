@@ -319,7 +319,7 @@ def test_architecture_argument_builds_the_requested_head(tiny_bert_dir):
 
 
 def test_unknown_head_raises_unsupported_model_error(tiny_bert_dir):
-    with pytest.raises(UnsupportedModelError, match="--architecture.*BertForMaskedLM"):
+    with pytest.raises(UnsupportedModelError, match="architecture=.*BertForMaskedLM"):
         LSGConverter(max_sequence_length=256).convert_from_pretrained(tiny_bert_dir, architecture="BertForSomethingElse")
 
 
