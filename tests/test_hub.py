@@ -313,6 +313,15 @@ def spelt(spelling, layout):
     return str(layout / "work" / "checkpoints" / "mymodel") if spelling == "ABSOLUTE" else spelling
 
 
+def requests_of_script(script, cwd, hf_home):
+    """Run python `script` in a fresh process whose Hub is a RecordingHub (HF_TOKEN set, HF_HOME
+    `hf_home`); it must succeed. Returns its output and the requests the Hub received."""
+    with RecordingHub() as hub:
+        result = run_process(python_command(script), cwd, hub_environment(hub.endpoint, hf_home, token=TOKEN))
+    assert result.returncode == 0, result.stderr
+    return result, hub.requests
+
+
 def test_the_cli_never_asks_the_hub_about_a_local_folder(local_layout):
     runs = [
         (str(local_layout / cwd), [spelt(spelling, local_layout), "--max-len", "256", "--save-path", f"../out-{index}"])
@@ -325,12 +334,10 @@ def test_the_cli_never_asks_the_hub_about_a_local_folder(local_layout):
             os.chdir(cwd)
             assert main(argv) == 0, argv
         """
-    with RecordingHub() as hub:
-        environment = hub_environment(hub.endpoint, local_layout / "hf-home", token=TOKEN)
-        result = run_process(python_command(script), local_layout, environment)
 
-    assert result.returncode == 0, result.stderr
-    assert hub.requests == []
+    _, requests = requests_of_script(script, local_layout, local_layout / "hf-home")
+
+    assert requests == []
     assert files_under(local_layout / "hf-home") == []
 
 
@@ -346,12 +353,10 @@ def test_the_python_api_never_asks_the_hub_about_a_local_folder(local_layout):
             card = model_card(model, license=source_license(source))
             save_converted(model, tokenizer, {str(local_layout)!r} + f"/out-{{index}}", card=card)
         """
-    with RecordingHub() as hub:
-        environment = hub_environment(hub.endpoint, local_layout / "hf-home", token=TOKEN)
-        result = run_process(python_command(script), local_layout, environment)
 
-    assert result.returncode == 0, result.stderr
-    assert hub.requests == []
+    _, requests = requests_of_script(script, local_layout, local_layout / "hf-home")
+
+    assert requests == []
     assert files_under(local_layout / "hf-home") == []
 
 
@@ -364,13 +369,12 @@ def test_push_converted_never_asks_the_hub_about_a_local_source(local_layout):
         except HubError as error:
             print("HubError", error)
         """
-    with RecordingHub() as hub:
-        environment = hub_environment(hub.endpoint, local_layout / "hf-home", token=TOKEN)
-        result = run_process(python_command(script), local_layout / "work" / "checkpoints", environment)
 
-    assert result.returncode == 0 and "HubError" in result.stdout, result.stderr
-    assert hub.requests, "the push itself reaches the stand-in Hub"
-    assert [path for _, path, _ in hub.requests if "/mymodel/" in path or path.endswith("/mymodel")] == []
+    result, requests = requests_of_script(script, local_layout / "work" / "checkpoints", local_layout / "hf-home")
+
+    assert "HubError" in result.stdout
+    assert requests, "the push itself reaches the stand-in Hub"
+    assert [path for _, path, _ in requests if "/mymodel/" in path or path.endswith("/mymodel")] == []
 
 
 # ---------------------------------------------------------------------------------------------- an unreachable Hub
@@ -393,6 +397,18 @@ def test_an_unreachable_hub_id_source_exits_7_in_one_line_within_15_seconds(tmp_
     assert "Cannot look up 'someone/model' on the Hub (no folder of that name here)" in line
     assert "is unreachable" in line and line.endswith("give a folder that exists.")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf-home"]
+
+
+def test_an_unreachable_hub_id_in_the_cache_is_pointed_to_offline_mode(tmp_path):
+    environment = hub_environment(closed_port_endpoint(), tmp_path / "hf-home", token=TOKEN)
+    lay_out_as_hub_cache({"config.json": b'{"model_type": "bert"}'}, tmp_path / "hf-home" / "hub", "someone/model")
+
+    result = run_process(cli_command("someone/model", "--max-len", "512", "--save-path", "out"), tmp_path, environment)
+
+    line = assert_one_error_line(result)
+    assert result.returncode == 7
+    assert "is unreachable" in line
+    assert line.endswith("; set HF_HUB_OFFLINE=1 to convert the copy in the Hugging Face cache.")
 
 
 def test_a_hub_id_the_hub_does_not_have_exits_4(tmp_path):
