@@ -276,12 +276,13 @@ def _load_local_config(source: str, folder: Path) -> Any:
         )
     try:
         values = json.loads(config_file.read_text(encoding="utf-8"))
-        if not isinstance(values, dict) or not values.get("model_type"):
+        model_type = values.get("model_type") if isinstance(values, dict) else None
+        if not model_type or not isinstance(model_type, str):
             raise SourceNotFoundError(
                 f"{source} holds no model: its config.json describes none (it was not written by "
                 "save_pretrained); give the folder a model was saved to."
             )
-        find_architecture(values["model_type"])  # an unsupported model is refused as such, not as unreadable
+        find_architecture(model_type)  # an unsupported model is refused as such, not as unreadable
         return AutoConfig.from_pretrained(source)
     except (OSError, ValueError) as error:
         raise CorruptCheckpointError(

@@ -140,7 +140,8 @@ def source_license(source: str, token: str | bool | None = None) -> str | None:
     elif not is_hub_id(source):
         return None
     elif is_offline_mode():
-        readme = Path(str(try_to_load_from_cache(source, "README.md")))
+        cached = try_to_load_from_cache(source, "README.md")
+        readme = Path(cached) if isinstance(cached, str) else None
     else:
         try:
             card_data = hub_model_info(source, token).card_data
@@ -148,7 +149,7 @@ def source_license(source: str, token: str | bool | None = None) -> str | None:
             logger.warning(f"No license is recorded in the model card: {one_line(error)}")
             return None
         return card_data.license if card_data else None
-    if not readme.is_file():
+    if readme is None or not readme.is_file():
         return None
     try:
         return ModelCard.load(readme, ignore_metadata_errors=True).data.license

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import socket
 import subprocess
@@ -177,20 +178,25 @@ def assert_reproduces_reference(model, case: str) -> None:
 
 class RecordingHub:
     """A stand-in for the Hub on 127.0.0.1, for HF_ENDPOINT: records each request as (method, path,
-    Authorization header) and answers 404 RepoNotFound, as the Hub does for a model it does not have."""
+    Authorization header); answers the paths of `answers` with their JSON, any other with 404
+    RepoNotFound, as the Hub does for a model it does not have."""
 
-    def __init__(self) -> None:
+    def __init__(self, answers: dict[str, object] | None = None) -> None:
         self.requests: list[tuple[str, str, str | None]] = []
-        requests = self.requests
+        requests, bodies = self.requests, {path: json.dumps(body).encode() for path, body in (answers or {}).items()}
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 requests.append((self.command, self.path, self.headers.get("Authorization")))
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                self.send_response(404)
-                self.send_header("X-Error-Code", "RepoNotFound")
-                self.send_header("Content-Length", "0")
+                body = bodies.get(self.path.partition("?")[0])
+                self.send_response(404 if body is None else 200)
+                if body is None:
+                    self.send_header("X-Error-Code", "RepoNotFound")
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body or b"")))
                 self.end_headers()
+                self.wfile.write(body or b"")
 
             do_HEAD = do_POST = do_PUT = do_GET
 

@@ -292,6 +292,18 @@ def test_an_abbreviated_flag_is_refused_without_echoing_its_value(tiny_bert_dir,
     assert sorted(tmp_path.iterdir()) == []
 
 
+def test_a_hub_sources_license_comes_from_the_hubs_record_in_one_request(tmp_path):
+    script = """
+        from lsg_converter.hub import source_license
+        print("LICENSE", source_license("someone/model"))
+        """
+    with RecordingHub({"/api/models/someone/model": {"id": "someone/model", "cardData": {"license": "mit"}}}) as hub:
+        result = run_process(python_command(script), tmp_path, hub_environment(hub.endpoint, tmp_path / "hf-home"))
+
+    assert result.stdout.split() == ["LICENSE", "mit"], result.stderr
+    assert [path for _, path, _ in hub.requests if "someone" in path] == ["/api/models/someone/model"]
+
+
 # ---------------------------------------------------------------------------------------------- a local folder stays local
 
 LOCAL_SPELLINGS = {  # how the source is named -> the folder the command runs in, relative to the tmp folder
