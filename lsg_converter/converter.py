@@ -21,7 +21,7 @@ from transformers.utils import cached_file, logging
 
 from .architectures import CAUSAL_HEAD_SUFFIXES, Architecture, find_architecture
 from .errors import CorruptCheckpointError, InvalidSettingsError, OutputExistsError, SourceNotFoundError, one_line
-from .hub import hub_model_info, is_hub_id, local_source
+from .hub import hub_errors, hub_model_info, is_hub_id, local_source
 from .models.lsg_attention import uses_sparse_keys
 from .models.lsg_model import MAX_GLOBAL_TOKENS, validate_lsg_settings
 
@@ -253,7 +253,8 @@ def _load_config(source: str, token: str | bool | None) -> Any:
     if not offline:
         hub_model_info(source, token)  # not on the Hub: SourceNotFoundError; Hub unreachable: HubError
     try:
-        return AutoConfig.from_pretrained(source, token=token)
+        with hub_errors(f"download the configuration of {source!r}", "check the network and try again"):
+            return AutoConfig.from_pretrained(source, token=token)
     except (OSError, ValueError) as error:
         if offline:
             raise SourceNotFoundError(

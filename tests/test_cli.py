@@ -407,7 +407,7 @@ def test_python_callers_are_told_python_names(tmp_path):
         ("choose another path or pass overwrite=True.", "choose another path or pass --overwrite."),
         ("use architecture= with one of BertModel.", "use --architecture with one of BertModel."),
         ("max_sequence_length=100 is below 128.", "--max-len 100 is below 128."),
-        ("block_size=0 must be positive; sparse_block_size=-1 too", "--block-size 0 must be positive; --sparse-block-size -1 too"),
+        ("block_size=0 is too small; sparse_block_size=-1 too", "--block-size 0 is too small; --sparse-block-size -1 too"),
         ("Unknown sparsity_type='dense': use one of none, norm.", "Unknown --sparsity-type dense: use one of none, norm."),
         ("with pass_global_tokens_to_decoder=False the decoder", "with --no-pass-global-tokens-to-decoder the decoder"),
         ("pass token= for a private model", "pass --token for a private model"),
@@ -431,7 +431,9 @@ def test_every_parameter_with_a_flag_is_translated():
 
 
 def test_an_unknown_head_exits_3_naming_the_flag(tiny_bert_dir, tmp_path, capsys):
-    code = main([str(tiny_bert_dir), "--max-len", "256", "--architecture", "BertForNothing", "--save-path", str(tmp_path / "o")])
+    argv = [str(tiny_bert_dir), "--max-len", "256", "--architecture", "BertForNothing", "--save-path", str(tmp_path / "o")]
+
+    code = main(argv)
 
     line = _assert_clean_error(capsys, code, 3)
     assert "use --architecture with one of" in line and "architecture=" not in line

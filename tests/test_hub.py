@@ -94,7 +94,9 @@ def push_with_cli(source, *extra):
     return main([str(source), "--max-len", "512", "--push-to-hub", REPO_ID, "--num-global-tokens", "2", *extra])
 
 
-def test_cli_push_commits_exactly_the_converted_files_in_one_commit(online, hub, licensed_source, tmp_path, monkeypatch, capsys):
+def test_cli_push_commits_exactly_the_converted_files_in_one_commit(
+    online, hub, licensed_source, tmp_path, monkeypatch, capsys
+):
     monkeypatch.chdir(tmp_path)
     assert push_with_cli(licensed_source, "--private", "--commit-message", "first") == 0, capsys.readouterr().err
 
@@ -266,7 +268,9 @@ def test_card_records_the_command_from_the_parsed_options(tiny_bert_dir, tmp_pat
 
 
 @pytest.mark.parametrize("how", ["HF_TOKEN", "--token", "--token="])
-def test_a_token_appears_in_no_saved_or_pushed_file_and_no_printed_line(online, hub, tiny_bert_dir, tmp_path, monkeypatch, capfd, how):
+def test_a_token_appears_in_no_saved_or_pushed_file_and_no_printed_line(
+    online, hub, tiny_bert_dir, tmp_path, monkeypatch, capfd, how
+):
     out = tmp_path / "out"
     given = {"HF_TOKEN": [], "--token": ["--token", TOKEN], "--token=": [f"--token={TOKEN}"]}[how]
     if how == "HF_TOKEN":
