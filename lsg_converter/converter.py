@@ -5,11 +5,12 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+import json
 import logging as pylogging
 import os
 import pickle
+import secrets
 import shutil
-import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 from torch import nn
+from huggingface_hub import is_offline_mode
 from safetensors import SafetensorError
 import transformers
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
@@ -32,6 +34,7 @@ from .errors import (
     UnknownSettingError,
     one_line,
 )
+from .hub import hub_errors, hub_model_info, is_hub_id, local_source
 from .models.lsg_attention import uses_sparse_keys
 from .models.lsg_model import (
     KEPT_WEIGHTS_KEY,
@@ -271,11 +274,13 @@ def save_converted(
 
     Everything is written to a temporary folder beside `save_path` and renamed into place at the end,
     so an interrupted save leaves nothing behind. An existing non-empty folder is only replaced with
-    `overwrite=True`.
+    `overwrite=True`. The folder and its files get the permissions the user's umask gives new ones
+    (0755 and 0644 under umask 022), the weights included.
     """
     target = check_output_folder(save_path, overwrite)
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    staging = target.parent / f".{target.name}.{secrets.token_hex(4)}.partial"
+    staging.mkdir()  # mode 0777 minus the umask
     try:
         model.save_pretrained(staging)
         if tokenizer is not None:
@@ -283,6 +288,7 @@ def save_converted(
         if card is not None:
             card.save(staging / "README.md")
         write_pipeline(model, staging)
+        _give_files_the_folder_mode(staging)
         if target.exists():
             shutil.rmtree(target) if target.is_dir() else target.unlink()
         staging.rename(target)
@@ -291,28 +297,70 @@ def save_converted(
     return target
 
 
+def _give_files_the_folder_mode(folder: Path) -> None:
+    """Give every file under `folder` the mode a new file gets under the umask that gave `folder` its
+    mode (its read and write bits): some writers (safetensors) create their files 0600."""
+    folder_mode = folder.stat().st_mode & 0o777
+    for path in folder.rglob("*"):
+        path.chmod(folder_mode if path.is_dir() else folder_mode & 0o666)
+
+
 def check_output_folder(save_path: str | os.PathLike, overwrite: bool = False) -> Path:
     """Resolved `save_path`; OutputExistsError if it holds anything and `overwrite` is False."""
     target = Path(save_path).resolve()
     if target.exists() and (not target.is_dir() or any(target.iterdir())) and not overwrite:
-        raise OutputExistsError(f"{target} already exists and is not empty: choose another path or pass --overwrite.")
+        raise OutputExistsError(f"{target} already exists and is not empty: choose another path or pass overwrite=True.")
     return target
 
 
 def _load_config(source: str, token: str | bool | None) -> Any:
-    looks_local = source.startswith((".", "/", "~")) or source.count("/") > 1 or os.sep in source.replace("/", "")
-    if looks_local and not Path(source).expanduser().is_dir():
+    """The source's config. A source that exists on disk is read from disk and nothing else; any other
+    is a Hub id, looked up on the Hub first (one quick request) unless HF_HUB_OFFLINE=1 is set, then
+    read through the Hugging Face cache."""
+    folder = local_source(source)
+    if folder is not None:
+        return _load_local_config(source, folder)
+    if not is_hub_id(source):
         raise SourceNotFoundError(f"No folder at {source!r}: give an existing model folder or a Hub model id.")
+    offline = is_offline_mode()
+    if not offline:
+        hub_model_info(source, token)  # not on the Hub: SourceNotFoundError; Hub unreachable: HubError
     try:
-        return AutoConfig.from_pretrained(source, token=token)
+        with hub_errors(f"download the configuration of {source!r}", "check the network and try again"):
+            return AutoConfig.from_pretrained(source, token=token)
     except (OSError, ValueError) as error:
-        if (Path(source).expanduser() / "config.json").is_file():
-            raise CorruptCheckpointError(
-                f"Cannot read {source}/config.json ({one_line(error, 200)}): fix or restore the file."
+        if offline:
+            raise SourceNotFoundError(
+                f"No folder {source!r} here, and no copy of it in the Hugging Face cache (HF_HUB_OFFLINE=1 is "
+                "set, so the Hub is not asked): give an existing model folder, or unset HF_HUB_OFFLINE to download it."
             ) from error
         raise SourceNotFoundError(
-            f"Cannot load a model config from {source!r}: give a folder with config.json or a Hub model id "
-            f"({one_line(error)})."
+            f"The Hub's {source!r} holds no model configuration ({one_line(error, 200)}): give a model's Hub id or folder."
+        ) from error
+
+
+def _load_local_config(source: str, folder: Path) -> Any:
+    """The config of the model saved in `folder`; SourceNotFoundError when the folder holds no model."""
+    config_file = folder / "config.json"
+    if not folder.is_dir():
+        raise SourceNotFoundError(f"{source} is a file: give the folder the model was saved to.")
+    if not config_file.is_file():
+        raise SourceNotFoundError(
+            f"{source} holds no model (no config.json): give the folder a model was saved to, or a Hub model id."
+        )
+    try:
+        values = json.loads(config_file.read_text(encoding="utf-8"))
+        model_type = values.get("model_type") if isinstance(values, dict) else None
+        if not model_type or not isinstance(model_type, str):
+            raise SourceNotFoundError(
+                f"{source} holds no model: its config.json describes none (it was not written by "
+                "save_pretrained); give the folder a model was saved to."
+            )
+        find_architecture(model_type)  # an unsupported model is refused as such, not as unreadable
+        return AutoConfig.from_pretrained(source)
+    except (OSError, ValueError) as error:
+        raise CorruptCheckpointError(
+            f"Cannot read {source}/config.json ({one_line(error, 200)}): fix or restore the file."
         ) from error
 
 
