@@ -20,6 +20,7 @@ ERROR_PREFIX = "lsg-convert: error:"
 def refusal(capsys: pytest.CaptureFixture[str], argv: list[str], folder: Path, expected_code: int) -> str:
     """Run the CLI with --save-path folder/out; the one error line, after checking the code and that nothing was written."""
     before = sorted(p.name for p in folder.iterdir())
+    capsys.readouterr()  # what building the source printed
     code = main([*argv, "--save-path", str(folder / "out")])
     err = capsys.readouterr().err
     assert code == expected_code, err
