@@ -9,7 +9,6 @@ import shlex
 import sys
 import warnings
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, Iterator, NoReturn, Sequence
 
 from huggingface_hub.utils import logging as hub_logging
@@ -155,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from . import LSGConverter, LSGError, model_card, push_converted, save_converted
     from .converter import check_output_folder
-    from .hub import check_can_push, source_license
+    from .hub import check_can_push, default_folder_name, source_license
     from .sbert import pipeline_of
 
     lsg_kwargs = {
@@ -172,7 +171,7 @@ def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     }
     save_path = args.save_path
     if save_path is None and not args.push_to_hub:
-        save_path = f"{args.source.rstrip('/').split('/')[-1]}-lsg-{args.max_sequence_length}"
+        save_path = default_folder_name(args.source, args.max_sequence_length)
     stages = ["load and convert"] + (["save"] if save_path else []) + (["push"] if args.push_to_hub else [])
     progress = tqdm(total=len(stages), desc=stages[0], unit="step", disable=True if args.quiet else None, file=sys.stderr)
     try:
@@ -198,6 +197,7 @@ def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             args.push_to_hub,
             command=recorded_command(parser, args),
             license=source_license(args.source, args.token),
+            save_path=save_path,
         )
         target = None
         if save_path:
@@ -260,7 +260,7 @@ def recorded_command(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     """The command the model card records, built from the parsed options, never from the typed text:
     the options given (those that differ from their default) in the parser's order, the source and
     --save-path named by their folder's name, no credential (--token) and no display setting."""
-    from .hub import source_name
+    from .hub import saved_folder_name, source_name
 
     words = [parser.prog, source_name(args.source)]
     for action in parser._actions:
@@ -270,7 +270,7 @@ def recorded_command(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         if action.nargs == 0:  # a switch: --flag, or --flag/--no-flag
             words.append(action.option_strings[0 if value else 1])
         else:
-            words += [action.option_strings[0], Path(value).resolve().name if action.dest == "save_path" else str(value)]
+            words += [action.option_strings[0], saved_folder_name(value) if action.dest == "save_path" else str(value)]
     return shlex.join(words)
 
 

@@ -54,7 +54,32 @@ CARD_SETTINGS = (
     "mask_first_token",
     "adaptive",
     "pass_global_tokens_to_decoder",
+    "legacy_sparse_window",
 )
+# Settings the card lists only when True (they describe an exception, not a choice).
+CARD_SETTINGS_WHEN_TRUE = ("legacy_sparse_window",)
+# The head's Auto class -> the card's pipeline_tag: the tags transformers' own model cards give these
+# heads (transformers.modelcard.TASK_MAPPING). None: no tag. Multiple choice is no Hub task, and a
+# ForPreTraining head predicts different things per architecture (BERT's and ALBERT's masked tokens
+# plus a sentence task, ELECTRA's which tokens were replaced), so no single task describes it.
+PIPELINE_TAGS = {
+    "AutoModel": "feature-extraction",
+    "AutoModelForMaskedLM": "fill-mask",
+    "AutoModelForSequenceClassification": "text-classification",
+    "AutoModelForTokenClassification": "token-classification",
+    "AutoModelForQuestionAnswering": "question-answering",
+    "AutoModelForSeq2SeqLM": "text2text-generation",
+    "AutoModelForCausalLM": "text-generation",
+    "AutoModelForMultipleChoice": None,
+    "AutoModelForNextSentencePrediction": None,
+    "AutoModelForPreTraining": None,
+}
+# How a card describes a sentence-transformers model: sentence-transformers' own cards' library, tags and task.
+SENTENCE_TRANSFORMERS_LIBRARY = "sentence-transformers"
+SENTENCE_TRANSFORMERS_TAGS = ["sentence-transformers", "sentence-similarity", "feature-extraction"]
+SENTENCE_TRANSFORMERS_PIPELINE_TAG = "sentence-similarity"
+# The usage snippets' text: replace it with a document of up to the model's length.
+PLACEHOLDER_TEXT = '"Replace this with a long document. " * 100'
 # What huggingface_hub raises when the Hub cannot be reached or answers with an error: its own
 # HfHubHTTPError and the errors of its HTTP client (both httpx.HTTPError), OfflineModeIsEnabled (a
 # ConnectionError), and the standard library's connection errors and timeouts.
@@ -177,13 +202,25 @@ def model_card(
     repo_id: str | None = None,
     command: str | None = None,
     license: str | None = None,
+    *,
+    save_path: str | os.PathLike | None = None,
 ) -> ModelCard:
     """The README.md of a converted model: base model, length, LSG settings, how it was made, usage, citation.
 
     A local source is named by its folder's name alone, without a link or its path; a Hub source links
-    to its Hub page and is recorded as `base_model`.
+    to its Hub page and is recorded as `base_model`. The usage snippet loads the model from where it was
+    written (see `card_model_name`), with `trust_remote_code=True` on every load, with sentence-transformers
+    for a sentence-transformers source (library_name and tags as sentence-transformers' own cards), with
+    transformers and the head's Auto class otherwise (pipeline_tag from `PIPELINE_TAGS`).
+
+    Args:
+        repo_id: the Hub repository the card is pushed to.
+        command: the command that converted the model, recorded as it is (default: the Python call).
+        license: the source's license (see `source_license`).
+        save_path: the folder the card is saved in (as given to `save_converted`).
     """
     from . import __version__
+    from .sbert import pipeline_of
 
     config = model.config
     source = config._name_or_path or "unknown"
@@ -192,18 +229,31 @@ def model_card(
     max_length = _max_length(model)
     on_hub = local_source(source) is None and is_hub_id(source)
     named_source = source_name(source)
-    name = repo_id or f"{named_source}-lsg-{max_length}"
+    name = card_model_name(model, repo_id, save_path)
+    sentence_transformers = pipeline_of(model) is not None
     data = ModelCardData(
         base_model=source if on_hub else None,
         license=license,
-        library_name="transformers",
-        tags=["lsg", "long-context", config.model_type],
+        library_name=SENTENCE_TRANSFORMERS_LIBRARY if sentence_transformers else "transformers",
+        pipeline_tag=SENTENCE_TRANSFORMERS_PIPELINE_TAG if sentence_transformers else PIPELINE_TAGS.get(auto_class),
+        tags=(SENTENCE_TRANSFORMERS_TAGS if sentence_transformers else []) + ["lsg", "long-context", config.model_type],
     )
     settings = "\n".join(
-        f"| `{key}` | `{getattr(config, key)!r}` |" for key in CARD_SETTINGS if hasattr(config, key)
+        f"| `{key}` | `{getattr(config, key)!r}` |"
+        for key in CARD_SETTINGS
+        if hasattr(config, key) and (key not in CARD_SETTINGS_WHEN_TRUE or getattr(config, key) is True)
     )
     how = command or f"LSGConverter(max_sequence_length={max_length}).convert_from_pretrained({named_source!r})"
     source_mention = f"[{source}](https://huggingface.co/{source})" if on_hub else f"`{named_source}`"
+    where = (
+        f"from the Hub repository `{name}`"
+        if repo_id
+        else f"from the folder `{name}` (the folder this README.md is in): run it in the folder that holds "
+        f"`{name}`, or write the folder's path instead"
+    )
+    usage = _sentence_transformers_usage(name, max_length) if sentence_transformers else _transformers_usage(
+        model, auto_class, name, max_length
+    )
     content = f"""---
 {data.to_yaml()}
 ---
@@ -232,13 +282,10 @@ weights (`trust_remote_code=True`); `lsg_converter` need not be installed to use
 
 ## Usage
 
-```python
-from transformers import {auto_class}, AutoTokenizer
+The snippet loads the model {where}.
 
-model = {auto_class}.from_pretrained("{name}", trust_remote_code=True)
-tokenizer = AutoTokenizer.from_pretrained("{name}")
-inputs = tokenizer(long_text, return_tensors="pt", truncation=True, max_length={max_length})
-outputs = model(**inputs)
+```python
+{usage}
 ```
 
 ## Citation
@@ -248,6 +295,58 @@ outputs = model(**inputs)
 ```
 """
     return ModelCard(content)
+
+
+def card_model_name(
+    model: PreTrainedModel, repo_id: str | None = None, save_path: str | os.PathLike | None = None
+) -> str:
+    """Where a model card's usage snippet loads the model from: the Hub repository `repo_id` when the
+    model is pushed; else the name of the folder `save_path` (never its path, which may be private:
+    the snippet works from the folder that holds it); else the folder `lsg-convert` saves to by default."""
+    if repo_id:
+        return repo_id
+    if save_path is not None:
+        return saved_folder_name(save_path)
+    return default_folder_name(model.config._name_or_path or "model", _max_length(model))
+
+
+def saved_folder_name(save_path: str | os.PathLike) -> str:
+    """The name of the folder `save_converted` writes for `save_path` (which it resolves)."""
+    return Path(save_path).resolve().name
+
+
+def default_folder_name(source: str, max_length: int) -> str:
+    """The folder a conversion of `source` to `max_length` tokens is saved to by default:
+    "<source's name>-lsg-<max_length>", the source's name without a Hub id's owner."""
+    return f"{source_name(source).rpartition('/')[2]}-lsg-{max_length}"
+
+
+def _transformers_usage(model: PreTrainedModel, auto_class: str, name: str, max_length: int) -> str:
+    """Python that loads the model with transformers and runs it on a text (generates, for a head that can)."""
+    if model.can_generate():
+        run = (
+            "output_ids = model.generate(**inputs, max_new_tokens=64)\n"
+            "print(tokenizer.batch_decode(output_ids, skip_special_tokens=True))"
+        )
+    else:
+        run = "outputs = model(**inputs)"
+    return f"""from transformers import {auto_class}, AutoTokenizer
+
+model = {auto_class}.from_pretrained("{name}", trust_remote_code=True)
+tokenizer = AutoTokenizer.from_pretrained("{name}", trust_remote_code=True)
+long_text = {PLACEHOLDER_TEXT}  # up to {max_length:,} tokens
+inputs = tokenizer(long_text, return_tensors="pt", truncation=True, max_length={max_length})
+{run}"""
+
+
+def _sentence_transformers_usage(name: str, max_length: int) -> str:
+    """Python that loads the model with sentence-transformers and compares a text's embedding to a query's."""
+    return f"""from sentence_transformers import SentenceTransformer
+
+model = SentenceTransformer("{name}", trust_remote_code=True)
+long_text = {PLACEHOLDER_TEXT}  # up to {max_length:,} tokens
+embeddings = model.encode([long_text, "A short query."])
+print(model.similarity(embeddings[:1], embeddings[1:]))"""
 
 
 def push_converted(

@@ -101,6 +101,19 @@ def save_tiny_source(folder: Path, arch: str, head: str, seed: int = 0) -> Path:
     return folder
 
 
+def save_tiny_sentence_transformer(folder: Path, transformer_folder: Path) -> Path:
+    """A tiny sentence-transformers model saved by sentence-transformers into `folder`: Transformer (the
+    model in `transformer_folder`, hidden size 32) -> CLS Pooling -> Dense 32 -> 16 -> Normalize,
+    max_seq_length 100."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling, Transformer
+
+    torch.manual_seed(0)
+    modules = [Transformer(str(transformer_folder), max_seq_length=100), Pooling(32, "cls"), Dense(32, 16), Normalize()]
+    SentenceTransformer(modules=modules).save(str(folder))
+    return folder
+
+
 def padded_batch(lengths, total, arch="bert", seed=0):
     """(input_ids, attention_mask): random tokens (no pad/eos ids), each row ending in eos, right padding."""
     generator = torch.Generator().manual_seed(seed)

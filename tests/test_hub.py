@@ -12,8 +12,9 @@ import httpx2 as httpx  # the HTTP client huggingface_hub 2.x is built on
 import huggingface_hub
 import pytest
 import torch
-from huggingface_hub import CommitInfo, HfApi, RepoUrl
+from huggingface_hub import CommitInfo, HfApi, ModelCard, RepoUrl
 from huggingface_hub.errors import HfHubHTTPError
+from huggingface_hub.hf_api import ModelInfo
 from transformers import AutoTokenizer
 
 import lsg_converter
@@ -30,7 +31,7 @@ from helpers import (
     run_without_lsg_converter,
     timed_cli_command,
 )
-from lsg_converter import LSGConverter, model_card
+from lsg_converter import LSGConverter, model_card, push_converted
 from lsg_converter.cli import main
 
 REPO_ID = "me/tiny-bert-lsg-512"
@@ -40,11 +41,15 @@ REMOTE_CODE = {"configuration_lsg_bert.py", "modeling_lsg_bert.py", "lsg_model.p
 
 
 class FakeHub:
-    """Stands in for the Hub's HTTP API: records the repository created and the files committed."""
+    """Stands in for the Hub's HTTP API: records the repository created and the files committed;
+    knows every model, with no model card."""
 
     def __init__(self):
         self.created = []
         self.commits = []
+
+    def model_info(self, repo_id, **kwargs):
+        return ModelInfo(id=repo_id)
 
     def create_repo(self, repo_id, **kwargs):
         self.created.append((repo_id, kwargs))
@@ -61,11 +66,15 @@ class FakeHub:
         )
 
 
-@pytest.fixture
-def online(monkeypatch):
+def go_online(monkeypatch):
     """The Hub counts as reachable (conftest's HF_HUB_OFFLINE=1 undone) and a token is found in HF_TOKEN."""
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setenv("HF_TOKEN", TOKEN)
+
+
+@pytest.fixture
+def online(monkeypatch):
+    go_online(monkeypatch)
 
 
 @pytest.fixture
@@ -73,6 +82,7 @@ def hub(monkeypatch):
     fake = FakeHub()
     monkeypatch.setattr(HfApi, "create_repo", lambda api, repo_id, **kw: fake.create_repo(repo_id, **kw))
     monkeypatch.setattr(HfApi, "create_commit", lambda api, repo_id, operations, **kw: fake.create_commit(repo_id, operations, **kw))
+    monkeypatch.setattr(HfApi, "model_info", lambda api, repo_id, **kw: fake.model_info(repo_id, **kw))
     return fake
 
 
@@ -137,6 +147,22 @@ def lay_out_as_hub_cache(files, cache, repo_id):
         (snapshot / path).write_bytes(content)
     (repo_folder / "refs").mkdir(parents=True)
     (repo_folder / "refs" / "main").write_text(revision)
+
+
+def test_pushed_card_loads_the_repository_and_records_a_hub_source_as_base_model(hub, tiny_bert_dir, tmp_path, monkeypatch):
+    files = {path.name: path.read_bytes() for path in tiny_bert_dir.iterdir() if path.is_file()}
+    lay_out_as_hub_cache(files, tmp_path / "cache", "someone/tiny-bert")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    # HF_HUB_OFFLINE=1 (conftest): the Hub id is converted from the cache, then pushed online
+    model, tokenizer = LSGConverter(max_sequence_length=512).convert_from_pretrained("someone/tiny-bert")
+    go_online(monkeypatch)
+
+    push_converted(model, tokenizer, REPO_ID)
+
+    card = ModelCard(hub.commits[0][1]["README.md"].decode())
+    assert card.data.base_model == "someone/tiny-bert"
+    assert f'AutoModelForMaskedLM.from_pretrained("{REPO_ID}", trust_remote_code=True)' in card.text
+    assert f'AutoTokenizer.from_pretrained("{REPO_ID}", trust_remote_code=True)' in card.text
 
 
 def test_pushed_files_load_from_the_hub_cache_offline_with_remote_code(online, hub, licensed_source, tmp_path, capsys):

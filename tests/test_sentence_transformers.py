@@ -17,9 +17,9 @@ import huggingface_hub
 import pytest
 import torch
 from sentence_transformers import SentenceTransformer
-from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling, Transformer
+from sentence_transformers.sentence_transformer.modules import Normalize
 
-from helpers import run_without_lsg_converter, save_tiny_source
+from helpers import run_without_lsg_converter, save_tiny_sentence_transformer, save_tiny_source
 from lsg_converter import LSGConverter, save_converted
 from lsg_converter.cli import main
 
@@ -41,15 +41,7 @@ def _convert_and_save(source, folder: Path, max_length: int = TINY_LENGTH, **lsg
 
 @pytest.fixture(scope="module")
 def tiny_st_source(tiny_bert_dir, tmp_path_factory) -> Path:
-    """A tiny sentence-transformers model saved by sentence-transformers: Transformer -> CLS Pooling ->
-    Dense 32 -> 16 -> Normalize, max_seq_length 100."""
-    torch.manual_seed(0)
-    model = SentenceTransformer(
-        modules=[Transformer(str(tiny_bert_dir), max_seq_length=100), Pooling(32, "cls"), Dense(32, 16), Normalize()]
-    )
-    folder = tmp_path_factory.mktemp("tiny-st") / "source"
-    model.save(str(folder))
-    return folder
+    return save_tiny_sentence_transformer(tmp_path_factory.mktemp("tiny-st") / "source", tiny_bert_dir)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,161 @@
+"""The model card (README.md) works when pasted (issue 16): its usage snippet loads the model from what
+was written (the saved folder by its name, the Hub repository when pushed) with trust_remote_code=True
+on every load, with the source's library (sentence-transformers or transformers), and the card's
+metadata says what the head does (pipeline_tag). The pasted snippets run in a fresh process without
+lsg_converter, offline, with stdin closed. Cards pushed to the Hub: tests/test_hub.py."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from huggingface_hub import ModelCard
+
+from helpers import run_without_lsg_converter, save_tiny_sentence_transformer, save_tiny_source
+from lsg_converter import ARCHITECTURES, LSGConverter, model_card
+from lsg_converter.cli import main
+from lsg_converter.hub import PIPELINE_TAGS
+
+LENGTH = 256
+REMOTE_CODE_PROMPT = "[y/N]"  # what transformers asks when a load lacks trust_remote_code=True
+
+
+@pytest.fixture(scope="module")
+def tiny_st_source(tiny_bert_dir, tmp_path_factory) -> Path:
+    return save_tiny_sentence_transformer(tmp_path_factory.mktemp("tiny-st") / "source", tiny_bert_dir)
+
+
+@pytest.fixture(params=["transformers", "sentence-transformers"])
+def any_source(request, tiny_bert_dir, tiny_st_source) -> Path:
+    return {"transformers": tiny_bert_dir, "sentence-transformers": tiny_st_source}[request.param]
+
+
+def saved_card(source, save_path, cwd: Path, monkeypatch) -> ModelCard:
+    """The card `lsg-convert source --max-len 256 [--save-path save_path]` saves, run in `cwd`."""
+    monkeypatch.chdir(cwd)
+    save_flag = [] if save_path is None else ["--save-path", str(save_path)]
+    assert main([str(source), "--max-len", str(LENGTH), "--quiet", *save_flag]) == 0
+    [readme] = cwd.glob("**/README.md")
+    return ModelCard.load(readme)
+
+
+def usage_snippet(card: ModelCard) -> str:
+    [snippet] = re.findall(r"```python\n(.*?)```", card.text, re.DOTALL)
+    return snippet
+
+
+def converted_card(source, **card_options) -> ModelCard:
+    model, _ = LSGConverter(max_sequence_length=LENGTH).convert_from_pretrained(source)
+    return model_card(model, **card_options)
+
+
+def test_every_load_in_the_snippet_passes_trust_remote_code(any_source):
+    loads = re.findall(r"(?:\.from_pretrained|SentenceTransformer)\((.*)\)", usage_snippet(converted_card(any_source)))
+
+    assert loads, "the snippet loads the model"
+    assert [arguments for arguments in loads if "trust_remote_code=True" not in arguments] == []
+
+
+@pytest.mark.parametrize(
+    "save_path, folder",
+    [
+        (None, "{source}-lsg-256"),  # lsg-convert's default
+        ("converted", "converted"),
+        ("models/converted", "models/converted"),
+        ("./models/converted/", "models/converted"),
+        ("ABSOLUTE", "models/converted"),
+    ],
+)
+def test_snippet_names_the_saved_folder_by_its_name(tiny_bert_dir, tmp_path, monkeypatch, save_path, folder):
+    folder = folder.format(source=tiny_bert_dir.name)
+    given = tmp_path / "models" / "converted" if save_path == "ABSOLUTE" else save_path
+
+    card = saved_card(tiny_bert_dir, given, tmp_path, monkeypatch)
+
+    assert (tmp_path / folder / "config.json").is_file()
+    name = Path(folder).name
+    assert f'.from_pretrained("{name}", trust_remote_code=True)' in usage_snippet(card)
+    assert f"# {name}\n" in card.text and f"in the folder that holds `{name}`" in card.text
+    assert str(tmp_path) not in str(card)
+
+
+def test_snippet_names_the_hub_repository_when_pushed_even_if_also_saved(tiny_bert_dir, tmp_path):
+    card = converted_card(tiny_bert_dir, repo_id="me/tiny-lsg", save_path=tmp_path / "converted")
+
+    assert 'from_pretrained("me/tiny-lsg", trust_remote_code=True)' in usage_snippet(card)
+    assert "from the Hub repository `me/tiny-lsg`" in card.text and "converted" not in usage_snippet(card)
+
+
+@pytest.mark.parametrize(
+    "arch, head, pipeline_tag",
+    [
+        ("bert", "BertModel", "feature-extraction"),
+        ("bert", "BertForMaskedLM", "fill-mask"),
+        ("roberta", "RobertaForSequenceClassification", "text-classification"),
+        ("distilbert", "DistilBertForTokenClassification", "token-classification"),
+        ("bert", "BertForQuestionAnswering", "question-answering"),
+        ("bart", "BartForConditionalGeneration", "text2text-generation"),
+        ("roberta", "RobertaForCausalLM", "text-generation"),
+        ("bert", "BertForMultipleChoice", None),  # multiple choice is no Hub task
+        ("electra", "ElectraForPreTraining", None),  # a replaced-token detector, unlike BERT's pretraining head
+    ],
+)
+def test_pipeline_tag_follows_the_head(tmp_path, arch, head, pipeline_tag):
+    card = converted_card(save_tiny_source(tmp_path / "source", arch, head))
+
+    assert card.data.pipeline_tag == pipeline_tag
+    assert ("pipeline_tag" in str(card)) == (pipeline_tag is not None)
+
+
+def test_every_head_of_every_architecture_has_a_pipeline_tag_entry():
+    auto_classes = {
+        auto_class
+        for arch in ARCHITECTURES.values()
+        for auto_class in arch.config_class().lsg_auto_map()
+        if auto_class != "AutoConfig"
+    }
+    assert sorted(auto_classes - PIPELINE_TAGS.keys()) == []
+
+
+def test_transformers_source_card_uses_transformers_and_the_heads_auto_class(tiny_bert_dir):
+    card = converted_card(tiny_bert_dir)
+
+    assert card.data.library_name == "transformers"
+    assert "sentence-transformers" not in card.data.tags
+    assert usage_snippet(card).startswith("from transformers import AutoModelForMaskedLM, AutoTokenizer\n")
+
+
+def test_sentence_transformers_source_card_uses_sentence_transformers(tiny_st_source):
+    card = converted_card(tiny_st_source)
+
+    assert card.data.library_name == "sentence-transformers"
+    assert card.data.pipeline_tag == "sentence-similarity"
+    assert card.data.tags[:3] == ["sentence-transformers", "sentence-similarity", "feature-extraction"]
+    snippet = usage_snippet(card)
+    assert "from transformers" not in snippet
+    assert f'SentenceTransformer("{tiny_st_source.name}-lsg-{LENGTH}", trust_remote_code=True)' in snippet
+    assert "model.encode([long_text" in snippet
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_legacy_sparse_window_is_listed_only_when_true(tiny_bert_dir, legacy):
+    model, _ = LSGConverter(max_sequence_length=LENGTH).convert_from_pretrained(tiny_bert_dir)
+    model.config.legacy_sparse_window = legacy
+
+    assert ("| `legacy_sparse_window` | `True` |" in str(model_card(model))) == legacy
+    assert "`legacy_sparse_window` | `False`" not in str(model_card(model))
+
+
+def test_pasted_snippet_runs_without_lsg_converter_offline_and_without_a_prompt(any_source, tmp_path, monkeypatch):
+    card = saved_card(any_source, "models/converted", tmp_path, monkeypatch)
+    snippet = usage_snippet(card)
+    short = re.sub(r"^long_text = .*$", 'long_text = "A short text."', snippet, count=1, flags=re.MULTILINE)
+    assert short != snippet, "the snippet defines long_text"
+
+    # HF_HUB_OFFLINE=1, stdin closed, `import lsg_converter` fails
+    result = run_without_lsg_converter(short + '\nprint("SNIPPET RAN")\n', cwd=tmp_path / "models")
+
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "SNIPPET RAN" in result.stdout
+    assert REMOTE_CODE_PROMPT not in result.stdout + result.stderr
