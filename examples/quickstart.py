@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
 
     # Plain transformers: the saved folder carries its own modeling code.
     reloaded = AutoModel.from_pretrained(target, trust_remote_code=True).eval()
-    tokenizer = AutoTokenizer.from_pretrained(target)
+    tokenizer = AutoTokenizer.from_pretrained(target, trust_remote_code=True)
     text, origin = long_text(tokenizer, args.max_len)
     inputs = tokenizer(text, truncation=True, max_length=args.max_len, return_tensors="pt")
     length = inputs["input_ids"].shape[1]
