@@ -270,7 +270,8 @@ def save_converted(
 ) -> Path:
     """Save model (weights, config with auto_map, remote code), tokenizer and model card into `save_path`, atomically.
 
-    `card` is the README.md (a huggingface_hub ModelCard, see `lsg_converter.model_card`); none by default.
+    `card` is the README.md (a huggingface_hub ModelCard, see `lsg_converter.model_card`: pass it the same
+    `save_path=` so that its usage snippet loads this folder); none by default.
 
     Everything is written to a temporary folder beside `save_path` and renamed into place at the end,
     so an interrupted save leaves nothing behind. An existing non-empty folder is only replaced with

@@ -74,10 +74,8 @@ PIPELINE_TAGS = {
     "AutoModelForNextSentencePrediction": None,
     "AutoModelForPreTraining": None,
 }
-# How a card describes a sentence-transformers model: sentence-transformers' own cards' library, tags and task.
-SENTENCE_TRANSFORMERS_LIBRARY = "sentence-transformers"
+# The tags of sentence-transformers' own cards (pipeline_tag sentence-similarity).
 SENTENCE_TRANSFORMERS_TAGS = ["sentence-transformers", "sentence-similarity", "feature-extraction"]
-SENTENCE_TRANSFORMERS_PIPELINE_TAG = "sentence-similarity"
 # The usage snippets' text: replace it with a document of up to the model's length.
 PLACEHOLDER_TEXT = '"Replace this with a long document. " * 100'
 # What huggingface_hub raises when the Hub cannot be reached or answers with an error: its own
@@ -230,13 +228,18 @@ def model_card(
     on_hub = local_source(source) is None and is_hub_id(source)
     named_source = source_name(source)
     name = card_model_name(model, repo_id, save_path)
-    sentence_transformers = pipeline_of(model) is not None
+    if pipeline_of(model) is not None:
+        library, pipeline_tag, library_tags = "sentence-transformers", "sentence-similarity", SENTENCE_TRANSFORMERS_TAGS
+        usage = _sentence_transformers_usage(name, max_length)
+    else:
+        library, pipeline_tag, library_tags = "transformers", PIPELINE_TAGS.get(auto_class), []
+        usage = _transformers_usage(model, auto_class, name, max_length)
     data = ModelCardData(
         base_model=source if on_hub else None,
         license=license,
-        library_name=SENTENCE_TRANSFORMERS_LIBRARY if sentence_transformers else "transformers",
-        pipeline_tag=SENTENCE_TRANSFORMERS_PIPELINE_TAG if sentence_transformers else PIPELINE_TAGS.get(auto_class),
-        tags=(SENTENCE_TRANSFORMERS_TAGS if sentence_transformers else []) + ["lsg", "long-context", config.model_type],
+        library_name=library,
+        pipeline_tag=pipeline_tag,
+        tags=[*library_tags, "lsg", "long-context", config.model_type],
     )
     settings = "\n".join(
         f"| `{key}` | `{getattr(config, key)!r}` |"
@@ -250,9 +253,6 @@ def model_card(
         if repo_id
         else f"from the folder `{name}` (the folder this README.md is in): run it in the folder that holds "
         f"`{name}`, or write the folder's path instead"
-    )
-    usage = _sentence_transformers_usage(name, max_length) if sentence_transformers else _transformers_usage(
-        model, auto_class, name, max_length
     )
     content = f"""---
 {data.to_yaml()}

@@ -149,7 +149,9 @@ def lay_out_as_hub_cache(files, cache, repo_id):
     (repo_folder / "refs" / "main").write_text(revision)
 
 
-def test_pushed_card_loads_the_repository_and_records_a_hub_source_as_base_model(hub, tiny_bert_dir, tmp_path, monkeypatch):
+def test_pushed_card_loads_the_repository_and_records_a_hub_source_as_base_model(
+    hub, tiny_bert_dir, tmp_path, monkeypatch
+):
     files = {path.name: path.read_bytes() for path in tiny_bert_dir.iterdir() if path.is_file()}
     lay_out_as_hub_cache(files, tmp_path / "cache", "someone/tiny-bert")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "cache"))

@@ -10,9 +10,11 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 from huggingface_hub import ModelCard
+from transformers import AutoTokenizer, BartForConditionalGeneration
 
-from helpers import run_without_lsg_converter, save_tiny_sentence_transformer, save_tiny_source
+from helpers import TINY_CONFIGS, run_without_lsg_converter, save_tiny_sentence_transformer, save_tiny_source
 from lsg_converter import ARCHITECTURES, LSGConverter, model_card
 from lsg_converter.cli import main
 from lsg_converter.hub import PIPELINE_TAGS
@@ -26,9 +28,33 @@ def tiny_st_source(tiny_bert_dir, tmp_path_factory) -> Path:
     return save_tiny_sentence_transformer(tmp_path_factory.mktemp("tiny-st") / "source", tiny_bert_dir)
 
 
+@pytest.fixture(scope="module")
+def tiny_bart_source(tiny_bert_dir, tmp_path_factory) -> Path:
+    """A tiny random BartForConditionalGeneration with tiny_bert_dir's tokenizer (which, as BART's,
+    returns input_ids and attention_mask only)."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert_dir, model_input_names=["input_ids", "attention_mask"])
+    config = TINY_CONFIGS["bart"]()
+    config.update(
+        dict(vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.cls_token_id,
+             eos_token_id=tokenizer.sep_token_id, decoder_start_token_id=tokenizer.cls_token_id)
+    )  # fmt: skip
+    folder = tmp_path_factory.mktemp("tiny-bart") / "source"
+    torch.manual_seed(0)
+    BartForConditionalGeneration(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture(params=["transformers", "sentence-transformers"])
 def any_source(request, tiny_bert_dir, tiny_st_source) -> Path:
     return {"transformers": tiny_bert_dir, "sentence-transformers": tiny_st_source}[request.param]
+
+
+@pytest.fixture(params=["transformers", "transformers-generating", "sentence-transformers"])
+def any_snippet_source(request, tiny_bert_dir, tiny_bart_source, tiny_st_source) -> Path:
+    return {
+        "transformers": tiny_bert_dir, "transformers-generating": tiny_bart_source, "sentence-transformers": tiny_st_source
+    }[request.param]
 
 
 def saved_card(source, save_path, cwd: Path, monkeypatch) -> ModelCard:
@@ -126,6 +152,11 @@ def test_transformers_source_card_uses_transformers_and_the_heads_auto_class(tin
     assert usage_snippet(card).startswith("from transformers import AutoModelForMaskedLM, AutoTokenizer\n")
 
 
+def test_snippet_generates_with_a_head_that_generates(tiny_bert_dir, tiny_bart_source):
+    assert "model.generate(**inputs" in usage_snippet(converted_card(tiny_bart_source))
+    assert "generate" not in usage_snippet(converted_card(tiny_bert_dir))
+
+
 def test_sentence_transformers_source_card_uses_sentence_transformers(tiny_st_source):
     card = converted_card(tiny_st_source)
 
@@ -147,8 +178,10 @@ def test_legacy_sparse_window_is_listed_only_when_true(tiny_bert_dir, legacy):
     assert "`legacy_sparse_window` | `False`" not in str(model_card(model))
 
 
-def test_pasted_snippet_runs_without_lsg_converter_offline_and_without_a_prompt(any_source, tmp_path, monkeypatch):
-    card = saved_card(any_source, "models/converted", tmp_path, monkeypatch)
+def test_pasted_snippet_runs_without_lsg_converter_offline_and_without_a_prompt(
+    any_snippet_source, tmp_path, monkeypatch
+):
+    card = saved_card(any_snippet_source, "models/converted", tmp_path, monkeypatch)
     snippet = usage_snippet(card)
     short = re.sub(r"^long_text = .*$", 'long_text = "A short text."', snippet, count=1, flags=re.MULTILINE)
     assert short != snippet, "the snippet defines long_text"
