@@ -1,8 +1,10 @@
 """LSG attention: Local + Sparse + Global (Condevaux & Harispe, PAKDD 2023), the one shared core.
 
 The attention itself, in pure torch (`lsg_attention_forward`), registered with transformers as the
-attention implementation ``"lsg"`` together with its mask function (`lsg_attention_mask`), which
-hands the attention the O(n) ``(batch, length)`` padding mask instead of an O(n^2) one.
+attention implementations ``"lsg"`` (automatic backend), ``"lsg_sdpa"`` and ``"lsg_flex_attention"``
+together with its mask function (`lsg_attention_mask`), which hands the attention the O(n)
+``(batch, length)`` padding mask instead of an O(n^2) one. Models choose with
+``attn_implementation="sdpa"`` or ``"flex_attention"`` (see `lsg_attention_name`).
 
 The sequence seen by every layer is ``g`` global tokens followed by ``t`` real tokens. Each block of
 ``b`` query tokens attends to
@@ -12,10 +14,17 @@ The sequence seen by every layer is ``g`` global tokens followed by ``t`` real t
 
 where the local keys are the previous, own (and next) blocks and the sparse keys are a compressed
 copy of the context just outside the local window (see `SPARSE_COMPRESSORS`). Global queries attend
-to everything (causal: to the global tokens before them). Blocks are batched through
-`scaled_dot_product_attention` on 4D tensors, so its fused kernels run forward and backward; in
-training, attention dropout is DropKey (keys hidden before the softmax, see `_drop_keys`), which
-keeps them fused. No tensor of size ``t x t`` is ever built.
+to everything (causal: to the global tokens before them). `KeyPattern` describes these keys once;
+two backends compute the token queries from it:
+
+* ``"sdpa"``: blocks batched through `scaled_dot_product_attention` on 4D tensors, so its fused
+  kernels run forward and backward (the default on CPU);
+* ``"flex_attention"``: one `flex_attention` call over a block-sparse mask (lsg_flex; the default on
+  CUDA).
+
+In training, attention dropout is DropKey (keys hidden before the softmax, see `_drop_keys`), which
+keeps the kernels fused; both backends hide the same keys for the same random state. No tensor of
+size ``t x t`` is ever built (except by flex_attention run uncompiled, off CUDA).
 
 This file travels with saved models as remote code: it imports torch and transformers only.
 """
@@ -39,8 +48,34 @@ from .lsg_flex import FLEX_ATTENTION_AVAILABLE, FLEX_FORWARD_ONLY_DEVICES, flex_
 
 logger = logging.get_logger(__name__)
 
-LSG_ATTENTION = "lsg"
+LSG_ATTENTION = "lsg"  # the attention registered with transformers; automatic choice of backend
+# attn_implementation values an LSG model accepts: the kernel of its token queries. Each is registered
+# with transformers as f"{LSG_ATTENTION}_{backend}".
+LSG_BACKENDS = ("sdpa", "flex_attention")
 SPARSITY_TYPES = ("none", "norm", "pooling", "stride", "block_stride", "bos_pooling", "lsh")
+
+
+def lsg_attention_name(attn_implementation: str | None) -> str:
+    """The registered attention of an LSG model asked for `attn_implementation`.
+
+    None (or ``"lsg"``): automatic, flex_attention on CUDA where torch has it, sdpa elsewhere; a value
+    of `LSG_BACKENDS` (or its registered name): that backend. Anything else raises ValueError.
+    """
+    if attn_implementation is None or attn_implementation == LSG_ATTENTION:
+        return LSG_ATTENTION
+    backend = attn_implementation.removeprefix(f"{LSG_ATTENTION}_") if isinstance(attn_implementation, str) else None
+    if backend not in LSG_BACKENDS:
+        choices = ", ".join(repr(name) for name in LSG_BACKENDS)
+        raise ValueError(
+            f"attn_implementation={attn_implementation!r} is not available in LSG models: use one of {choices}, "
+            "or leave it unset (flex_attention on CUDA, sdpa elsewhere)."
+        )
+    if backend == "flex_attention" and not FLEX_ATTENTION_AVAILABLE:
+        raise ValueError(
+            f"attn_implementation='flex_attention' needs torch >= 2.5.1 (installed: {torch.__version__}): "
+            "upgrade torch or use attn_implementation='sdpa'."
+        )
+    return f"{LSG_ATTENTION}_{backend}"
 
 
 def uses_sparse_keys(config: Any) -> bool:
@@ -677,9 +712,10 @@ def lsg_attention_forward(
     attention_mask: torch.Tensor | None,
     dropout: float = 0.0,
     scaling: float | None = None,
+    backend: str | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """The ``"lsg"`` entry of transformers' AttentionInterface.
+    """The ``"lsg"`` entries of transformers' AttentionInterface (`backend`: see `lsg_self_attention`).
 
     Encoder self-attention runs LSG; so does the causal self-attention of a decoder-only model
     (``config.is_decoder``, e.g. BertLMHeadModel). The decoder and cross-attention of encoder-decoder
@@ -699,7 +735,9 @@ def lsg_attention_forward(
             f"LSG attention takes the (batch, length) padding mask, got a {attention_mask.dim()}D mask: "
             "pass attention_mask as a 2D tensor of 1s (tokens) and 0s (padding)."
         )
-    output = lsg_self_attention(query, key, value, attention_mask, config, dropout, scaling, causal=causal_lsg)
+    output = lsg_self_attention(
+        query, key, value, attention_mask, config, dropout, scaling, causal=causal_lsg, backend=backend
+    )
     return output.transpose(1, 2).contiguous(), None
 
 
@@ -712,7 +750,7 @@ def lsg_attention_mask(
     config: Any = None,
     **kwargs: Any,
 ) -> torch.Tensor | None:
-    """The ``"lsg"`` entry of transformers' AttentionMaskInterface.
+    """The ``"lsg"`` entries of transformers' AttentionMaskInterface.
 
     For LSG attention (bidirectional, or causal in a decoder-only model) it returns the user's (B, t)
     bool padding mask, O(n) instead of the (B, 1, q, kv) matrix; the attention extends it over the
@@ -733,3 +771,6 @@ def lsg_attention_mask(
 
 AttentionInterface.register(LSG_ATTENTION, lsg_attention_forward)
 AttentionMaskInterface.register(LSG_ATTENTION, lsg_attention_mask)
+for backend_name in LSG_BACKENDS:
+    AttentionInterface.register(f"{LSG_ATTENTION}_{backend_name}", functools.partial(lsg_attention_forward, backend=backend_name))
+    AttentionMaskInterface.register(f"{LSG_ATTENTION}_{backend_name}", lsg_attention_mask)
