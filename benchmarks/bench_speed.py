@@ -184,17 +184,22 @@ def resident_kib(field: str) -> int:
     return int(re.search(rf"^{field}:\s+(\d+) kB", status, re.M).group(1))
 
 
+def cuda_peak_mib(step: Callable[[], None]) -> float:
+    """CUDA memory one run of `step` allocates on top of what is already allocated, at its peak, in MiB."""
+    torch.cuda.synchronize()
+    baseline = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - baseline) / 2**20
+
+
 def peak_memory_mib(name: str, length: int, args: argparse.Namespace) -> float:
     """Memory a forward+backward step adds on top of the model and its inputs, in MiB."""
     model, input_ids = prepare(name, length, args)
     _, forward_backward = step_functions(model, input_ids, train=not args.eval)
     if args.device == "cuda":
-        torch.cuda.synchronize()
-        baseline = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        forward_backward()
-        torch.cuda.synchronize()
-        return (torch.cuda.max_memory_allocated() - baseline) / 2**20
+        return cuda_peak_mib(forward_backward)
     # CPU: run in this (fresh) process once to settle lazy allocations, reset the high-water mark,
     # then measure the resident set's rise over one step.
     forward_backward()
@@ -220,7 +225,7 @@ def forwarded_options(args: argparse.Namespace) -> list[str]:
 class Row:
     model: str
     length: int
-    forward: float
+    forward: float | None
     forward_backward: float | None
     peak_mib: float | None
 
@@ -269,15 +274,8 @@ def attention_only(name: str, length: int, args: argparse.Namespace) -> Row:
         q.grad = k.grad = v.grad = None
 
     seconds = median_seconds(forward_backward, args.repeats, device)
-    peak = None
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        baseline = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        forward_backward()
-        torch.cuda.synchronize()
-        peak = (torch.cuda.max_memory_allocated() - baseline) / 2**20
-    return Row(name, length, 0.0, seconds, peak)
+    peak = cuda_peak_mib(forward_backward) if device.type == "cuda" else None
+    return Row(name, length, None, seconds, peak)  # no forward-only time
 
 
 def attention_table(rows: list[Row], lengths: list[int]) -> str:
