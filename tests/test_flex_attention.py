@@ -61,7 +61,9 @@ def test_flex_forward_equals_sdpa_forward(sparsity_type, causal, lengths, num_gl
     torch.testing.assert_close(flex[real], sdpa[real], atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("settings", [dict(sparsity_factor=1), dict(sparsity_factor=4, sparse_block_size=3), dict(block_size=12)])
+@pytest.mark.parametrize(
+    "settings", [dict(sparsity_factor=1), dict(sparsity_factor=4, sparse_block_size=3), dict(block_size=12)]
+)
 def test_flex_forward_equals_sdpa_forward_in_other_geometries(settings):
     config = lsg_config(**{"block_size": 8, "sparse_block_size": 8, "num_global_tokens": 1, **settings})
     query, key, value = random_qkv(2, 1 + 100, seed=4)
@@ -112,7 +114,11 @@ def tile_geometries():
                    num_global_tokens=num_global), causal
 
 
-@pytest.mark.parametrize("settings, causal", list(tile_geometries()), ids=lambda x: str(x) if isinstance(x, bool) else "-".join(map(str, x.values())))
+def geometry_id(value):
+    return ("causal" if value else "bidirectional") if isinstance(value, bool) else "-".join(map(str, value.values()))
+
+
+@pytest.mark.parametrize("settings, causal", list(tile_geometries()), ids=geometry_id)
 @pytest.mark.parametrize("num_queries, tile", [(50, 8), (97, 16)])
 def test_block_structure_reads_every_tile_holding_a_visible_key(settings, causal, num_queries, tile):
     pattern = KeyPattern.of(lsg_config(**settings), causal)
@@ -124,7 +130,8 @@ def test_block_structure_reads_every_tile_holding_a_visible_key(settings, causal
     compressed = padded_tokens // pattern.block_size * pattern.compressed_per_block
     real_keys[..., layout.sparse_offset : layout.sparse_offset + compressed] = True
 
-    visible = create_mask(lsg_mask_mod(pattern, layout, real_keys), 1, 1, num_queries, layout.length, device="cpu")[0, 0]
+    mask_mod = lsg_mask_mod(pattern, layout, real_keys)
+    visible = create_mask(mask_mod, 1, 1, num_queries, layout.length, device="cpu")[0, 0]  # (queries, keys)
     query_tiles = -(-num_queries // tile)
     visible = F.pad(visible, (0, 0, 0, query_tiles * tile - num_queries))
     tiles_needed = visible.unflatten(0, (query_tiles, tile)).unflatten(2, (-1, tile)).any(dim=(1, 3))
@@ -299,7 +306,8 @@ def test_lsh_hyperplanes_are_drawn_on_the_cpu_from_the_seed_then_moved(device):
 
     assert planes.device == torch.device(device)
     if planes.device.type == "cpu":
-        torch.testing.assert_close(planes, torch.randn(shape, generator=torch.Generator().manual_seed(7)), atol=0, rtol=0)
+        expected = torch.randn(shape, generator=torch.Generator().manual_seed(7))
+        torch.testing.assert_close(planes, expected, atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

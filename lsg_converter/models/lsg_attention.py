@@ -650,7 +650,8 @@ def lsg_self_attention(
         token_mask = F.pad(token_mask, (0, padding), value=False)
     sparse = None
     if pattern.sparse_starts:
-        sparse = _sparse_context(*(x.transpose(1, 2) for x in (token_queries, token_keys, token_values)), token_mask, config, scaling)
+        token_heads = (x.transpose(1, 2) for x in (token_queries, token_keys, token_values))  # (B, H, ., D)
+        sparse = _sparse_context(*token_heads, token_mask, config, scaling)
     global_tokens = (global_keys, global_values, global_mask)
 
     if _flex_runs(backend, query, key, value):
@@ -769,8 +770,14 @@ def lsg_attention_mask(
     return None if attention_mask is None else attention_mask.bool()
 
 
-AttentionInterface.register(LSG_ATTENTION, lsg_attention_forward)
-AttentionMaskInterface.register(LSG_ATTENTION, lsg_attention_mask)
-for backend_name in LSG_BACKENDS:
-    AttentionInterface.register(f"{LSG_ATTENTION}_{backend_name}", functools.partial(lsg_attention_forward, backend=backend_name))
-    AttentionMaskInterface.register(f"{LSG_ATTENTION}_{backend_name}", lsg_attention_mask)
+def _register_with_transformers() -> None:
+    """Register the automatic LSG attention and one per backend, each with the O(n) mask function."""
+    AttentionInterface.register(LSG_ATTENTION, lsg_attention_forward)
+    AttentionMaskInterface.register(LSG_ATTENTION, lsg_attention_mask)
+    for backend in LSG_BACKENDS:
+        name = f"{LSG_ATTENTION}_{backend}"
+        AttentionInterface.register(name, functools.partial(lsg_attention_forward, backend=backend))
+        AttentionMaskInterface.register(name, lsg_attention_mask)
+
+
+_register_with_transformers()

@@ -194,11 +194,11 @@ def flex_token_attention(
     global_keys, global_values, global_mask = global_tokens
     segment_ends = (layout.token_offset, layout.sparse_offset, layout.length)
 
-    def sequence(pieces) -> torch.Tensor:  # (B, H, n_i, ...) per segment -> (B, H, length, ...) zero-padded, one copy
+    def sequence(pieces) -> torch.Tensor:  # (B, H, n_i, ...) per segment -> (B, H, length, ...), one copy
         parts = []
         for piece, segment_start, segment_end in zip(pieces, (0, *segment_ends), segment_ends):
-            filler = piece.new_zeros(()).expand(*piece.shape[:2], segment_end - segment_start - piece.shape[2], *piece.shape[3:])
-            parts += [piece, filler]
+            padding_rows = segment_end - segment_start - piece.shape[2]
+            parts += [piece, piece.new_zeros(()).expand(*piece.shape[:2], padding_rows, *piece.shape[3:])]
         return torch.cat(parts, dim=2)
 
     no_sparse = keys.new_zeros(()).expand(batch, heads, 0, head_dim)
