@@ -303,10 +303,6 @@ class KeyPattern:
             return ()
         return (self.sparse_left_start,) + (() if self.sparse_right_start is None else (self.sparse_right_start,))
 
-    @property
-    def keys_per_block(self) -> int:
-        return self.num_global + len(self.sparse_starts) * self.sparse_size + self.local_size
-
     def local_start(self, block_index):
         """First token of block `block_index`'s local window."""
         return (block_index - self.blocks_before) * self.block_size
@@ -500,7 +496,7 @@ def _block_attention(
 
 def _dropped_block_keys(pattern, token_mask, sparse, global_mask, heads: int, dropout: float) -> torch.Tensor:
     """The keys DropKey leaves each block, as `_block_attention` draws them (same random numbers):
-    (B, nb, H, 1 or b, keys_per_block) bool."""
+    (B, nb, H, 1 or b, K) bool."""
     allowed = _joined_masks(_block_masks(pattern, token_mask, sparse, global_mask))
     batch, num_blocks = allowed.shape[:2]
     kept = _drop_keys(allowed.flatten(0, 1), (batch * num_blocks, heads), allowed.shape[-1], dropout)

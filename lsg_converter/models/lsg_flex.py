@@ -111,7 +111,7 @@ def lsg_mask_mod(
     """mask_mod(batch, head, query, key) of token queries over the key sequence of `layout`.
 
     key_valid: (B, H, layout.length) bool, the keys the padding and the sparse selection allow.
-    kept: DropKey's choice, (B, nb, H, 1 or b, keys_per_block) bool over each block's keys in the
+    kept: DropKey's choice, (B, nb, H, 1 or b, K) bool over each block's keys in the
     order of `KeyPattern` (see lsg_attention._dropped_block_keys), or None without dropout.
     """
 
