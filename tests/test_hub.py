@@ -19,7 +19,7 @@ from lsg_converter import LSGConverter
 from lsg_converter.cli import main
 
 REPO_ID = "me/tiny-bert-lsg-512"
-REMOTE_CODE = {"configuration_lsg_bert.py", "modeling_lsg_bert.py", "lsg_model.py", "lsg_attention.py"}
+REMOTE_CODE = {"configuration_lsg_bert.py", "modeling_lsg_bert.py", "lsg_model.py", "lsg_attention.py", "lsg_flex.py"}
 
 
 class FakeHub:
