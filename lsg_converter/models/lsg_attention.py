@@ -656,9 +656,9 @@ def lsg_self_attention(
             token_queries, token_keys, token_values, token_mask, global_tokens, sparse, pattern, scaling, kept
         )  # output: (B, t, H, D)
     else:
+        block_queries = _pad_rows(token_queries, 0, padding) if padding else token_queries
         output = _block_attention(
-            _pad_rows(token_queries, 0, padding), token_keys, token_values, token_mask, global_tokens, sparse,
-            pattern, dropout, scaling,
+            block_queries, token_keys, token_values, token_mask, global_tokens, sparse, pattern, dropout, scaling
         )[:, :num_tokens]  # (B, t, H, D)
         seen = key.transpose(1, 2), value.transpose(1, 2), num_global
     if num_global:
