@@ -17,6 +17,7 @@ from .errors import (
     OutputExistsError,
     SourceNotFoundError,
     UnknownSettingError,
+    UnsafeCheckpointError,
     UnsupportedModelError,
 )
 from .hub import model_card, push_converted
@@ -205,6 +206,7 @@ __all__ = [
     "SPARSITY_TYPES",
     "SourceNotFoundError",
     "UnknownSettingError",
+    "UnsafeCheckpointError",
     "UnsupportedModelError",
     "model_card",
     "push_converted",

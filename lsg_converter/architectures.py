@@ -84,7 +84,7 @@ class Architecture:
         lsg_name = heads.get(head, head if head in heads.values() else None)
         if lsg_name is None:
             known = ", ".join(sorted(heads))
-            raise UnsupportedModelError(f"Unknown {self.model_type} head {head!r}: use --architecture with one of {known}.")
+            raise UnsupportedModelError(f"Unknown {self.model_type} head {head!r}: use architecture= with one of {known}.")
         return getattr(self.modeling_module(), lsg_name)
 
     def position_tables_in(self, base: nn.Module) -> dict[str, nn.Embedding]:

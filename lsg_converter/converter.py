@@ -2,25 +2,49 @@
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import inspect
+import json
 import logging as pylogging
 import os
 import pickle
+import secrets
 import shutil
-import tempfile
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 from torch import nn
+from huggingface_hub import is_offline_mode
 from safetensors import SafetensorError
-from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+import transformers
+from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import cached_file, logging
 
 from .architectures import CAUSAL_HEAD_SUFFIXES, Architecture, find_architecture
-from .errors import CorruptCheckpointError, InvalidSettingsError, OutputExistsError, SourceNotFoundError, one_line
+from .checkpoint import read_tensors, tensor_names, weight_files
+from .errors import (
+    CorruptCheckpointError,
+    InvalidSettingsError,
+    OutputExistsError,
+    SourceNotFoundError,
+    UnknownSettingError,
+    one_line,
+)
+from .hub import hub_errors, hub_model_info, is_hub_id, local_source
 from .models.lsg_attention import uses_sparse_keys
-from .models.lsg_model import MAX_GLOBAL_TOKENS, validate_lsg_settings
+from .models.lsg_model import (
+    KEPT_WEIGHTS_KEY,
+    MAX_GLOBAL_TOKENS,
+    POOLER_KEY,
+    SEQ2SEQ_DEFAULTS,
+    is_reference_config,
+    validate_lsg_settings,
+)
+from .sbert import carry_pipeline, write_pipeline
 
 logger = logging.get_logger(__name__)
 
@@ -29,6 +53,8 @@ POSITION_TILINGS = ("body", "table")
 # LSG settings a conversion uses unless told otherwise; block_size is derived from the source (see
 # `window_block_size`), the other keys keep the config defaults (those of the 2023 reference).
 CONVERSION_DEFAULTS: dict[str, Any] = {"sparsity_type": "none", "num_global_tokens": 1}
+# tokenizer_config.json keys that transformers copies from tokenizer.json's truncation and padding
+TOKENIZER_LENGTH_SETTINGS = ("max_length", "stride", "truncation_strategy", "pad_to_multiple_of")
 
 
 class LSGConverter:
@@ -62,6 +88,8 @@ class LSGConverter:
         use_token_ids: add the token-type-0 embedding to the global tokens, where the model has one.
         seed: seed of every random draw of the conversion (the global RNG is left untouched).
 
+    Any other keyword argument raises UnknownSettingError (a TypeError) naming the closest valid one.
+
     Example:
         >>> model, tokenizer = LSGConverter(max_sequence_length=4096).convert_from_pretrained(
         ...     "bert-base-uncased", block_size=128, sparse_block_size=128, sparsity_factor=2)
@@ -78,16 +106,28 @@ class LSGConverter:
         reinit_global_tokens: bool = False,
         use_token_ids: bool = True,
         seed: int = 123,
+        **unknown: Any,
     ) -> None:
+        if unknown:
+            name, value = next(iter(unknown.items()))
+            valid = [parameter for parameter in inspect.signature(LSGConverter).parameters if parameter != "unknown"]
+            if name in SEQ2SEQ_DEFAULTS:
+                raise UnknownSettingError(
+                    f"LSGConverter() got {name}={value!r}, an LSG setting: pass it to convert_from_pretrained() instead."
+                )
+            raise _unknown_setting_error("LSGConverter()", name, value, valid, "no argument of LSGConverter()")
         if isinstance(max_sequence_length, bool) or not isinstance(max_sequence_length, int) or max_sequence_length < 1:
-            raise InvalidSettingsError(f"max_sequence_length must be a positive integer, got {max_sequence_length!r}.")
+            raise InvalidSettingsError(
+                f"max_sequence_length={max_sequence_length!r} is not a positive integer: use a whole number of tokens."
+            )
         if position_tiling not in POSITION_TILINGS:
             raise InvalidSettingsError(
-                f"Unknown position_tiling {position_tiling!r}: use one of {', '.join(POSITION_TILINGS)}."
+                f"position_tiling={position_tiling!r} is unknown: use one of {', '.join(POSITION_TILINGS)}."
             )
         if global_positional_stride < 1 or MAX_GLOBAL_TOKENS % global_positional_stride:
             raise InvalidSettingsError(
-                f"global_positional_stride must divide {MAX_GLOBAL_TOKENS}, got {global_positional_stride}."
+                f"global_positional_stride={global_positional_stride} does not divide {MAX_GLOBAL_TOKENS}: "
+                f"use a power of 2 up to {MAX_GLOBAL_TOKENS}."
             )
         self.max_sequence_length = max_sequence_length
         self.position_tiling = position_tiling
@@ -110,25 +150,61 @@ class LSGConverter:
 
         Args:
             model_name_or_path: source checkpoint: a plain model or an LSG one (ours or the 2023 reference's).
-            architecture: head to build ("BertForMaskedLM"); default: the source config's first architecture.
+            architecture: head to build ("BertForMaskedLM"); default: the one the source holds (see below).
             token: Hugging Face Hub token for private sources.
             **lsg_kwargs: LSG settings (block_size, sparse_block_size, sparsity_factor, sparsity_type,
                 num_global_tokens, pool_with_global, mask_first_token, lsh_num_pre_rounds, adaptive),
                 or any other config key to override.
         Returns:
-            (model in eval mode, tokenizer with model_max_length set, or None if the source has none).
+            (model in eval mode, tokenizer with model_max_length set and no truncation or padding of its
+            own, or None if the source has none). A sentence-transformers source's pipeline (modules.json,
+            Pooling, Dense, Normalize...) travels as ``model.sentence_transformers_pipeline``, which
+            `save_converted` writes.
+
+        Everything is checked before the weights are loaded: an unknown keyword (UnknownSettingError,
+        naming the closest valid one), a setting that cannot work or a max length below the source's
+        own (InvalidSettingsError), a source setting LSG does not implement (InvalidSettingsError), a
+        folder without weights (SourceNotFoundError), a pickle torch's safe loader blocks
+        (UnsafeCheckpointError).
+
+        The model holds the source's weights and nothing random unless `architecture` asks for a head
+        the source does not have (a warning then names the newly initialised weights). Without
+        `architecture`, the head is the source config's first architecture when the weights hold it,
+        else the head the weights hold (the bare model if none). The pooler is kept where the source
+        has one and absent where it has none. Source tensors the LSG class does not use (a ColBERT
+        projection) are kept in the model under their own names, with a warning naming them.
         """
         source = str(model_name_or_path)
         source_config = _load_config(source, token)
         arch = find_architecture(source_config.model_type)
         is_lsg = _is_lsg_config(source_config)
-        lsg_class = arch.lsg_class(architecture or _source_head(arch, source_config))
-        config = _build_lsg_config(arch, source_config, lsg_class.__name__, lsg_kwargs)
+        _check_setting_names(arch, source_config, lsg_kwargs)
+        _build_lsg_config(arch, source_config, arch.lsg_class(arch.base_head), lsg_kwargs)  # refuse bad settings now
+        files = weight_files(source, token)
+        settings = {**_pooler_setting(arch, tensor_names(files)), **lsg_kwargs}
+        run = _choose_head(arch, source, source_config, settings, architecture, token)
+        lsg_class, config = run.lsg_class, run.config
+        positions = arch.position_rows(run.model.base_model).shape[0]
+        if self.max_sequence_length < positions:
+            raise InvalidSettingsError(
+                f"max_sequence_length={self.max_sequence_length} is below the {positions} positions the source "
+                f"already reads: use max_sequence_length= of at least {positions}."
+            )
+        if not is_lsg and "block_size" not in lsg_kwargs:
+            config.block_size = window_block_size(positions, config)
+        try:
+            validate_lsg_settings(config, self.max_sequence_length)
+        except ValueError as error:
+            raise InvalidSettingsError(str(error)) from error
+        kept = _kept_weights(files, run.unexpected, lsg_class)
+        if kept:
+            setattr(config, KEPT_WEIGHTS_KEY, {**(getattr(config, KEPT_WEIGHTS_KEY, None) or {}), **kept})
 
         tokenizer = _load_tokenizer(source, token)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
-            model = _load_model(lsg_class, source, config, token)
+            model, loading_info = _load_model(lsg_class, source, config, token)
+            _report_loading(model, loading_info, kept)
             config = model.config
             base = model.base_model
             refresh = is_lsg and not self.resize_lsg and (self.keep_first_global_token or self.reinit_global_tokens)
@@ -139,9 +215,6 @@ class LSGConverter:
                 self._init_global_tokens(model, arch, tokenizer, keep_first=keep_first)
             else:
                 logger.info("The source is an LSG model: its global tokens are kept.")
-            if not is_lsg and "block_size" not in lsg_kwargs:
-                config.block_size = window_block_size(arch.position_rows(base).shape[0], config)
-                validate_lsg_settings(config)
             # an LSG source's table is already tiled: repeat it whole
             tiling = "table" if is_lsg else self.position_tiling
             added_rows = _extend_positions(base, arch, self.max_sequence_length, tiling)
@@ -149,7 +222,9 @@ class LSGConverter:
         # BART counts its 2 offset rows outside max_position_embeddings, RoBERTa inside: keep the source's way.
         config.max_position_embeddings += added_rows
         config._name_or_path = source
+        carry_pipeline(model, source, token, self.max_sequence_length)
         if tokenizer is not None:
+            _drop_source_lengths(tokenizer)
             tokenizer.model_max_length = self.max_sequence_length
             tokenizer.init_kwargs["model_max_length"] = self.max_sequence_length
         logger.info(
@@ -199,17 +274,21 @@ def save_converted(
 
     Everything is written to a temporary folder beside `save_path` and renamed into place at the end,
     so an interrupted save leaves nothing behind. An existing non-empty folder is only replaced with
-    `overwrite=True`.
+    `overwrite=True`. The folder and its files get the permissions the user's umask gives new ones
+    (0755 and 0644 under umask 022), the weights included.
     """
     target = check_output_folder(save_path, overwrite)
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    staging = target.parent / f".{target.name}.{secrets.token_hex(4)}.partial"
+    staging.mkdir()  # mode 0777 minus the umask
     try:
         model.save_pretrained(staging)
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
         if card is not None:
             card.save(staging / "README.md")
+        write_pipeline(model, staging)
+        _give_files_the_folder_mode(staging)
         if target.exists():
             shutil.rmtree(target) if target.is_dir() else target.unlink()
         staging.rename(target)
@@ -218,36 +297,84 @@ def save_converted(
     return target
 
 
+def _give_files_the_folder_mode(folder: Path) -> None:
+    """Give every file under `folder` the mode a new file gets under the umask that gave `folder` its
+    mode (its read and write bits): some writers (safetensors) create their files 0600."""
+    folder_mode = folder.stat().st_mode & 0o777
+    for path in folder.rglob("*"):
+        path.chmod(folder_mode if path.is_dir() else folder_mode & 0o666)
+
+
 def check_output_folder(save_path: str | os.PathLike, overwrite: bool = False) -> Path:
     """Resolved `save_path`; OutputExistsError if it holds anything and `overwrite` is False."""
     target = Path(save_path).resolve()
     if target.exists() and (not target.is_dir() or any(target.iterdir())) and not overwrite:
-        raise OutputExistsError(f"{target} already exists and is not empty: choose another path or pass --overwrite.")
+        raise OutputExistsError(f"{target} already exists and is not empty: choose another path or pass overwrite=True.")
     return target
 
 
 def _load_config(source: str, token: str | bool | None) -> Any:
-    looks_local = source.startswith((".", "/", "~")) or source.count("/") > 1 or os.sep in source.replace("/", "")
-    if looks_local and not Path(source).expanduser().is_dir():
+    """The source's config. A source that exists on disk is read from disk and nothing else; any other
+    is a Hub id, looked up on the Hub first (one quick request) unless HF_HUB_OFFLINE=1 is set, then
+    read through the Hugging Face cache."""
+    folder = local_source(source)
+    if folder is not None:
+        return _load_local_config(source, folder)
+    if not is_hub_id(source):
         raise SourceNotFoundError(f"No folder at {source!r}: give an existing model folder or a Hub model id.")
+    offline = is_offline_mode()
+    if not offline:
+        hub_model_info(source, token)  # not on the Hub: SourceNotFoundError; Hub unreachable: HubError
     try:
-        return AutoConfig.from_pretrained(source, token=token)
+        with hub_errors(f"download the configuration of {source!r}", "check the network and try again"):
+            return AutoConfig.from_pretrained(source, token=token)
     except (OSError, ValueError) as error:
-        if (Path(source).expanduser() / "config.json").is_file():
-            raise CorruptCheckpointError(
-                f"Cannot read {source}/config.json ({one_line(error, 200)}): fix or restore the file."
+        if offline:
+            raise SourceNotFoundError(
+                f"No folder {source!r} here, and no copy of it in the Hugging Face cache (HF_HUB_OFFLINE=1 is "
+                "set, so the Hub is not asked): give an existing model folder, or unset HF_HUB_OFFLINE to download it."
             ) from error
         raise SourceNotFoundError(
-            f"Cannot load a model config from {source!r}: give a folder with config.json or a Hub model id "
-            f"({one_line(error)})."
+            f"The Hub's {source!r} holds no model configuration ({one_line(error, 200)}): give a model's Hub id or folder."
         ) from error
 
 
-def _load_model(lsg_class: type, source: str, config: Any, token: str | bool | None) -> PreTrainedModel:
+def _load_local_config(source: str, folder: Path) -> Any:
+    """The config of the model saved in `folder`; SourceNotFoundError when the folder holds no model."""
+    config_file = folder / "config.json"
+    if not folder.is_dir():
+        raise SourceNotFoundError(f"{source} is a file: give the folder the model was saved to.")
+    if not config_file.is_file():
+        raise SourceNotFoundError(
+            f"{source} holds no model (no config.json): give the folder a model was saved to, or a Hub model id."
+        )
     try:
-        with _quiet_loading():
-            return lsg_class.from_pretrained(source, config=config, token=token)
-    except (SafetensorError, pickle.UnpicklingError, EOFError, RuntimeError, OSError) as error:
+        values = json.loads(config_file.read_text(encoding="utf-8"))
+        model_type = values.get("model_type") if isinstance(values, dict) else None
+        if not model_type or not isinstance(model_type, str):
+            raise SourceNotFoundError(
+                f"{source} holds no model: its config.json describes none (it was not written by "
+                "save_pretrained); give the folder a model was saved to."
+            )
+        find_architecture(model_type)  # an unsupported model is refused as such, not as unreadable
+        return AutoConfig.from_pretrained(source)
+    except (OSError, ValueError) as error:
+        raise CorruptCheckpointError(
+            f"Cannot read {source}/config.json ({one_line(error, 200)}): fix or restore the file."
+        ) from error
+
+
+def _load_model(
+    lsg_class: type, source: str, config: Any, token: str | bool | None, device_map: str | None = None
+) -> tuple[PreTrainedModel, dict[str, Any]]:
+    """`lsg_class` loaded from `source` with `config`, and transformers' loading info (missing and
+    unexpected keys). The load report is not logged: `_report_loading` says what matters."""
+    try:
+        with _load_report_hidden():
+            return lsg_class.from_pretrained(
+                source, config=config, token=token, device_map=device_map, output_loading_info=True
+            )
+    except (SafetensorError, pickle.UnpicklingError, EOFError, RuntimeError, OSError, ValueError) as error:
         raise CorruptCheckpointError(
             f"Cannot read the weights of {source!r} ({one_line(error, 200)}): the file is truncated "
             "or corrupt, or does not match its config.json; download or save the model again."
@@ -276,26 +403,179 @@ def _load_tokenizer(source: str, token: str | bool | None) -> PreTrainedTokenize
     return tokenizer
 
 
-def _source_head(arch: Architecture, source_config: Any) -> str:
-    """The source config's first architecture; the bare model, with a warning, when it is no known head."""
-    head = (source_config.architectures or [arch.default_head])[0]
+def _drop_source_lengths(tokenizer: PreTrainedTokenizerBase) -> None:
+    """Forget the truncation and padding the source's tokenizer.json sets (all-MiniLM-L6-v2: 128 tokens),
+    so that the converted tokenizer cuts and pads only when asked, up to model_max_length."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        backend.no_truncation()
+        backend.no_padding()
+    for key in TOKENIZER_LENGTH_SETTINGS:
+        tokenizer.init_kwargs.pop(key, None)
+
+
+@dataclass
+class _DryRun:
+    """A head loaded on the meta device (no weights read into memory): what it would hold and lack."""
+
+    lsg_class: type
+    config: Any
+    model: PreTrainedModel  # on the meta device: shapes only
+    missing: list[str]  # weights the source lacks (newly initialised), the global token table aside
+    unexpected: set[str]  # source tensors the class does not hold
+
+
+def _dry_run(
+    arch: Architecture, source: str, source_config: Any, settings: dict[str, Any], lsg_class: type, token: Any
+) -> _DryRun:
+    config = _build_lsg_config(arch, source_config, lsg_class, settings)
+    with _loading_messages_hidden():
+        model, info = _load_model(lsg_class, source, config, token, device_map="meta")
+    return _DryRun(lsg_class, config, model, _new_weights(info), set(info["unexpected_keys"]))
+
+
+def _new_weights(loading_info: dict[str, Any]) -> list[str]:
+    """The weights a load initialised afresh, but the global token table (the converter fills it)."""
+    return sorted(key for key in loading_info["missing_keys"] if "global_embeddings." not in key)
+
+
+def _choose_head(
+    arch: Architecture,
+    source: str,
+    source_config: Any,
+    settings: dict[str, Any],
+    architecture: str | None,
+    token: Any,
+) -> _DryRun:
+    """The head to build, tried on the meta device: `architecture` when asked for; else the source
+    config's first architecture if the weights hold it; else the head whose weights the source holds
+    (of those, the one that leaves the fewest source tensors unused; the bare model if none)."""
+    def attempt(head: str) -> _DryRun:
+        return _dry_run(arch, source, source_config, settings, arch.lsg_class(head), token)
+
+    if architecture:
+        return attempt(architecture)
     heads = arch.heads
-    if head in heads or head in heads.values():
-        return head
-    logger.warning(
-        f"The source's architecture {head!r} is no {arch.model_type} head: its base model is converted to "
-        f"LSG{arch.base_head}. Pass --architecture (architecture=) with one of {', '.join(sorted(heads))} "
-        "to build another head."
-    )
-    return arch.base_head
+    named = (source_config.architectures or [None])[0]
+    if named in heads or named in heads.values():
+        run = attempt(named)
+        if not run.missing:
+            return run
+        reason = f"config.json names {named}, but the weights lack {_listed(run.missing)}"
+        advice = f"pass architecture={named!r} to build it with those weights newly initialised"
+    elif named:
+        reason = f"The source's architecture {named!r} is no {arch.model_type} head"
+        advice = f"pass architecture= with one of {', '.join(sorted(heads))} to build another head"
+    else:
+        reason, advice = "config.json names no architecture", ""
+    is_decoder = bool(getattr(source_config, "is_decoder", False))
+    candidates = [arch.default_head, *(head for head in heads if head != arch.default_head)]
+    runs = []
+    for head in candidates:
+        if head == named or head.endswith(CAUSAL_HEAD_SUFFIXES) != is_decoder:
+            continue
+        try:
+            runs.append(attempt(head))
+        except CorruptCheckpointError:  # the weights do not fit this head (a classifier of another size)
+            continue
+    supported = [run for run in runs if not run.missing]
+    if not supported:
+        base = next(run for run in runs if run.lsg_class is arch.lsg_class(arch.base_head))
+        raise CorruptCheckpointError(
+            f"The weights of {source} lack {_listed(base.missing)}, which every {arch.model_type} model needs: "
+            "download or save the model again."
+        )
+    chosen = min(supported, key=lambda run: len(run.unexpected))  # the first of equals: candidates' order
+    message = f"{reason}: its weights are converted as {chosen.lsg_class.__name__}, the head they hold"
+    if advice:
+        logger.warning(f"{message}; {advice}.")
+    else:
+        logger.info(f"{message}.")
+    return chosen
+
+
+def _listed(names: Iterable[str], shown: int = 8) -> str:
+    """'a, b, c' or 'a, b, ... and 5 more'."""
+    names = list(names)
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def _pooler_setting(arch: Architecture, names: set[str]) -> dict[str, bool]:
+    """{add_pooling_layer: whether the source's weights hold a pooler}, for architectures whose bare
+    model has an optional pooler (BERT, RoBERTa, ALBERT, ...); {} for the others."""
+    base_class = getattr(transformers, arch.base_head)
+    if POOLER_KEY not in inspect.signature(base_class.__init__).parameters:
+        return {}
+    prefix = f"{base_class.base_model_prefix}."
+    return {POOLER_KEY: any(name.removeprefix(prefix).startswith("pooler.") for name in names)}
+
+
+def _kept_weights(files: list[Path], unexpected: set[str], lsg_class: type) -> dict[str, dict[str, Any]]:
+    """{name: {shape, dtype}} of the source tensors `lsg_class` does not hold, to keep under their names.
+
+    Names that transformers renamed on loading (legacy LayerNorm gamma/beta) are not in the files:
+    a warning names them as dropped."""
+    tensors = read_tensors(files, unexpected)
+    dropped = sorted(unexpected - set(tensors))
+    if dropped:
+        logger.warning(
+            f"{lsg_class.__name__} does not use the source tensors {_listed(dropped)}, stored under other names: "
+            "they are not kept."
+        )
+    return {
+        name: {"shape": list(tensor.shape), "dtype": str(tensor.dtype).removeprefix("torch.")}
+        for name, tensor in sorted(tensors.items())
+    }
+
+
+def _report_loading(model: PreTrainedModel, loading_info: dict[str, Any], kept: dict[str, Any]) -> None:
+    """One line for the newly initialised weights, one for the kept source tensors, one for any dropped."""
+    name = type(model).__name__
+    new = _new_weights(loading_info)
+    if new:
+        logger.warning(
+            f"{name} is a new head for this source: {_listed(new)} are newly initialised (random); train them before use."
+        )
+    if kept:
+        logger.warning(f"{name} does not use {_listed(kept)} of the source: kept in the model under their own names.")
+    unused = sorted(loading_info["unexpected_keys"])
+    if unused:
+        logger.warning(f"{name} drops the source tensors {_listed(unused)}.")
+
+
+def _check_setting_names(arch: Architecture, source_config: Any, lsg_kwargs: dict[str, Any]) -> None:
+    """UnknownSettingError for a keyword that is neither an LSG setting nor a key of the source's config."""
+    valid = {
+        *source_config.to_dict(),
+        *(field.name for field in dataclasses.fields(source_config)),
+        *(name for name, value in vars(PretrainedConfig).items() if isinstance(value, property) and value.fset),
+        *arch.config_class().lsg_defaults,
+    }
+    valid = {name for name in valid if not name.startswith("_")}
+    for name, value in lsg_kwargs.items():
+        if name not in valid:
+            about = f"no LSG setting or key of the source's {type(source_config).__name__}"
+            raise _unknown_setting_error("convert_from_pretrained()", name, value, valid, about)
+
+
+def _unknown_setting_error(where: str, name: str, value: Any, valid: Iterable[str], nothing: str) -> UnknownSettingError:
+    """'<where> got an unknown setting name=value: did you mean <closest>=?' (one line); `nothing` says
+    what has no such name when no valid name is close ("no argument of LSGConverter()")."""
+    closest = difflib.get_close_matches(name, sorted(valid), n=1, cutoff=0.5)
+    hint = f"did you mean {closest[0]}=?" if closest else f"{nothing} is called that."
+    return UnknownSettingError(f"{where} got an unknown setting {name}={value!r}: {hint}")
 
 
 def _is_lsg_config(config: Any) -> bool:
     """Ours (model_type lsg-*) or the 2023 reference's (model_type bert + LSG keys)."""
-    return config.model_type.startswith("lsg-") or all(hasattr(config, key) for key in ("block_size", "num_global_tokens"))
+    return config.model_type.startswith("lsg-") or is_reference_config(config.to_dict())
 
 
-def _build_lsg_config(arch: Architecture, source_config: Any, head_name: str, lsg_kwargs: dict[str, Any]) -> Any:
+def _build_lsg_config(arch: Architecture, source_config: Any, lsg_class: type, settings: dict[str, Any]) -> Any:
+    """The LSG config of `lsg_class`: the source's keys, the LSG defaults (unless the source is LSG
+    already), then `settings`. InvalidSettingsError if they cannot work (see validate_lsg_settings)."""
+    head_name = lsg_class.__name__
     values = source_config.to_dict()
     for key in ("transformers_version", "_name_or_path"):  # model_type and auto_map: the LSG config resets them
         values.pop(key, None)
@@ -305,7 +585,7 @@ def _build_lsg_config(arch: Architecture, source_config: Any, head_name: str, ls
         values.update(CONVERSION_DEFAULTS)
     if head_name.endswith(CAUSAL_HEAD_SUFFIXES):
         values["is_decoder"] = True
-    values.update(lsg_kwargs)
+    values.update(settings)
     values["architectures"] = [head_name]
     try:
         return config_class(**values)
@@ -324,7 +604,7 @@ def _global_token_ids(tokenizer: PreTrainedTokenizerBase | None, config: Any) ->
     first_name = next((name for name in ("bos_token_id", "cls_token_id") if getattr(ids, name, None) is not None), None)
     first_id = 0 if first_name is None else getattr(ids, first_name)
     mask_id = getattr(ids, "mask_token_id", None)
-    if problem or first_name is None or mask_id is None:
+    if config.num_global_tokens and (problem or first_name is None or mask_id is None):
         origin = f"the config's ids ({problem})" if problem else "the tokenizer's ids"
         first = f"{first_name} {first_id}" if first_name else "token 0 (no bos_token_id or cls_token_id)"
         others = f"mask_token_id {mask_id}" if mask_id is not None else f"token {first_id} (no mask_token_id)"
@@ -432,24 +712,43 @@ def _sinusoidal_positions(rows: int, width: int) -> torch.Tensor:
     return torch.cat([angles.sin(), angles[:, : width // 2].cos()], dim=1).float()
 
 
-class _GlobalTokensReportFilter(pylogging.Filter):
-    """Drops transformers' load report when its only entry is the (expected) missing global token table."""
+class _TransformersMessagesFilter(pylogging.Filter):
+    """Drops transformers' load report (the converter reports what it found itself), or every message."""
+
+    def __init__(self, everything: bool) -> None:
+        super().__init__()
+        self.everything = everything
 
     def filter(self, record: pylogging.LogRecord) -> bool:
-        message = record.getMessage()
-        if "LOAD REPORT" not in message:
-            return True
-        rows = [line for line in message.splitlines() if "|" in line and not line.startswith(("Key", "-"))]
-        return not rows or not all("global_embeddings" in row for row in rows)
+        return not self.everything and "LOAD REPORT" not in record.getMessage()
 
 
 @contextmanager
-def _quiet_loading() -> Iterator[None]:
-    """Hide the 'global_embeddings newly initialized' report: the converter initialises them next."""
-    loading_logger = logging.get_logger("transformers.modeling_utils")
-    report_filter = _GlobalTokensReportFilter()
-    loading_logger.addFilter(report_filter)
+def _filtered_loading_messages(everything: bool) -> Iterator[None]:
+    loggers = [logging.get_logger(name) for name in ("transformers.modeling_utils", "transformers.core_model_loading")]
+    messages_filter = _TransformersMessagesFilter(everything)
+    for loading_logger in loggers:
+        loading_logger.addFilter(messages_filter)
     try:
         yield
     finally:
-        loading_logger.removeFilter(report_filter)
+        for loading_logger in loggers:
+            loading_logger.removeFilter(messages_filter)
+
+
+def _load_report_hidden() -> Any:
+    """Hide transformers' load report: `_report_loading` names the new, kept and dropped weights."""
+    return _filtered_loading_messages(everything=False)
+
+
+@contextmanager
+def _loading_messages_hidden() -> Iterator[None]:
+    """Hide every loading message and the progress bar: the dry runs that choose the head."""
+    bar_was_enabled = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        with _filtered_loading_messages(everything=True):
+            yield
+    finally:
+        if bar_was_enabled:
+            logging.enable_progress_bar()

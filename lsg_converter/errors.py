@@ -44,5 +44,10 @@ class CorruptCheckpointError(LSGError, exit_code=6):
     """The source's files exist but cannot be read (truncated or corrupt weights, broken config)."""
 
 
+class UnsafeCheckpointError(CorruptCheckpointError, exit_code=6):
+    """The source's pytorch_model.bin calls something that torch's weights_only loader blocks: it is
+    refused rather than loaded unsafely (convert it to safetensors where the source is trusted)."""
+
+
 class HubError(LSGError, exit_code=7):
     """The Hugging Face Hub is unreachable or refuses the token or the repository."""

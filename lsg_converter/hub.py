@@ -1,19 +1,37 @@
-"""Publishing converted models: the model card, and a push of the whole folder in one commit."""
+"""The Hugging Face Hub: where a source is, the model card, and a push of the whole folder in one commit.
+
+Every call to the Hub goes through `hub_errors`, which turns what huggingface_hub and its HTTP client
+raise into one-line `HubError`s. A source that exists on disk is never looked up on the Hub.
+"""
 
 from __future__ import annotations
 
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
+import httpx2 as httpx  # the HTTP client of huggingface_hub 2.x
 import transformers
-from huggingface_hub import CommitOperationAdd, HfApi, ModelCard, ModelCardData
-from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+from huggingface_hub import (
+    CommitOperationAdd,
+    HfApi,
+    ModelCard,
+    ModelCardData,
+    constants,
+    get_token,
+    is_offline_mode,
+    try_to_load_from_cache,
+)
+from huggingface_hub.errors import HFValidationError, HfHubHTTPError, OfflineModeIsEnabled, RepositoryNotFoundError
+from huggingface_hub.hf_api import ModelInfo
+from huggingface_hub.utils import validate_repo_id
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging
 
 from .architectures import find_architecture
-from .errors import HubError, one_line
+from .errors import HubError, SourceNotFoundError, one_line
 
 logger = logging.get_logger(__name__)
 
@@ -37,17 +55,121 @@ CARD_SETTINGS = (
     "adaptive",
     "pass_global_tokens_to_decoder",
 )
-HUB_ERRORS = (HfHubHTTPError, OfflineModeIsEnabled, ConnectionError, TimeoutError)
+# What huggingface_hub raises when the Hub cannot be reached or answers with an error: its own
+# HfHubHTTPError and the errors of its HTTP client (both httpx.HTTPError), OfflineModeIsEnabled (a
+# ConnectionError), and the standard library's connection errors and timeouts.
+HUB_ERRORS = (httpx.HTTPError, ConnectionError, TimeoutError)
+
+
+@contextmanager
+def hub_errors(action: str, advice: str) -> Iterator[None]:
+    """Turn a Hub failure inside the block into a one-line HubError (exit code 7).
+
+    Args:
+        action: what was tried, completing "Cannot ..." (e.g. "push to 'me/model'").
+        advice: what to do, ending the message (e.g. "check the network and token=").
+    """
+    try:
+        yield
+    except HUB_ERRORS as error:
+        response = getattr(error, "response", None)
+        if isinstance(error, OfflineModeIsEnabled):
+            reason = "HF_HUB_OFFLINE=1 is set"
+        elif response is not None:
+            reason = f"the Hub answered HTTP {response.status_code} ({one_line(error, 200)})"
+        else:
+            reason = f"the Hub at {constants.ENDPOINT} is unreachable ({type(error).__name__}: {one_line(error, 200)})"
+        raise HubError(f"Cannot {action}: {reason}; {advice}.") from error
+
+
+def local_source(source: str | os.PathLike) -> Path | None:
+    """The folder or file `source` names on disk, None when nothing is there (then it may be a Hub id)."""
+    path = Path(source).expanduser()
+    return path if path.exists() else None
+
+
+def is_hub_id(source: str) -> bool:
+    """Whether `source` is spelt like a Hub model id ("name" or "owner/name"), not like a path."""
+    if source.startswith((".", "/", "~")) or os.sep in source.replace("/", ""):
+        return False
+    try:
+        validate_repo_id(source)
+    except HFValidationError:
+        return False
+    return True
+
+
+def source_name(source: str) -> str:
+    """How a card or a recorded command names a source: a local folder by its name alone (never its
+    path), a Hub id as it is."""
+    folder = local_source(source)
+    return folder.resolve().name if folder else source
+
+
+def hub_model_info(repo_id: str, token: str | bool | None = None) -> ModelInfo:
+    """The Hub's record of model `repo_id` (a valid Hub id, see `is_hub_id`), in one request: no
+    retries, HF_HUB_ETAG_TIMEOUT seconds at most (10 by default; the Hub's metadata timeout).
+
+    Raises:
+        SourceNotFoundError: the Hub has no model `repo_id` (or a private one the token cannot see).
+        HubError: the Hub is unreachable or refuses the request.
+    """
+    cached = isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    advice = "set HF_HUB_OFFLINE=1 to convert the copy in the Hugging Face cache" if cached else "give a folder that exists"
+    with hub_errors(f"look up {repo_id!r} on the Hub (no folder of that name here)", advice):
+        try:
+            return HfApi(token=token).model_info(repo_id, timeout=constants.HF_HUB_ETAG_TIMEOUT)
+        except HfHubHTTPError as error:
+            if isinstance(error, RepositoryNotFoundError) or error.response.status_code == 404:
+                raise SourceNotFoundError(
+                    f"No folder {repo_id!r} here, and no model {repo_id!r} on the Hub: check the name, "
+                    "or pass token= for a private model."
+                ) from error
+            raise
 
 
 def source_license(source: str, token: str | bool | None = None) -> str | None:
-    """The license in the source's model card (local README.md or the Hub's), None when unknown."""
-    readme = Path(source) / "README.md"
-    try:
-        card = ModelCard.load(readme if readme.is_file() else source, token=token, ignore_metadata_errors=True)
-    except (*HUB_ERRORS, OSError, ValueError):
+    """The license the source's model card declares, None when unknown.
+
+    A local source: its README.md, read from disk. A Hub id: the Hub's record of it (one request), or
+    its README.md in the Hugging Face cache when HF_HUB_OFFLINE=1 is set.
+    """
+    folder = local_source(source)
+    if folder is not None:
+        readme = folder / "README.md"
+    elif not is_hub_id(source):
         return None
-    return card.data.license
+    elif is_offline_mode():
+        cached = try_to_load_from_cache(source, "README.md")
+        readme = Path(cached) if isinstance(cached, str) else None
+    else:
+        try:
+            card_data = hub_model_info(source, token).card_data
+        except (HubError, SourceNotFoundError) as error:
+            logger.warning(f"No license is recorded in the model card: {one_line(error)}")
+            return None
+        return card_data.license if card_data else None
+    if readme is None or not readme.is_file():
+        return None
+    try:
+        return ModelCard.load(readme, ignore_metadata_errors=True).data.license
+    except (OSError, ValueError):
+        return None
+
+
+def check_can_push(repo_id: str, token: str | bool | None = None) -> None:
+    """Refuse, before any work, a push that cannot happen: HF_HUB_OFFLINE=1 is set, or no token is found.
+
+    Raises:
+        HubError: with what to do.
+    """
+    if is_offline_mode():
+        raise HubError(f"Cannot push to {repo_id!r}: HF_HUB_OFFLINE=1 is set; unset it to push.")
+    if token is False or (not isinstance(token, str) and get_token() is None):
+        raise HubError(
+            f"Cannot push to {repo_id!r}: no Hugging Face token found; pass token=, set HF_TOKEN, "
+            "or log in with `hf auth login`."
+        )
 
 
 def model_card(
@@ -56,7 +178,11 @@ def model_card(
     command: str | None = None,
     license: str | None = None,
 ) -> ModelCard:
-    """The README.md of a converted model: base model, length, LSG settings, how it was made, usage, citation."""
+    """The README.md of a converted model: base model, length, LSG settings, how it was made, usage, citation.
+
+    A local source is named by its folder's name alone, without a link or its path; a Hub source links
+    to its Hub page and is recorded as `base_model`.
+    """
     from . import __version__
 
     config = model.config
@@ -64,10 +190,11 @@ def model_card(
     head = config.architectures[0] if config.architectures else type(model).__name__
     auto_class = next(auto for auto, path in config.lsg_auto_map().items() if path.endswith(f".{head}"))
     max_length = _max_length(model)
-    name = repo_id or f"{Path(source).name}-lsg-{max_length}"
-    is_local = Path(source).exists()
+    on_hub = local_source(source) is None and is_hub_id(source)
+    named_source = source_name(source)
+    name = repo_id or f"{named_source}-lsg-{max_length}"
     data = ModelCardData(
-        base_model=None if is_local else source,
+        base_model=source if on_hub else None,
         license=license,
         library_name="transformers",
         tags=["lsg", "long-context", config.model_type],
@@ -75,14 +202,15 @@ def model_card(
     settings = "\n".join(
         f"| `{key}` | `{getattr(config, key)!r}` |" for key in CARD_SETTINGS if hasattr(config, key)
     )
-    how = command or f"LSGConverter(max_sequence_length={max_length}).convert_from_pretrained({source!r})"
+    how = command or f"LSGConverter(max_sequence_length={max_length}).convert_from_pretrained({named_source!r})"
+    source_mention = f"[{source}](https://huggingface.co/{source})" if on_hub else f"`{named_source}`"
     content = f"""---
 {data.to_yaml()}
 ---
 
 # {name}
 
-[{source}]({source if is_local else f"https://huggingface.co/{source}"}) converted to **LSG attention** (Local + Sparse + Global) with
+{source_mention} converted to **LSG attention** (Local + Sparse + Global) with
 [lsg_converter](https://pypi.org/project/lsg-converter/): it reads up to **{max_length:,} tokens**
 at O(n) cost, with the source's pretrained weights and no retraining (fine-tuning on long inputs is
 still recommended). Head: `{head}`, model type `{config.model_type}`.
@@ -142,10 +270,12 @@ def push_converted(
     Returns:
         The URL of the commit.
     Raises:
-        HubError: the Hub is unreachable or refuses the token or the repository.
+        HubError: the Hub is unreachable or refuses the token or the repository; HF_HUB_OFFLINE=1 is
+            set or no token is found (refused before anything is saved).
     """
     from .converter import save_converted
 
+    check_can_push(repo_id, token)
     with tempfile.TemporaryDirectory(prefix="lsg-push-") as staging:
         if folder is None:
             folder = save_converted(model, tokenizer, Path(staging) / "model")
@@ -159,18 +289,13 @@ def push_converted(
             if path.is_file()
         ]
         api = HfApi(token=token)
-        try:
+        with hub_errors(f"push to {repo_id!r}", "check the network, the repository name and token="):
             api.create_repo(repo_id, private=private, exist_ok=True)
             commit = api.create_commit(
                 repo_id,
                 operations,
                 commit_message=commit_message or f"Upload {type(model).__name__} converted with lsg_converter",
             )
-        except HUB_ERRORS as error:
-            raise HubError(
-                f"Could not push to {repo_id!r} ({type(error).__name__}: {one_line(error, 200)}): "
-                "check the network, the repository name and --token."
-            ) from error
     logger.info(f"Pushed {len(operations)} files to {repo_id}.")
     return commit.commit_url
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import http.server
+import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,7 +20,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from lsg_converter.models.lsg_model import LSG_DEFAULTS
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "reference-lsg-0.1.9"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# Checkpoints the 2023 reference converted, with its outputs (see fixtures/README.md); part of the repository.
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "reference-lsg-0.1.9"
+REFERENCE_CASES = ("bart-norm", "bert-norm", "bert-pooling", "distilbert-none", "roberta-pooling")
 VOCAB = 99
 TINY_LENGTH = 128  # tokens the tiny sources read (RoBERTa's table has 2 more rows)
 PAD_ID = {
@@ -147,8 +154,11 @@ class OpRecorder(TorchDispatchMode):
 
 
 def reference_cases() -> list[str]:
-    """Names of the checkpoints the 2023 reference converted, under shared/fixtures."""
-    return sorted(case.name for case in FIXTURES.iterdir() if (case / "case.json").is_file())
+    """Names of the checkpoints the 2023 reference converted, under FIXTURES: all of REFERENCE_CASES,
+    or the test collection fails (a missing fixture must not shrink the suite silently)."""
+    found = sorted(case.name for case in FIXTURES.glob("*") if (case / "case.json").is_file())
+    assert found == sorted(REFERENCE_CASES), f"{FIXTURES} holds {found}, expected {sorted(REFERENCE_CASES)}"
+    return found
 
 
 def assert_reproduces_reference(model, case: str) -> None:
@@ -169,3 +179,103 @@ def assert_reproduces_reference(model, case: str) -> None:
             sequence_output = model.base_model(**inputs).last_hidden_state
         assert (output.logits - reference["logits"])[real].abs().max() <= 1e-4
         assert (sequence_output - reference["sequence_output"])[real].abs().max() <= 1e-4
+
+
+class RecordingHub:
+    """A stand-in for the Hub on 127.0.0.1, for HF_ENDPOINT: records each request as (method, path,
+    Authorization header); answers the paths of `answers` with their JSON, any other with 404
+    RepoNotFound, as the Hub does for a model it does not have."""
+
+    def __init__(self, answers: dict[str, object] | None = None) -> None:
+        self.requests: list[tuple[str, str, str | None]] = []
+        requests, bodies = self.requests, {path: json.dumps(body).encode() for path, body in (answers or {}).items()}
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                requests.append((self.command, self.path, self.headers.get("Authorization")))
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                body = bodies.get(self.path.partition("?")[0])
+                self.send_response(404 if body is None else 200)
+                if body is None:
+                    self.send_header("X-Error-Code", "RepoNotFound")
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body or b"")))
+                self.end_headers()
+                self.wfile.write(body or b"")
+
+            do_HEAD = do_POST = do_PUT = do_GET
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self) -> "RecordingHub":
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def closed_port_endpoint() -> str:
+    """An HF_ENDPOINT on 127.0.0.1 where nothing listens (a port taken, then closed): connections are refused."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+def hub_environment(endpoint: str, hf_home: Path, token: str | None = None) -> dict[str, str]:
+    """The environment of a fresh process whose Hub is `endpoint`: no HF_* variable of ours (HF_HUB_OFFLINE
+    included), HF_HOME `hf_home` (created empty), HF_TOKEN `token` when given, this checkout first on
+    PYTHONPATH."""
+    hf_home.mkdir()
+    environment = {key: value for key, value in os.environ.items() if not key.startswith(("HF_", "HUGGING_FACE"))}
+    environment.pop("TRANSFORMERS_OFFLINE", None)
+    python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    environment.update(HF_ENDPOINT=endpoint, HF_HOME=str(hf_home), PYTHONPATH=python_path)
+    if token is not None:
+        environment["HF_TOKEN"] = token
+    return environment
+
+
+def run_process(command: list[str], cwd: Path, environment: dict[str, str]) -> subprocess.CompletedProcess:
+    """Run `command` with stdin closed and its output captured as text."""
+    return subprocess.run(
+        command, cwd=cwd, env=environment, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300
+    )
+
+
+def cli_command(*args) -> list[str]:
+    """`lsg-convert *args` run by this Python, importing lsg_converter from PYTHONPATH."""
+    return [sys.executable, "-m", "lsg_converter.cli", *map(str, args)]
+
+
+def timed_cli_command(*args) -> list[str]:
+    """`lsg-convert *args` through the CLI's main() in a fresh Python, which then prints "MAIN_SECONDS s"
+    on stdout: the seconds main() ran, the interpreter's start and the imports left out (see main_seconds)."""
+    script = f"""
+        import sys, time
+        from lsg_converter.cli import main
+        start = time.monotonic()
+        code = main({list(map(str, args))!r})
+        print("MAIN_SECONDS", time.monotonic() - start)
+        sys.exit(code)
+        """
+    return python_command(script)
+
+
+def main_seconds(result: subprocess.CompletedProcess) -> float:
+    """The seconds a `timed_cli_command` spent in main()."""
+    return float(result.stdout.split("MAIN_SECONDS")[1].split()[0])
+
+
+def python_command(script: str) -> list[str]:
+    return [sys.executable, "-c", textwrap.dedent(script)]
+
+
+def files_under(folder: Path) -> list[Path]:
+    return sorted(path for path in Path(folder).rglob("*") if path.is_file())

@@ -79,6 +79,24 @@ def test_reference_checkpoint_reproduces_reference_outputs(case):
     assert_reproduces_reference(model, case)
 
 
+def test_reference_checkpoint_loaded_directly_is_marked_as_legacy():
+    model = ARCHITECTURES["bert"].lsg_class("BertForMaskedLM").from_pretrained(FIXTURES / "bert-pooling")
+
+    assert model.config.legacy_sparse_window is True
+
+
+def test_aligned_sparse_window_misses_the_reference_outputs_when_block_size_equals_sparsity_factor():
+    """bert-pooling (b == f == 8): the reference's right sparse window started two compressed tokens early."""
+    settings = json.loads((FIXTURES / "bert-pooling" / "case.json").read_text())
+    assert settings["block_size"] == settings["sparsity_factor"]
+    model = ARCHITECTURES["bert"].lsg_class("BertForMaskedLM").from_pretrained(
+        FIXTURES / "bert-pooling", legacy_sparse_window=False
+    ).eval()
+
+    with pytest.raises(AssertionError):
+        assert_reproduces_reference(model, "bert-pooling")
+
+
 def test_every_fixture_architecture_is_covered():
     archs = {json.loads((FIXTURES / case / "case.json").read_text())["arch"] for case in reference_cases()}
     assert {"bert", "roberta", "distilbert", "bart"} <= archs

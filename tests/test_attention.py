@@ -34,27 +34,33 @@ def sparse_position(config, head, token):
     return None
 
 
-def explicit_mask(config, length, key_mask):
-    """(B, H, N, N) bool: which key each query may see, straight from the specification."""
+def explicit_key_counts(config, length, key_mask):
+    """(B, H, N, N) int: how many times each query sees each key, straight from the specification.
+
+    A key is seen once as a global, local or sparse key; with ``legacy_sparse_window`` and b == f
+    (one compressed token per block) the right sparse window of block i starts at compressed
+    position i instead of i + 2, as in the 2023 reference, so its first two keys are also local keys.
+    """
     g, b, s = config.num_global_tokens, config.block_size, config.sparse_block_size
     use_sparse = config.sparsity_type != "none" and s > 0
     step = b // config.sparsity_factor if use_sparse else 0
-    allowed = torch.zeros(HEADS, length, length, dtype=torch.bool)
-    allowed[:, :g, :] = True
-    allowed[:, :, :g] = True
+    right_shift = 2 if config.legacy_sparse_window and b == config.sparsity_factor else 0
+    counts = torch.zeros(HEADS, length, length, dtype=torch.long)
+    counts[:, :g, :] = 1
+    counts[:, :, :g] = 1
     for head in range(HEADS):
         for query in range(g, length):
             block = (query - g) // b
             for key in range(g, length):
                 token = key - g
-                if abs(token // b - block) <= 1:
-                    allowed[head, query, key] = True
-                elif use_sparse:
-                    p = sparse_position(config, head, token)
-                    left = (block - 1) * step - s <= (p if p is not None else -10**9) < (block - 1) * step
-                    right = (block + 2) * step <= (p if p is not None else -10**9) < (block + 2) * step + s
-                    allowed[head, query, key] = left or right
-    return allowed[None] & key_mask[:, None, None, :]
+                p = sparse_position(config, head, token) if use_sparse else None
+                p = -10**9 if p is None else p
+                local = abs(token // b - block) <= 1
+                left = not local and (block - 1) * step - s <= p < (block - 1) * step
+                right_start = (block + 2) * step - right_shift
+                right = right_start <= p < right_start + s
+                counts[head, query, key] = local + left + right
+    return counts[None] * key_mask[:, None, None, :]
 
 
 def explicit_causal_mask(config, length, key_mask):
@@ -79,8 +85,9 @@ def explicit_causal_mask(config, length, key_mask):
     return allowed[None] & key_mask[:, None, None, :]
 
 
-def dense_reference(query, key, value, allowed):
-    bias = torch.zeros(allowed.shape, dtype=query.dtype).masked_fill(~allowed, torch.finfo(query.dtype).min)
+def dense_reference(query, key, value, counts):
+    """Dense attention in which key k weighs counts[..., k] times (a bool mask: once or never)."""
+    bias = counts.to(query.dtype).log().clamp(min=torch.finfo(query.dtype).min)
     return F.scaled_dot_product_attention(query, key, value, attn_mask=bias)
 
 
@@ -97,8 +104,13 @@ def dense_reference(query, key, value, allowed):
         dict(sparsity_type="stride", num_global_tokens=1, sparsity_factor=2, sparse_block_size=2),
         # ... and an odd b / f (it crashed)
         dict(sparsity_type="block_stride", num_global_tokens=1, sparsity_factor=4, sparse_block_size=5, block_size=12),
+        # one compressed token per block (b == f): the right sparse window stays aligned after the local one ...
+        dict(sparsity_type="stride", num_global_tokens=1, sparsity_factor=8, sparse_block_size=4),
+        # ... except for checkpoints of the 2023 reference, whose right window starts two compressed tokens early
+        dict(sparsity_type="stride", num_global_tokens=1, sparsity_factor=8, sparse_block_size=4, legacy_sparse_window=True),
     ],
-    ids=lambda s: f"{s['sparsity_type']}-g{s['num_global_tokens']}-f{s.get('sparsity_factor', 2)}-s{s.get('sparse_block_size', 0)}",
+    ids=lambda s: f"{s['sparsity_type']}-g{s['num_global_tokens']}-f{s.get('sparsity_factor', 2)}-s{s.get('sparse_block_size', 0)}"
+    + ("-legacy" if s.get("legacy_sparse_window") else ""),
 )
 @pytest.mark.parametrize("lengths", [(101, 101), (101, 77)], ids=["full", "padded"])
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
@@ -110,7 +122,7 @@ def test_blocked_path_equals_dense_attention_with_explicit_mask(settings, length
     key_mask = padding_mask([g + n for n in lengths], length)
 
     output = lsg_self_attention(query, key, value, key_mask, config, causal=causal)
-    allowed = (explicit_causal_mask if causal else explicit_mask)(config, length, key_mask)
+    allowed = (explicit_causal_mask if causal else explicit_key_counts)(config, length, key_mask)
     expected = dense_reference(query, key, value, allowed)
 
     real = key_mask[:, None, :, None].expand_as(output)
@@ -152,7 +164,7 @@ def test_mask_first_token_hides_the_first_real_token_as_a_key():
 
     output = lsg_self_attention(query, key, value, key_mask, config)
 
-    expected = dense_reference(query, key, value, explicit_mask(config, length, hidden_first))
+    expected = dense_reference(query, key, value, explicit_key_counts(config, length, hidden_first))
     torch.testing.assert_close(output, expected, atol=1e-10, rtol=0)
 
 

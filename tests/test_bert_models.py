@@ -27,6 +27,24 @@ def test_model_outputs_of_real_tokens_ignore_padding_and_batch_neighbours(sparsi
     torch.testing.assert_close(batched[:1, :150], alone, atol=1e-5, rtol=0)
 
 
+def test_bos_pooling_outputs_of_a_row_are_the_same_alone_and_padded_in_a_batch(tmp_path):
+    """Unlike the 2023 reference, which left pooled windows of padding only unmasked and padded hidden
+    states before the projections, a row's outputs do not depend on the padding that follows it."""
+    model, _ = LSGConverter(max_sequence_length=512).convert_from_pretrained(
+        save_tiny_source(tmp_path), block_size=8, sparse_block_size=8, sparsity_factor=4, sparsity_type="bos_pooling"
+    )
+    # row 0: 101 tokens (padded to 104 inside the attention when alone), then 299 padding tokens in the
+    # batch: the right sparse windows of its last blocks (32 tokens beyond the local window) and many
+    # pooled windows of 4 tokens hold only padding
+    input_ids, attention_mask = padded_batch([101, 400], 400)
+
+    with torch.no_grad():
+        alone = model(input_ids=input_ids[:1, :101]).logits
+        batched = model(input_ids=input_ids, attention_mask=attention_mask).logits
+
+    torch.testing.assert_close(batched[:1, :101], alone, atol=1e-5, rtol=0)
+
+
 @pytest.fixture
 def converted_folder(tmp_path):
     model, tokenizer = LSGConverter(max_sequence_length=1024).convert_from_pretrained(

@@ -1,10 +1,13 @@
-"""The `lsg-convert` command line: success, --help, and one clear exit code per bad input."""
+"""The `lsg-convert` command line: success, --help, one clear exit code per bad input, messages in
+flag spelling, --quiet, Ctrl-C, and the permissions of what it saves."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import signal
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -12,9 +15,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import FIXTURES, assert_reproduces_reference, reference_cases, save_tiny_source
-from lsg_converter import ARCHITECTURES
-from lsg_converter.cli import main
+from helpers import (
+    FIXTURES,
+    assert_reproduces_reference,
+    cli_command,
+    closed_port_endpoint,
+    files_under,
+    hub_environment,
+    python_command,
+    reference_cases,
+    run_process,
+    save_tiny_source,
+)
+from lsg_converter import ARCHITECTURES, LSGConverter, OutputExistsError, model_card, save_converted
+from lsg_converter.cli import build_parser, flag_spelling, main
+from lsg_converter.converter import check_output_folder
 
 ERROR_PREFIX = "lsg-convert: error:"
 
@@ -91,10 +106,85 @@ def test_position_tiling_flag_chooses_how_positions_repeat(tiny_bert_dir, tmp_pa
     assert torch.equal(table[source.shape[0]], source[row_at_source_length])
 
 
-def test_quiet_success_prints_nothing(tiny_bert_dir, tmp_path, capsys):
-    code = main([str(tiny_bert_dir), "--max-len", "256", "--save-path", str(tmp_path / "out"), "--quiet"])
-    assert code == 0
-    assert capsys.readouterr().out == ""
+@pytest.fixture
+def tokenizer_less_source(tmp_path):
+    """A tiny BERT without tokenizer files: its conversion logs warnings."""
+    return save_tiny_source(tmp_path / "source", "bert", "BertForMaskedLM")
+
+
+def test_warnings_print_one_line_each(tokenizer_less_source, tmp_path):
+    environment = hub_environment(closed_port_endpoint(), tmp_path / "hf-home")
+
+    result = run_process(cli_command(tokenizer_less_source, "--max-len", "512", "--save-path", "out"), tmp_path, environment)
+
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines and all(line.startswith("lsg-convert: warning: ") for line in lines), result.stderr
+    assert any("no tokenizer" in line for line in lines)
+
+
+def test_quiet_success_prints_nothing_not_even_warnings(tokenizer_less_source, tmp_path):
+    environment = hub_environment(closed_port_endpoint(), tmp_path / "hf-home")
+
+    result = run_process(
+        cli_command(tokenizer_less_source, "--max-len", "512", "--save-path", "out", "--quiet"), tmp_path, environment
+    )
+
+    assert result.returncode == 0
+    assert (result.stdout, result.stderr) == ("", "")
+    assert (tmp_path / "out" / "config.json").is_file()
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002])
+def test_the_saved_folder_and_files_get_their_permissions_from_the_umask(tiny_bert_dir, tmp_path, umask):
+    model, tokenizer = LSGConverter(max_sequence_length=512).convert_from_pretrained(tiny_bert_dir)
+    previous = os.umask(umask)
+    try:
+        out = save_converted(model, tokenizer, tmp_path / "shared" / "out", card=model_card(model))
+    finally:
+        os.umask(previous)
+
+    assert oct(stat.S_IMODE(out.stat().st_mode)) == oct(0o777 & ~umask)
+    modes = {path.name: oct(stat.S_IMODE(path.stat().st_mode)) for path in files_under(out)}
+    assert "model.safetensors" in modes
+    assert modes == dict.fromkeys(modes, oct(0o666 & ~umask))
+
+
+# the CLI run by a Python that pauses, once, when the conversion opens a file whose path holds MARKER
+PAUSING_CLI = """
+import os, sys, time
+from lsg_converter.cli import main
+
+def pause(event, args):
+    if event == "open" and isinstance(args[0], str) and MARKER in args[0] and not paused:
+        paused.append(args[0])
+        os.write(1, b"PAUSED\\n")
+        time.sleep(120)
+
+paused = []
+sys.addaudithook(pause)
+sys.exit(main(ARGV))
+"""
+
+
+@pytest.mark.parametrize("moment", ["reading the source", "writing the output"])
+def test_ctrl_c_during_a_conversion_exits_130_in_one_line_and_leaves_no_folder(tiny_bert_dir, tmp_path, moment):
+    source = shutil.copytree(tiny_bert_dir, tmp_path / "source")
+    marker = str(source / "config.json") if moment == "reading the source" else f"{os.sep}.out."
+    argv = [str(source), "--max-len", "512", "--save-path", str(tmp_path / "out")]
+    script = PAUSING_CLI.replace("MARKER", repr(marker)).replace("ARGV", repr(argv))
+    environment = hub_environment(closed_port_endpoint(), tmp_path / "hf-home")
+    process = subprocess.Popen(
+        python_command(script), cwd=tmp_path, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+    assert process.stdout.readline() == "PAUSED\n", process.communicate(timeout=300)[1]
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=300)
+
+    assert process.returncode == 130, err
+    assert err.splitlines() == ["lsg-convert: interrupted"] and out == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf-home", "source"]  # no output, no staging folder
 
 
 def test_default_save_path_is_source_name_lsg_max_len(tiny_bert_dir, tmp_path, monkeypatch, capsys):
@@ -110,7 +200,7 @@ def test_help_shows_examples_and_exit_codes(capsys):
     assert "lsg-convert bert-base-uncased --max-len 4096" in out
     assert "exit codes" in out
     assert "--overwrite" in out and "--push-to-hub" in out
-    assert "6 corrupt" in out and "7 Hub" in out
+    assert "6 corrupt" in out and "7 Hub" in out and "130 interrupted" in out
 
 
 def test_console_script_converts_and_exits_0(tiny_bert_dir, tmp_path):
@@ -151,6 +241,26 @@ def test_missing_source_exits_4_and_writes_nothing(tmp_path, capsys):
     assert not out.exists()
 
 
+def test_an_empty_folder_exits_4_saying_it_holds_no_model(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+
+    code = main([str(tmp_path / "empty"), "--max-len", "256", "--save-path", str(tmp_path / "out")])
+
+    line = _assert_clean_error(capsys, code, 4)
+    assert f"{tmp_path / 'empty'} holds no model (no config.json)" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]
+
+
+def test_a_folder_whose_config_describes_no_model_exits_4_saying_so_plainly(tmp_path, capsys):
+    (tmp_path / "not-a-model").mkdir()
+    (tmp_path / "not-a-model" / "config.json").write_text('{"learning_rate": 0.001}')
+
+    code = main([str(tmp_path / "not-a-model"), "--max-len", "256", "--save-path", str(tmp_path / "out")])
+
+    line = _assert_clean_error(capsys, code, 4)
+    assert "holds no model" in line and "model_type" not in line
+
+
 def test_missing_relative_source_error_is_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     code = main(["no-such-model", "--max-len", "256", "--save-path", "out"])
@@ -163,6 +273,7 @@ def test_unsupported_model_type_exits_3_and_writes_nothing(tmp_path, capsys):
     GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=32)).save_pretrained(
         tmp_path / "gpt2"
     )
+    capsys.readouterr()  # what saving the source printed
     out = tmp_path / "out"
     code = main([str(tmp_path / "gpt2"), "--max-len", "256", "--save-path", str(out)])
     line = _assert_clean_error(capsys, code, 3)
@@ -194,7 +305,7 @@ def test_existing_output_without_overwrite_exits_5_and_leaves_files_untouched(ti
     before = _files(out)
     code = main([str(tiny_bert_dir), "--max-len", "256", "--save-path", str(out)])
     line = _assert_clean_error(capsys, code, 5)
-    assert "--overwrite" in line
+    assert "pass --overwrite" in line and "overwrite=" not in line
     assert _files(out) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
@@ -233,7 +344,7 @@ def test_unknown_sparsity_type_exits_2_listing_the_valid_ones(tiny_bert_dir, tmp
 def test_negative_or_out_of_range_sizes_exit_2_and_write_nothing(tiny_bert_dir, tmp_path, capsys, flag, value):
     code = main([str(tiny_bert_dir), "--max-len", "512", flag, value, "--save-path", str(tmp_path / "out")])
     line = _assert_clean_error(capsys, code, 2)
-    assert flag.lstrip("-").replace("-", "_") in line
+    assert f"{flag} {value}" in line
     assert sorted(tmp_path.iterdir()) == []
 
 
@@ -278,6 +389,55 @@ def test_corrupt_config_exits_6_and_writes_nothing(tiny_bert_dir, tmp_path, caps
     line = _assert_clean_error(capsys, code, 6)
     assert "config.json" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["source"]
+
+
+def test_python_callers_are_told_python_names(tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "weights.bin").write_bytes(b"\x00")
+
+    with pytest.raises(OutputExistsError, match="pass overwrite=True") as refused:
+        check_output_folder(tmp_path / "out")
+
+    assert "--" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "library,cli",
+    [
+        ("choose another path or pass overwrite=True.", "choose another path or pass --overwrite."),
+        ("use architecture= with one of BertModel.", "use --architecture with one of BertModel."),
+        ("max_sequence_length=100 is below 128.", "--max-len 100 is below 128."),
+        ("block_size=0 is too small; sparse_block_size=-1 too", "--block-size 0 is too small; --sparse-block-size -1 too"),
+        ("Unknown sparsity_type='dense': use one of none, norm.", "Unknown --sparsity-type dense: use one of none, norm."),
+        ("with pass_global_tokens_to_decoder=False the decoder", "with --no-pass-global-tokens-to-decoder the decoder"),
+        ("pass token= for a private model", "pass --token for a private model"),
+        ("config.block_size=3 and block_sizes=3 stay", "config.block_size=3 and block_sizes=3 stay"),
+    ],
+)
+def test_library_messages_reach_cli_users_in_flag_spelling(library, cli):
+    assert flag_spelling(build_parser(), library) == cli
+
+
+def test_every_parameter_with_a_flag_is_translated():
+    parser = build_parser()
+    options = [action for action in parser._actions if action.option_strings and action.dest != "help"]
+    named = {"overwrite", "architecture", "max_sequence_length", "block_size", "sparse_block_size", "sparsity_factor"}
+    named |= {"sparsity_type", "num_global_tokens", "position_tiling", "token", "save_path"}
+
+    assert named <= {action.dest for action in options}
+    for action in options:
+        message = flag_spelling(parser, f"pass {action.dest}=1 here")
+        assert message.startswith(f"pass {action.option_strings[0]}") and f"{action.dest}=" not in message, message
+
+
+def test_an_unknown_head_exits_3_naming_the_flag(tiny_bert_dir, tmp_path, capsys):
+    argv = [str(tiny_bert_dir), "--max-len", "256", "--architecture", "BertForNothing", "--save-path", str(tmp_path / "o")]
+
+    code = main(argv)
+
+    line = _assert_clean_error(capsys, code, 3)
+    assert "use --architecture with one of" in line and "architecture=" not in line
+    assert sorted(tmp_path.iterdir()) == []
 
 
 class InterruptedTokenizer:

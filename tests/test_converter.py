@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import (
+    AutoModel,
     AutoModelForMaskedLM,
     AutoTokenizer,
     BartForConditionalGeneration,
@@ -26,11 +29,14 @@ from helpers import FIXTURES, TINY_CONFIGS, TINY_LENGTH, padded_batch, save_tiny
 import lsg_converter
 from lsg_converter import (
     InvalidSettingsError,
+    LSGBertConfig,
     LSGBertForMaskedLM,
     LSGBertForSequenceClassification,
     LSGConverter,
     OutputExistsError,
     SourceNotFoundError,
+    UnknownSettingError,
+    UnsafeCheckpointError,
     UnsupportedModelError,
     save_converted,
 )
@@ -176,6 +182,62 @@ def test_tokenizer_model_max_length_is_set(converted):
     assert tokenizer.model_max_length == NEW_LENGTH
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
+LONG_TOKENS = 3000
+
+
+@pytest.fixture(scope="module")
+def truncating_source(tiny_bert_dir, minilm_path, tmp_path_factory) -> Path:
+    """tiny_bert_dir's weights beside all-MiniLM-L6-v2's own tokenizer files, whose tokenizer.json
+    truncates and pads to 128 tokens."""
+    folder = tmp_path_factory.mktemp("truncating") / "source"
+    folder.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (folder / name).write_bytes((tiny_bert_dir / name).read_bytes())
+    for name in TOKENIZER_FILES:
+        (folder / name).write_bytes((minilm_path / name).read_bytes())
+    assert json.loads((folder / "tokenizer.json").read_text())["truncation"]["max_length"] == 128
+    return folder
+
+
+@pytest.fixture(scope="module")
+def untruncated(truncating_source):
+    """(model, tokenizer) of truncating_source converted to 4096 tokens."""
+    return LSGConverter(max_sequence_length=4096).convert_from_pretrained(truncating_source)
+
+
+def _long_text() -> str:
+    """A text of LONG_TOKENS ids with [CLS] and [SEP]."""
+    return " ".join(["word"] * (LONG_TOKENS - 2))
+
+
+def test_converted_tokenizer_has_no_truncation_or_padding_of_the_source(untruncated):
+    _, tokenizer = untruncated
+    assert tokenizer.backend_tokenizer.truncation is None and tokenizer.backend_tokenizer.padding is None
+    assert len(tokenizer.backend_tokenizer.encode(_long_text()).ids) == LONG_TOKENS
+
+
+def test_saved_tokenizer_json_has_no_truncation_or_padding(untruncated, tmp_path):
+    model, tokenizer = untruncated
+    folder = save_converted(model, tokenizer, tmp_path / "out")
+    saved = json.loads((folder / "tokenizer.json").read_text())
+    assert saved["truncation"] is None and saved["padding"] is None
+    assert "max_length" not in json.loads((folder / "tokenizer_config.json").read_text())
+
+
+def test_saved_tokenizer_encodes_a_long_text_whole_by_default(untruncated, tmp_path):
+    model, tokenizer = untruncated
+    reloaded = AutoTokenizer.from_pretrained(save_converted(model, tokenizer, tmp_path / "out"))
+    assert reloaded.model_max_length == 4096
+    assert len(reloaded(_long_text())["input_ids"]) == LONG_TOKENS
+
+
+def test_converted_tokenizer_truncates_and_pads_to_the_new_length_when_asked(untruncated):
+    _, tokenizer = untruncated
+    assert len(tokenizer(_long_text() * 2, truncation=True)["input_ids"]) == 4096
+    assert len(tokenizer("word", padding="max_length")["input_ids"]) == 4096
+
+
 def _bart_globals(source_dir, word_ids, strided_rows):
     """Expected BART global tokens: word + position row (the table's 2 offset rows skipped)."""
     source = BartForConditionalGeneration.from_pretrained(source_dir)
@@ -259,6 +321,41 @@ def test_documented_lsg_defaults_apply_without_kwargs(converted):
     assert model.config.model_type == "lsg-bert"
 
 
+def test_fresh_conversion_with_one_compressed_token_per_block_keeps_the_aligned_sparse_window(tiny_bert_dir, tmp_path):
+    model, tokenizer = LSGConverter(max_sequence_length=256).convert_from_pretrained(
+        tiny_bert_dir, block_size=8, sparsity_factor=8, sparse_block_size=8, sparsity_type="pooling"
+    )
+    folder = save_converted(model, tokenizer, tmp_path / "converted")
+
+    assert model.config.legacy_sparse_window is False
+    assert LSGBertForMaskedLM.from_pretrained(folder).config.legacy_sparse_window is False
+
+
+@pytest.mark.parametrize(
+    "values,legacy",
+    [
+        (dict(model_type="bert", block_size=8, num_global_tokens=1), True),  # a 2023 reference config.json
+        (dict(model_type="lsg-bert", block_size=8, num_global_tokens=1), False),  # ours, from before the key
+        (dict(model_type="bert"), False),  # a plain BERT config
+        (dict(block_size=8, num_global_tokens=1), False),  # built by hand
+    ],
+    ids=["reference", "ours", "plain", "by-hand"],
+)
+def test_only_configs_written_by_the_2023_reference_default_to_the_legacy_sparse_window(values, legacy):
+    assert LSGBertConfig(**values).legacy_sparse_window is legacy
+
+
+def test_upgraded_reference_checkpoint_keeps_the_legacy_sparse_window_through_save_and_reconversion(tmp_path):
+    model, tokenizer = LSGConverter(max_sequence_length=1024).convert_from_pretrained(FIXTURES / "bert-pooling")
+    upgraded = save_converted(model, tokenizer, tmp_path / "upgraded")
+    again, _ = LSGConverter(max_sequence_length=2048).convert_from_pretrained(upgraded)
+
+    assert model.config.legacy_sparse_window is True
+    assert json.loads((upgraded / "config.json").read_text())["model_type"] == "lsg-bert"
+    assert LSGBertForMaskedLM.from_pretrained(upgraded).config.legacy_sparse_window is True
+    assert again.config.legacy_sparse_window is True
+
+
 def test_default_block_size_is_a_multiple_of_the_sparsity_factor_when_sparse_keys_are_used(tiny_bert_dir):
     model, _ = LSGConverter(max_sequence_length=256).convert_from_pretrained(
         tiny_bert_dir, sparsity_type="pooling", sparsity_factor=4
@@ -271,12 +368,89 @@ def test_explicit_block_size_replaces_the_derived_default(tiny_bert_dir):
     assert model.config.block_size == 64
 
 
-@pytest.mark.parametrize(
-    "bad_setting", [{"sparsity_type": "bogus"}, {"block_size": 0}, {"num_global_tokens": 600}], ids=lambda s: next(iter(s))
-)
-def test_invalid_lsg_setting_raises_invalid_settings_error(tiny_bert_dir, bad_setting):
-    with pytest.raises(InvalidSettingsError):
-        LSGConverter(max_sequence_length=256).convert_from_pretrained(tiny_bert_dir, **bad_setting)
+BAD_SETTINGS = {  # setting -> what the one-line message must say (max_sequence_length=256 below)
+    "unknown-sparsity-type": ({"sparsity_type": "bogus"}, "sparsity_type='bogus' is unknown: use one of none, norm"),
+    "block-0": ({"block_size": 0}, "block_size=0 is not positive: use block_size= of at least 1"),
+    "block-negative": ({"block_size": -3}, "block_size=-3 is not positive"),
+    "block-over-max-length": ({"block_size": 300}, "block_size=300 is larger than max_sequence_length=256"),
+    "sparse-block-0": (
+        {"sparsity_type": "norm", "sparse_block_size": 0},
+        "sparse_block_size=0 gives sparsity_type='norm' no sparse keys: use sparse_block_size= of at least 1",
+    ),
+    "sparse-block-over-max-length": (
+        {"sparsity_type": "norm", "sparse_block_size": 512, "block_size": 32},
+        "sparse_block_size=512 is larger than max_sequence_length=256",
+    ),
+    "factor-0": ({"sparsity_type": "pooling", "sparsity_factor": 0}, "sparsity_factor=0 gives sparsity_type='pooling'"),
+    "factor-negative": ({"sparsity_factor": -2}, "sparsity_factor=-2 is negative"),
+    "global-negative": ({"num_global_tokens": -1}, "num_global_tokens=-1 is outside the 512-row global token table"),
+    "global-over-table": ({"num_global_tokens": 513}, "use num_global_tokens= between 0 and 512"),
+}
+
+
+@pytest.mark.parametrize("settings,message", BAD_SETTINGS.values(), ids=BAD_SETTINGS)
+def test_a_setting_that_cannot_work_is_refused_in_one_line_naming_it(tiny_bert_dir, settings, message):
+    with pytest.raises(InvalidSettingsError) as refused:
+        LSGConverter(max_sequence_length=256).convert_from_pretrained(tiny_bert_dir, **settings)
+    assert message in str(refused.value)
+    assert "\n" not in str(refused.value)
+
+
+def test_settings_are_refused_before_the_weights_are_read(tiny_bert_dir, tmp_path):
+    source = tmp_path / "source"
+    shutil.copytree(tiny_bert_dir, source)
+    (source / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(InvalidSettingsError, match="block_size=0"):
+        LSGConverter(max_sequence_length=256).convert_from_pretrained(source, block_size=0)
+
+
+def test_a_max_length_below_the_source_positions_is_refused(tiny_bert_dir):
+    with pytest.raises(InvalidSettingsError) as refused:
+        LSGConverter(max_sequence_length=100).convert_from_pretrained(tiny_bert_dir)
+    assert str(refused.value) == (
+        "max_sequence_length=100 is below the 128 positions the source already reads: "
+        "use max_sequence_length= of at least 128."
+    )
+
+
+def test_a_sparsity_factor_of_1_makes_every_token_a_sparse_key_and_is_accepted(tiny_bert_dir):
+    model, _ = LSGConverter(max_sequence_length=256).convert_from_pretrained(
+        tiny_bert_dir, sparsity_type="norm", sparsity_factor=1, sparse_block_size=8, block_size=16
+    )
+    assert model.config.sparsity_factor == 1
+
+
+def test_a_misspelt_keyword_raises_a_type_error_naming_the_closest_setting(tiny_bert_dir):
+    with pytest.raises(TypeError) as refused:
+        LSGConverter(max_sequence_length=256).convert_from_pretrained(tiny_bert_dir, block_sise=64)
+    assert isinstance(refused.value, UnknownSettingError)
+    assert str(refused.value) == "convert_from_pretrained() got an unknown setting block_sise=64: did you mean block_size=?"
+
+
+def test_a_keyword_close_to_nothing_says_what_is_accepted(tiny_bert_dir):
+    with pytest.raises(UnknownSettingError, match="zzz=1: no LSG setting or key of the source's BertConfig is called that"):
+        LSGConverter(max_sequence_length=256).convert_from_pretrained(tiny_bert_dir, zzz=1)
+
+
+def test_keys_of_the_source_config_are_accepted_as_overrides(tiny_bert_dir):
+    model, _ = LSGConverter(max_sequence_length=256).convert_from_pretrained(
+        tiny_bert_dir, hidden_dropout_prob=0.2, architecture="BertForSequenceClassification", num_labels=5
+    )
+    assert model.config.hidden_dropout_prob == 0.2
+    assert model.classifier.out_features == 5
+
+
+def test_a_misspelt_converter_argument_raises_a_type_error_naming_the_closest():
+    with pytest.raises(UnknownSettingError) as refused:
+        LSGConverter(max_sequence_lenght=4096)
+    assert str(refused.value) == (
+        "LSGConverter() got an unknown setting max_sequence_lenght=4096: did you mean max_sequence_length=?"
+    )
+
+
+def test_an_lsg_setting_given_to_the_converter_says_where_it_belongs():
+    with pytest.raises(UnknownSettingError, match="block_size=64, an LSG setting: pass it to convert_from_pretrained"):
+        LSGConverter(max_sequence_length=4096, block_size=64)
 
 
 @pytest.mark.parametrize("length", [0, -5])
@@ -319,14 +493,13 @@ def test_architecture_argument_builds_the_requested_head(tiny_bert_dir):
 
 
 def test_unknown_head_raises_unsupported_model_error(tiny_bert_dir):
-    with pytest.raises(UnsupportedModelError, match="--architecture.*BertForMaskedLM"):
+    with pytest.raises(UnsupportedModelError, match="architecture=.*BertForMaskedLM"):
         LSGConverter(max_sequence_length=256).convert_from_pretrained(tiny_bert_dir, architecture="BertForSomethingElse")
 
 
-def test_source_of_an_unknown_head_converts_its_base_model_with_a_warning(tmp_path, caplog):
+@pytest.fixture
+def colbert_dir(tmp_path) -> Path:
     """A ColBERT-style checkpoint: a BertModel under "bert." plus a projection, architectures ["HF_ColBERT"]."""
-    from safetensors.torch import save_file
-
     torch.manual_seed(0)
     bert = BertModel(TINY_CONFIGS["bert"]()).eval()
     folder = tmp_path / "colbert"
@@ -335,20 +508,194 @@ def test_source_of_an_unknown_head_converts_its_base_model_with_a_warning(tmp_pa
     save_file({**weights, "linear.weight": torch.randn(8, bert.config.hidden_size)}, folder / "model.safetensors")
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "architectures": ["HF_ColBERT"]}))
+    return folder
 
+
+def test_source_of_an_unknown_head_converts_its_base_model_with_a_warning(colbert_dir, caplog):
     with caplog.at_level("WARNING", logger="lsg_converter"):
         model, _ = LSGConverter(max_sequence_length=512).convert_from_pretrained(
-            folder, num_global_tokens=0, sparsity_type="none", block_size=TINY_LENGTH
+            colbert_dir, num_global_tokens=0, sparsity_type="none", block_size=TINY_LENGTH
         )
 
     assert type(model).__name__ == "LSGBertModel"
     warning = " ".join(record.getMessage() for record in caplog.records)
-    assert "HF_ColBERT" in warning and "--architecture" in warning and "BertForMaskedLM" in warning
+    assert "HF_ColBERT" in warning and "architecture=" in warning and "BertForMaskedLM" in warning
+    bert = BertModel.from_pretrained(colbert_dir).eval()
     input_ids, attention_mask = padded_batch([TINY_LENGTH, 90], TINY_LENGTH)
     with torch.no_grad():
         expected = bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         output = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
     torch.testing.assert_close(output, expected, atol=1e-5, rtol=0)
+
+
+def test_a_source_tensor_the_lsg_class_does_not_use_is_saved_under_its_own_name(colbert_dir, tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="lsg_converter"):
+        model, tokenizer = LSGConverter(max_sequence_length=512).convert_from_pretrained(colbert_dir)
+    saved = save_converted(model, tokenizer, tmp_path / "out")
+
+    assert torch.equal(load_file(saved / "model.safetensors")["linear.weight"], load_file(colbert_dir / "model.safetensors")["linear.weight"])
+    kept_lines = [r.getMessage() for r in caplog.records if "linear.weight" in r.getMessage()]
+    assert len(kept_lines) == 1 and "kept" in kept_lines[0]
+
+
+def test_a_kept_source_tensor_survives_reloading_and_saving_again(colbert_dir, tmp_path):
+    model, tokenizer = LSGConverter(max_sequence_length=512).convert_from_pretrained(colbert_dir)
+    reloaded = AutoModel.from_pretrained(save_converted(model, tokenizer, tmp_path / "first"))
+    again = save_converted(reloaded, None, tmp_path / "second")
+
+    projection = load_file(colbert_dir / "model.safetensors")["linear.weight"]
+    assert torch.equal(reloaded.linear.weight, projection)
+    assert torch.equal(load_file(again / "model.safetensors")["linear.weight"], projection)
+
+
+def test_a_source_without_architectures_becomes_the_head_its_weights_hold(tmp_path, caplog):
+    source = save_tiny_source(tmp_path / "source", "bert", "BertForMaskedLM")
+    config = json.loads((source / "config.json").read_text())
+    del config["architectures"]
+    (source / "config.json").write_text(json.dumps(config))
+
+    with caplog.at_level("WARNING", logger="lsg_converter"):
+        model, _ = LSGConverter(max_sequence_length=256).convert_from_pretrained(source)
+
+    assert type(model).__name__ == "LSGBertForMaskedLM"
+    assert not [r for r in caplog.records if "newly initialised" in r.getMessage()]
+    mlm = BertForMaskedLM.from_pretrained(source)
+    assert torch.equal(model.cls.predictions.transform.dense.weight, mlm.cls.predictions.transform.dense.weight)
+
+
+def test_a_source_without_architectures_or_head_weights_becomes_the_bare_model(tmp_path):
+    source = save_tiny_source(tmp_path / "source", "bert", "BertModel")
+    config = json.loads((source / "config.json").read_text())
+    del config["architectures"]
+    (source / "config.json").write_text(json.dumps(config))
+
+    model, _ = LSGConverter(max_sequence_length=256).convert_from_pretrained(source)
+
+    assert type(model).__name__ == "LSGBertModel"
+
+
+def test_a_source_whose_weights_lack_its_named_head_becomes_the_head_they_hold(tmp_path, caplog):
+    source = save_tiny_source(tmp_path / "source", "bert", "BertModel")
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps({**config, "architectures": ["BertForSequenceClassification"]}))
+
+    with caplog.at_level("WARNING", logger="lsg_converter"):
+        model, _ = LSGConverter(max_sequence_length=256).convert_from_pretrained(source)
+
+    assert type(model).__name__ == "LSGBertModel"
+    warning = " ".join(record.getMessage() for record in caplog.records)
+    assert "classifier.weight" in warning and "architecture='BertForSequenceClassification'" in warning
+
+
+def test_a_new_head_asked_for_names_its_newly_initialised_weights_in_one_line(tiny_bert_dir, caplog):
+    with caplog.at_level("WARNING", logger="lsg_converter"):
+        LSGConverter(max_sequence_length=256).convert_from_pretrained(
+            tiny_bert_dir, architecture="BertForSequenceClassification"
+        )
+    lines = [record.getMessage() for record in caplog.records if "newly initialised" in record.getMessage()]
+    assert len(lines) == 1
+    assert all(name in lines[0] for name in ("classifier.weight", "classifier.bias", "bert.pooler.dense.weight"))
+
+
+def test_a_source_without_a_pooler_gets_none(tmp_path):
+    torch.manual_seed(0)
+    BertModel(TINY_CONFIGS["bert"](), add_pooling_layer=False).save_pretrained(tmp_path / "source")
+
+    model, tokenizer = LSGConverter(max_sequence_length=256).convert_from_pretrained(tmp_path / "source")
+    saved = save_converted(model, tokenizer, tmp_path / "out")
+
+    assert model.pooler is None
+    assert not [name for name in load_file(saved / "model.safetensors") if "pooler" in name]
+    assert AutoModel.from_pretrained(saved).pooler is None
+
+
+def test_a_masked_lm_of_a_pretraining_checkpoint_keeps_its_pooler_and_next_sentence_head(tmp_path):
+    """bert-base-uncased's shape: BertForPreTraining weights, config.json naming BertForMaskedLM."""
+    source = save_tiny_source(tmp_path / "source", "bert", "BertForPreTraining")
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps({**config, "architectures": ["BertForMaskedLM"]}))
+
+    model, tokenizer = LSGConverter(max_sequence_length=256).convert_from_pretrained(source)
+    saved = load_file(save_converted(model, tokenizer, tmp_path / "out") / "model.safetensors")
+
+    assert type(model).__name__ == "LSGBertForMaskedLM"
+    original = load_file(source / "model.safetensors")
+    for name in ("bert.pooler.dense.weight", "cls.seq_relationship.weight", "cls.seq_relationship.bias"):
+        assert torch.equal(saved[name], original[name]), name
+
+
+def test_relative_position_embeddings_are_refused_naming_the_setting(tmp_path):
+    config = TINY_CONFIGS["bert"]()
+    config.position_embedding_type = "relative_key"
+    BertModel(config).save_pretrained(tmp_path / "source")
+
+    with pytest.raises(InvalidSettingsError) as refused:
+        LSGConverter(max_sequence_length=256).convert_from_pretrained(tmp_path / "source")
+    assert str(refused.value).startswith("position_embedding_type='relative_key' changes attention")
+
+
+def test_a_folder_with_a_config_but_no_weights_says_the_weights_are_missing(tiny_bert_dir, tmp_path):
+    shutil.copytree(tiny_bert_dir, tmp_path / "source")
+    (tmp_path / "source" / "model.safetensors").unlink()
+
+    with pytest.raises(SourceNotFoundError, match="weights are missing"):
+        LSGConverter(max_sequence_length=256).convert_from_pretrained(tmp_path / "source")
+
+
+class RunsACommand:
+    """Unpickling it would run a shell command: torch's weights_only loader must refuse it first."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_an_unsafe_pickle_is_refused_for_safety_naming_what_it_calls(tiny_bert_dir, tmp_path):
+    source = tmp_path / "source"
+    shutil.copytree(tiny_bert_dir, source)
+    state = load_file(source / "model.safetensors")
+    (source / "model.safetensors").unlink()
+    marker = tmp_path / "command-ran"
+    torch.save({**state, "extra": RunsACommand(marker)}, source / "pytorch_model.bin")
+
+    with pytest.raises(UnsafeCheckpointError) as refused:
+        LSGConverter(max_sequence_length=256).convert_from_pretrained(source)
+
+    message = str(refused.value)
+    assert f"its pickle calls {os.system.__module__}.system" in message and "safetensors" in message
+    assert "corrupt" not in message
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("arch,head", [(arch, row.default_head) for arch, row in lsg_converter.ARCHITECTURES.items()])
+def test_an_input_longer_than_the_converted_length_is_refused_naming_both_lengths(arch, head, tmp_path):
+    model, _ = LSGConverter(max_sequence_length=256).convert_from_pretrained(save_tiny_source(tmp_path, arch, head))
+    inputs = {"input_ids": torch.randint(3, 90, (1, 257))}
+    if model.config.is_encoder_decoder:
+        inputs["decoder_input_ids"] = inputs["input_ids"][:, :4]
+
+    with pytest.raises(ValueError, match="The input has 257 tokens, more than the 256 this model reads"):
+        model(**inputs)
+
+
+@pytest.mark.parametrize("arch", [a for a, row in lsg_converter.ARCHITECTURES.items() if TINY_CONFIGS[a]().is_encoder_decoder])
+def test_a_decoder_input_longer_than_the_converted_length_is_refused(arch, tmp_path):
+    head = lsg_converter.ARCHITECTURES[arch].default_head
+    model, _ = LSGConverter(max_sequence_length=256).convert_from_pretrained(save_tiny_source(tmp_path, arch, head))
+
+    with pytest.raises(ValueError, match="The decoder input has 257 tokens, more than the 256"):
+        model(input_ids=torch.randint(3, 90, (1, 8)), decoder_input_ids=torch.randint(3, 90, (1, 257)))
+
+
+def test_the_config_ids_warning_only_appears_when_there_are_global_tokens(tmp_path, caplog):
+    source = save_tiny_source(tmp_path / "source", "bert", "BertForMaskedLM")  # no tokenizer: config ids
+    with caplog.at_level("WARNING", logger="lsg_converter"):
+        LSGConverter(max_sequence_length=256).convert_from_pretrained(source, num_global_tokens=0)
+        assert not [record for record in caplog.records if "Global tokens" in record.getMessage()]
+        LSGConverter(max_sequence_length=256).convert_from_pretrained(source, num_global_tokens=1)
+        assert [record for record in caplog.records if "Global tokens" in record.getMessage()]
 
 
 # ---------------------------------------------------------------------------------------------- saving

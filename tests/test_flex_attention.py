@@ -62,7 +62,13 @@ def test_flex_forward_equals_sdpa_forward(sparsity_type, causal, lengths, num_gl
 
 
 @pytest.mark.parametrize(
-    "settings", [dict(sparsity_factor=1), dict(sparsity_factor=4, sparse_block_size=3), dict(block_size=12)]
+    "settings",
+    [
+        dict(sparsity_factor=1),
+        dict(sparsity_factor=4, sparse_block_size=3),
+        dict(block_size=12),
+        dict(sparsity_factor=8, legacy_sparse_window=True),  # the 2023 reference's right window, 2 positions early
+    ],
 )
 def test_flex_forward_equals_sdpa_forward_in_other_geometries(settings):
     config = lsg_config(**{"block_size": 8, "sparse_block_size": 8, "num_global_tokens": 1, **settings})
@@ -108,10 +114,12 @@ def test_flex_backend_runs_sdpa_on_cpu_while_gradients_are_needed():
 
 def tile_geometries():
     for sparsity_type, factor, span, block, num_global, causal in itertools.product(
-        ["none", "norm"], [1, 2, 4], [3, 8], [8, 12], [0, 3], [False, True]
+        ["none", "norm"], [1, 2, 4, 8], [3, 8], [8, 12], [0, 3], [False, True]
     ):
+        if block % factor:
+            continue
         yield dict(sparsity_type=sparsity_type, sparsity_factor=factor, sparse_block_size=span, block_size=block,
-                   num_global_tokens=num_global), causal
+                   num_global_tokens=num_global, legacy_sparse_window=block == factor), causal
 
 
 def geometry_id(value):

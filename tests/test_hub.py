@@ -1,4 +1,6 @@
-"""Pushing to the Hub with only the network calls of huggingface_hub mocked (HfApi.create_repo / create_commit)."""
+"""The Hub: pushing with only the network calls of huggingface_hub mocked (HfApi.create_repo /
+create_commit), and, in fresh processes, a local stand-in for the Hub (HF_ENDPOINT) that records every
+request, or a closed local port for an unreachable Hub."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import httpx2 as httpx  # the HTTP client huggingface_hub 2.x is built on
+import huggingface_hub
 import pytest
 import torch
 from huggingface_hub import CommitInfo, HfApi, RepoUrl
@@ -14,11 +17,25 @@ from huggingface_hub.errors import HfHubHTTPError
 from transformers import AutoTokenizer
 
 import lsg_converter
-from helpers import padded_batch, run_without_lsg_converter
-from lsg_converter import LSGConverter
+from helpers import (
+    RecordingHub,
+    cli_command,
+    closed_port_endpoint,
+    files_under,
+    hub_environment,
+    main_seconds,
+    padded_batch,
+    python_command,
+    run_process,
+    run_without_lsg_converter,
+    timed_cli_command,
+)
+from lsg_converter import LSGConverter, model_card
 from lsg_converter.cli import main
 
 REPO_ID = "me/tiny-bert-lsg-512"
+TOKEN = "hf_" + "tEsT" * 8 + "xy"  # spelt like a real token: hf_ and 34 letters
+OFFLINE_SECONDS = 15  # the longest an offline or refused Hub may keep a command waiting
 REMOTE_CODE = {"configuration_lsg_bert.py", "modeling_lsg_bert.py", "lsg_model.py", "lsg_attention.py", "lsg_flex.py"}
 
 
@@ -42,6 +59,13 @@ class FakeHub:
             commit_description="",
             oid="0" * 40,
         )
+
+
+@pytest.fixture
+def online(monkeypatch):
+    """The Hub counts as reachable (conftest's HF_HUB_OFFLINE=1 undone) and a token is found in HF_TOKEN."""
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
 
 
 @pytest.fixture
@@ -70,7 +94,9 @@ def push_with_cli(source, *extra):
     return main([str(source), "--max-len", "512", "--push-to-hub", REPO_ID, "--num-global-tokens", "2", *extra])
 
 
-def test_cli_push_commits_exactly_the_converted_files_in_one_commit(hub, licensed_source, tmp_path, monkeypatch, capsys):
+def test_cli_push_commits_exactly_the_converted_files_in_one_commit(
+    online, hub, licensed_source, tmp_path, monkeypatch, capsys
+):
     monkeypatch.chdir(tmp_path)
     assert push_with_cli(licensed_source, "--private", "--commit-message", "first") == 0, capsys.readouterr().err
 
@@ -85,18 +111,17 @@ def test_cli_push_commits_exactly_the_converted_files_in_one_commit(hub, license
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny-bert", "tokenizer-only"], "pushing alone saves nothing"
 
 
-def test_model_card_describes_the_conversion(hub, licensed_source, capsys):
-    assert push_with_cli(licensed_source, "--token", "hf_secret") == 0, capsys.readouterr().err
+def test_model_card_describes_the_conversion(online, hub, licensed_source, capsys):
+    assert push_with_cli(licensed_source) == 0, capsys.readouterr().err
 
     card = hub.commits[0][1]["README.md"].decode()
     assert "license: apache-2.0" in card
     assert "- lsg" in card and "- long-context" in card and "library_name: transformers" in card
-    assert str(licensed_source) in card  # base model
+    assert "`tiny-bert` converted to **LSG attention**" in card
     assert "512 tokens" in card
     for setting in ("block_size", "sparse_block_size", "sparsity_factor", "sparsity_type", "num_global_tokens"):
         assert f"`{setting}`" in card
-    assert f"lsg-convert {licensed_source} --max-len 512 --push-to-hub {REPO_ID}" in card
-    assert "hf_secret" not in card and "--token '***'" in card
+    assert f"lsg-convert tiny-bert --max-len 512 --num-global-tokens 2 --push-to-hub {REPO_ID}" in card
     assert f"lsg_converter {lsg_converter.__version__}" in card
     assert f'AutoModelForMaskedLM.from_pretrained("{REPO_ID}", trust_remote_code=True)' in card
     assert "@inproceedings{condevaux2023lsg" in card
@@ -114,7 +139,7 @@ def lay_out_as_hub_cache(files, cache, repo_id):
     (repo_folder / "refs" / "main").write_text(revision)
 
 
-def test_pushed_files_load_from_the_hub_cache_offline_with_remote_code(hub, licensed_source, tmp_path, capsys):
+def test_pushed_files_load_from_the_hub_cache_offline_with_remote_code(online, hub, licensed_source, tmp_path, capsys):
     assert push_with_cli(licensed_source) == 0, capsys.readouterr().err
     lay_out_as_hub_cache(hub.commits[0][1], tmp_path / "cache", REPO_ID)
     model, tokenizer = LSGConverter(max_sequence_length=512).convert_from_pretrained(licensed_source, num_global_tokens=2)
@@ -152,7 +177,7 @@ def test_model_push_to_hub_after_conversion_uploads_the_remote_code(hub, tiny_be
     assert json.loads(files["config.json"])["auto_map"]["AutoModelForMaskedLM"] == "modeling_lsg_bert.LSGBertForMaskedLM"
 
 
-def test_refused_token_exits_7_and_keeps_the_local_save_complete(monkeypatch, tiny_bert_dir, tmp_path, capsys):
+def test_refused_token_exits_7_and_keeps_the_local_save_complete(online, monkeypatch, tiny_bert_dir, tmp_path, capsys):
     def refuse(api, repo_id, **kwargs):
         request = httpx.Request("POST", "https://huggingface.co/api/repos/create")
         raise HfHubHTTPError("401 Client Error: Unauthorized (invalid token)", response=httpx.Response(401, request=request))
@@ -164,17 +189,286 @@ def test_refused_token_exits_7_and_keeps_the_local_save_complete(monkeypatch, ti
 
     err = capsys.readouterr().err.strip()
     assert code == 7 and err.count("\n") == 0 and "Traceback" not in err
-    assert err.startswith("lsg-convert: error: Could not push") and "--token" in err
+    assert err.startswith(f"lsg-convert: error: Cannot push to '{REPO_ID}': the Hub answered HTTP 401")
+    assert "--token" in err and "token=" not in err
     assert (out / "README.md").is_file()
     reloaded = lsg_converter.LSGBertForMaskedLM.from_pretrained(out)
     assert reloaded.config.max_position_embeddings == 512
 
 
-def test_offline_hub_exits_7_without_a_traceback(tiny_bert_dir, tmp_path, monkeypatch, capsys):
-    # HF_HUB_OFFLINE=1 (conftest): huggingface_hub itself refuses to reach the network.
+@pytest.fixture
+def unreadable_source(tiny_bert_dir, tmp_path):
+    """tiny_bert_dir with truncated weights: converting it fails (exit 6), so a refusal with another
+    code shows that the command stopped before converting."""
+    source = tmp_path / "source"
+    shutil.copytree(tiny_bert_dir, source)
+    weights = source / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    return source
+
+
+def test_push_alone_is_refused_before_converting_when_the_hub_is_offline(unreadable_source, tmp_path, monkeypatch, capsys):
+    # HF_HUB_OFFLINE=1 (conftest)
     monkeypatch.chdir(tmp_path)
-    code = main([str(tiny_bert_dir), "--max-len", "512", "--push-to-hub", REPO_ID])
+    code = main([str(unreadable_source), "--max-len", "512", "--push-to-hub", REPO_ID])
 
     err = capsys.readouterr().err.strip()
-    assert code == 7 and err.count("\n") == 0 and "OfflineModeIsEnabled" in err
-    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    assert code == 7, err
+    assert err == f"lsg-convert: error: Cannot push to '{REPO_ID}': HF_HUB_OFFLINE=1 is set; unset it to push."
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["source"]
+
+
+def test_push_alone_is_refused_before_converting_without_a_token(unreadable_source, tmp_path):
+    environment = hub_environment(closed_port_endpoint(), tmp_path / "hf-home")  # no HF_TOKEN, no saved login
+
+    result = run_process(cli_command(unreadable_source, "--max-len", "512", "--push-to-hub", REPO_ID), tmp_path, environment)
+
+    assert result.returncode == 7, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"lsg-convert: error: Cannot push to '{REPO_ID}': no Hugging Face token found; pass --token, set HF_TOKEN, "
+        "or log in with `hf auth login`."
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf-home", "source"]
+
+
+# ---------------------------------------------------------------------------------------------- the model card
+
+
+def test_card_names_a_local_source_by_its_folder_name_without_a_link_or_its_path(tiny_bert_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main([str(tiny_bert_dir), "--max-len", "512", "--save-path", str(out)]) == 0, capsys.readouterr().err
+
+    card = (out / "README.md").read_text()
+    assert f"`{tiny_bert_dir.name}` converted to" in card
+    assert f"[{tiny_bert_dir.name}]" not in card and "base_model" not in card
+    assert str(tiny_bert_dir.parent) not in card and str(tmp_path) not in card
+
+
+def test_card_links_a_hub_source_to_its_hub_page(tiny_bert_dir):
+    model, _ = LSGConverter(max_sequence_length=512).convert_from_pretrained(tiny_bert_dir)
+    model.config._name_or_path = "someone/tiny-bert"
+
+    card = str(model_card(model))
+
+    assert "[someone/tiny-bert](https://huggingface.co/someone/tiny-bert) converted to" in card
+    assert "base_model: someone/tiny-bert" in card
+
+
+def test_card_records_the_command_from_the_parsed_options(tiny_bert_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    typed = [str(tiny_bert_dir.resolve()), "--num-global-tokens", "2", "--seed", "123", "--max-len", "512", "--quiet",
+             "--save-path", str(out)]  # fmt: skip
+
+    assert main(typed) == 0, capsys.readouterr().err
+
+    # the parser's order, options at their default left out, folders by their names
+    assert f"lsg-convert {tiny_bert_dir.name} --max-len 512 --save-path out --num-global-tokens 2\n" in (
+        out / "README.md"
+    ).read_text()
+
+
+@pytest.mark.parametrize("how", ["HF_TOKEN", "--token", "--token="])
+def test_a_token_appears_in_no_saved_or_pushed_file_and_no_printed_line(
+    online, hub, tiny_bert_dir, tmp_path, monkeypatch, capfd, how
+):
+    out = tmp_path / "out"
+    given = {"HF_TOKEN": [], "--token": ["--token", TOKEN], "--token=": [f"--token={TOKEN}"]}[how]
+    if how == "HF_TOKEN":
+        monkeypatch.setenv("HF_TOKEN", TOKEN)
+    else:
+        monkeypatch.delenv("HF_TOKEN")
+
+    code = main([str(tiny_bert_dir), "--max-len", "512", "--save-path", str(out), "--push-to-hub", REPO_ID, *given])
+
+    printed = capfd.readouterr()
+    assert code == 0, printed.err
+    assert TOKEN not in printed.out + printed.err
+    assert [path.name for path in files_under(out) if TOKEN.encode() in path.read_bytes()] == []
+    assert [name for name, content in hub.commits[0][1].items() if TOKEN.encode() in content] == []
+
+
+def test_an_abbreviated_flag_is_refused_without_echoing_its_value(tiny_bert_dir, tmp_path, capsys):
+    code = main([str(tiny_bert_dir), "--max-len", "512", "--save-path", str(tmp_path / "out"), "--tok", TOKEN])
+
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert err == "lsg-convert: error: unrecognized arguments: --tok (see lsg-convert --help)"
+    assert sorted(tmp_path.iterdir()) == []
+
+
+def test_a_hub_sources_license_comes_from_the_hubs_record_in_one_request(tmp_path):
+    script = """
+        from lsg_converter.hub import source_license
+        print("LICENSE", source_license("someone/model"))
+        """
+    with RecordingHub({"/api/models/someone/model": {"id": "someone/model", "cardData": {"license": "mit"}}}) as hub:
+        result = run_process(python_command(script), tmp_path, hub_environment(hub.endpoint, tmp_path / "hf-home"))
+
+    assert result.stdout.split() == ["LICENSE", "mit"], result.stderr
+    assert [path for _, path, _ in hub.requests if "someone" in path] == ["/api/models/someone/model"]
+
+
+# ---------------------------------------------------------------------------------------------- a local folder stays local
+
+LOCAL_SPELLINGS = {  # how the source is named -> the folder the command runs in, relative to the tmp folder
+    "mymodel": "work/checkpoints",
+    "checkpoints/mymodel": "work",
+    "./mymodel": "work/checkpoints",
+    "ABSOLUTE": "work",
+}
+
+
+@pytest.fixture
+def local_layout(tiny_bert_dir, tmp_path):
+    """tmp/work/checkpoints/mymodel: a model folder without README.md."""
+    shutil.copytree(tiny_bert_dir, tmp_path / "work" / "checkpoints" / "mymodel")
+    return tmp_path
+
+
+def spelt(spelling, layout):
+    return str(layout / "work" / "checkpoints" / "mymodel") if spelling == "ABSOLUTE" else spelling
+
+
+def requests_of_script(script, cwd, hf_home):
+    """Run python `script` in a fresh process whose Hub is a RecordingHub (HF_TOKEN set, HF_HOME
+    `hf_home`); it must succeed. Returns its output and the requests the Hub received."""
+    with RecordingHub() as hub:
+        result = run_process(python_command(script), cwd, hub_environment(hub.endpoint, hf_home, token=TOKEN))
+    assert result.returncode == 0, result.stderr
+    return result, hub.requests
+
+
+def test_the_cli_never_asks_the_hub_about_a_local_folder(local_layout):
+    runs = [
+        (str(local_layout / cwd), [spelt(spelling, local_layout), "--max-len", "256", "--save-path", f"../out-{index}"])
+        for index, (spelling, cwd) in enumerate(LOCAL_SPELLINGS.items())
+    ]
+    script = f"""
+        import os
+        from lsg_converter.cli import main
+        for cwd, argv in {runs!r}:
+            os.chdir(cwd)
+            assert main(argv) == 0, argv
+        """
+
+    _, requests = requests_of_script(script, local_layout, local_layout / "hf-home")
+
+    assert requests == []
+    assert files_under(local_layout / "hf-home") == []
+
+
+def test_the_python_api_never_asks_the_hub_about_a_local_folder(local_layout):
+    runs = [(str(local_layout / cwd), spelt(spelling, local_layout)) for spelling, cwd in LOCAL_SPELLINGS.items()]
+    script = f"""
+        import os
+        from lsg_converter import LSGConverter, model_card, save_converted
+        from lsg_converter.hub import source_license
+        for index, (cwd, source) in enumerate({runs!r}):
+            os.chdir(cwd)
+            model, tokenizer = LSGConverter(max_sequence_length=256).convert_from_pretrained(source)
+            card = model_card(model, license=source_license(source))
+            save_converted(model, tokenizer, {str(local_layout)!r} + f"/out-{{index}}", card=card)
+        """
+
+    _, requests = requests_of_script(script, local_layout, local_layout / "hf-home")
+
+    assert requests == []
+    assert files_under(local_layout / "hf-home") == []
+
+
+def test_push_converted_never_asks_the_hub_about_a_local_source(local_layout):
+    script = """
+        from lsg_converter import HubError, LSGConverter, push_converted
+        model, tokenizer = LSGConverter(max_sequence_length=256).convert_from_pretrained("mymodel")
+        try:
+            push_converted(model, tokenizer, "me/mymodel-lsg")
+        except HubError as error:
+            print("HubError", error)
+        """
+
+    result, requests = requests_of_script(script, local_layout / "work" / "checkpoints", local_layout / "hf-home")
+
+    assert "HubError" in result.stdout
+    assert requests, "the push itself reaches the stand-in Hub"
+    assert [path for _, path, _ in requests if "/mymodel/" in path or path.endswith("/mymodel")] == []
+
+
+# ---------------------------------------------------------------------------------------------- an unreachable Hub
+
+
+def assert_one_error_line(result) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lsg-convert: error: "), result.stderr
+    return lines[0]
+
+
+def test_an_unreachable_hub_id_source_exits_7_in_one_line_within_15_seconds(tmp_path):
+    environment = hub_environment(closed_port_endpoint(), tmp_path / "hf-home", token=TOKEN)
+
+    result = run_process(timed_cli_command("someone/model", "--max-len", "512", "--save-path", "out"), tmp_path, environment)
+
+    line = assert_one_error_line(result)
+    assert result.returncode == 7
+    assert main_seconds(result) < OFFLINE_SECONDS
+    assert "Cannot look up 'someone/model' on the Hub (no folder of that name here)" in line
+    assert "is unreachable" in line and line.endswith("give a folder that exists.")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf-home"]
+
+
+def test_an_unreachable_hub_id_in_the_cache_is_pointed_to_offline_mode(tmp_path):
+    environment = hub_environment(closed_port_endpoint(), tmp_path / "hf-home", token=TOKEN)
+    lay_out_as_hub_cache({"config.json": b'{"model_type": "bert"}'}, tmp_path / "hf-home" / "hub", "someone/model")
+
+    result = run_process(cli_command("someone/model", "--max-len", "512", "--save-path", "out"), tmp_path, environment)
+
+    line = assert_one_error_line(result)
+    assert result.returncode == 7
+    assert "is unreachable" in line
+    assert line.endswith("; set HF_HUB_OFFLINE=1 to convert the copy in the Hugging Face cache.")
+
+
+def test_a_hub_id_the_hub_does_not_have_exits_4(tmp_path):
+    with RecordingHub() as hub:
+        environment = hub_environment(hub.endpoint, tmp_path / "hf-home", token=TOKEN)
+        result = run_process(cli_command("someone/model", "--max-len", "512", "--save-path", "out"), tmp_path, environment)
+
+    line = assert_one_error_line(result)
+    assert result.returncode == 4
+    assert line == (
+        "lsg-convert: error: No folder 'someone/model' here, and no model 'someone/model' on the Hub: "
+        "check the name, or pass --token for a private model."
+    )
+    assert ("GET", "/api/models/someone/model", f"Bearer {TOKEN}") in hub.requests
+
+
+def test_the_cli_push_to_an_unreachable_hub_exits_7_in_one_line_within_15_seconds(tiny_bert_dir, tmp_path):
+    environment = hub_environment(closed_port_endpoint(), tmp_path / "hf-home", token=TOKEN)
+
+    result = run_process(timed_cli_command(tiny_bert_dir, "--max-len", "512", "--push-to-hub", REPO_ID), tmp_path, environment)
+
+    line = assert_one_error_line(result)
+    assert result.returncode == 7
+    assert main_seconds(result) < OFFLINE_SECONDS
+    assert line.startswith(f"lsg-convert: error: Cannot push to '{REPO_ID}': the Hub at http://127.0.0.1:")
+    assert "is unreachable" in line and "--token" in line
+
+
+def test_push_converted_to_an_unreachable_hub_raises_hub_error_within_15_seconds(tiny_bert_dir, tmp_path):
+    script = f"""
+        import time
+        from lsg_converter import HubError, LSGConverter, push_converted
+        model, tokenizer = LSGConverter(max_sequence_length=512).convert_from_pretrained({str(tiny_bert_dir)!r})
+        start = time.monotonic()
+        try:
+            push_converted(model, tokenizer, {REPO_ID!r})
+        except HubError as error:
+            print("SECONDS", time.monotonic() - start)
+            print("EXIT_CODE", error.exit_code)
+        """
+    environment = hub_environment(closed_port_endpoint(), tmp_path / "hf-home", token=TOKEN)
+
+    result = run_process(python_command(script), tmp_path, environment)
+
+    assert result.returncode == 0, result.stderr
+    assert "EXIT_CODE 7" in result.stdout
+    assert float(result.stdout.split("SECONDS")[1].split()[0]) < OFFLINE_SECONDS

@@ -83,6 +83,17 @@ def uses_sparse_keys(config: Any) -> bool:
     return config.sparsity_type != "none" and config.sparse_block_size > 0 and config.sparsity_factor > 0
 
 
+def right_sparse_window_shift(config: Any) -> int:
+    """Compressed positions by which block i's right sparse window starts before the aligned (i + 2) c.
+
+    0, except for checkpoints of the 2023 reference (``legacy_sparse_window``) with one compressed
+    token per block (``block_size == sparsity_factor``): the reference started that window two
+    compressed tokens early, at i c, over keys the local window already holds, and models trained
+    with it learned that pattern, so it is reproduced for them.
+    """
+    return -2 if config.legacy_sparse_window and config.block_size == config.sparsity_factor else 0
+
+
 # --------------------------------------------------------------------------------------------------
 # Sparse context: each function compresses the (padded) token sequence of length T into T / f keys
 # --------------------------------------------------------------------------------------------------
@@ -159,7 +170,10 @@ def sparse_by_block_stride(queries, keys, values, mask, config, scaling) -> Spar
 
 
 def sparse_by_bos_pooling(queries, keys, values, mask, config, scaling) -> SparseContext:
-    """In each window of f tokens, mean weighted by softmax(q_first . k * scaling), q_first = first real token."""
+    """In each window of f tokens, mean weighted by softmax(q_first . k * scaling), q_first = first real token.
+
+    A window of padding only is masked (the 2023 reference left it unmasked, so its rows depended on
+    the padding after them: see the README's compatibility notes)."""
     factor = config.sparsity_factor
     batch, heads, length, head_dim = keys.shape
     window_keys = keys.view(batch, heads, -1, factor, head_dim)
@@ -284,9 +298,10 @@ class KeyPattern:
             blocks_after=0 if causal else 1,
             compressed_per_block=step,
             sparse_size=size,
-            # left: the s positions just before the local window; right: the s just after it
+            # left: the s positions just before the local window; right: the s just after it (shifted
+            # for the 2023 reference's checkpoints, see `right_sparse_window_shift`)
             sparse_left_start=-step - size,
-            sparse_right_start=None if causal or not size else 2 * step,
+            sparse_right_start=None if causal or not size else 2 * step + right_sparse_window_shift(config),
             causal=causal,
             num_global=config.num_global_tokens,
         )

@@ -13,6 +13,7 @@ This file travels with saved models as remote code: it imports torch and transfo
 
 from __future__ import annotations
 
+import inspect
 from types import ModuleType
 from typing import Any
 
@@ -22,6 +23,8 @@ from torch import nn
 from .lsg_attention import SPARSITY_TYPES, lsg_attention_name, uses_sparse_keys
 
 MAX_GLOBAL_TOKENS = 512  # rows of the global embedding table, as in the 2023 reference checkpoints
+POOLER_KEY = "add_pooling_layer"  # config key: whether the base model holds a pooler (see LSGModelMixin)
+KEPT_WEIGHTS_KEY = "kept_source_weights"  # config key: source tensors held under their own names
 
 LSG_DEFAULTS: dict[str, Any] = {
     "adaptive": True,
@@ -34,11 +37,21 @@ LSG_DEFAULTS: dict[str, Any] = {
     "mask_first_token": False,
     "lsh_num_pre_rounds": 1,
     "lsh_seed": 0,
+    "legacy_sparse_window": False,
 }
 # Extra key of encoder-decoder models: the decoder also attends to the encoder's global tokens.
 SEQ2SEQ_DEFAULTS: dict[str, Any] = {**LSG_DEFAULTS, "pass_global_tokens_to_decoder": True}
 # Keys the 2023 reference wrote into its configs that mean nothing here.
 LEGACY_CONFIG_KEYS = ("base_model_prefix",)
+# LSG keys whose presence, under a plain model_type ("bert", ...), marks a config of the 2023 reference.
+REFERENCE_CONFIG_MARKERS = ("block_size", "num_global_tokens")
+# Source settings that change attention or positions in a way LSG does not carry -> the values it can carry.
+# Relative position embeddings add learned distance terms inside attention; DistilBERT's sinusoidal table
+# would be tiled like a learned one.
+UNSUPPORTED_SETTINGS: dict[str, tuple[Any, ...]] = {
+    "position_embedding_type": (None, "absolute"),
+    "sinusoidal_pos_embds": (None, False),
+}
 
 # The heads every BERT-like encoder has (suffixes of the Hugging Face class names).
 ENCODER_HEADS = (
@@ -76,6 +89,10 @@ class LSGConfigMixin:
         adaptive (True): pad inputs to a multiple of ``block_size`` instead of refusing them.
         lsh_num_pre_rounds (1): hashing rounds before the final one for ``sparsity_type="lsh"``.
         lsh_seed (0): seed of the random hyperplanes of ``sparsity_type="lsh"``.
+        legacy_sparse_window (False; True when the config was written by the 2023 reference, see
+            `is_reference_config`): reproduce the reference's right sparse window, which starts two
+            compressed tokens early when ``block_size == sparsity_factor`` (see
+            `lsg_attention.right_sparse_window_shift`); models trained with the reference learned it.
         pass_global_tokens_to_decoder (True, encoder-decoder models only): the encoder output keeps
             the global tokens in front and the decoder attends to them.
 
@@ -99,7 +116,8 @@ class LSGConfigMixin:
         super().__init_subclass__(**kwargs)
 
     def __init__(self, **kwargs: Any) -> None:
-        lsg_values = {key: kwargs.pop(key, default) for key, default in self.lsg_defaults.items()}
+        defaults = {**self.lsg_defaults, "legacy_sparse_window": is_reference_config(kwargs)}
+        lsg_values = {key: kwargs.pop(key, default) for key, default in defaults.items()}
         for key in LEGACY_CONFIG_KEYS:
             kwargs.pop(key, None)
         kwargs.pop("model_type", None)  # legacy checkpoints say "bert", "roberta", ...
@@ -159,29 +177,69 @@ class LSGConfigMixin:
         self._attn_implementation_internal = value if self.lsg_dense_decoder else lsg_attention_name(value)
 
 
-def validate_lsg_settings(config: Any) -> None:
-    """Raise ValueError, saying what to change, if the LSG keys of `config` cannot work."""
+def is_reference_config(values: dict[str, Any]) -> bool:
+    """Whether config values (a config.json, or a config's ``to_dict()``) were written by the 2023
+    reference: a plain model_type ("bert", "roberta", ...) that carries the LSG keys."""
+    model_type = values.get("model_type") or ""
+    return bool(model_type) and not model_type.startswith("lsg-") and all(key in values for key in REFERENCE_CONFIG_MARKERS)
+
+
+def validate_lsg_settings(config: Any, max_length: int | None = None) -> None:
+    """Raise ValueError, saying what to change, if the LSG keys of `config` cannot work, or if `config`
+    holds a setting (`UNSUPPORTED_SETTINGS`) that LSG attention does not implement.
+
+    With `max_length` (the length the model will read), blocks longer than that are refused too.
+    Messages name the keys as ``key=value``, the way they are passed in Python.
+    """
+    for key, supported in UNSUPPORTED_SETTINGS.items():
+        value = getattr(config, key, None)
+        if value not in supported:
+            raise ValueError(
+                f"{key}={value!r} changes attention in a way LSG does not implement (only "
+                f"{' or '.join(repr(v) for v in supported if v is not None)}): this model cannot be converted faithfully."
+            )
     for key in ("block_size", "sparse_block_size", "sparsity_factor", "num_global_tokens", "lsh_num_pre_rounds"):
         value = getattr(config, key)
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{key} must be an integer, got {value!r}.")
-    if config.block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {config.block_size}.")
-    if config.sparse_block_size < 0 or config.sparsity_factor < 0 or config.lsh_num_pre_rounds < 0:
-        raise ValueError("sparse_block_size, sparsity_factor and lsh_num_pre_rounds must be >= 0.")
-    if not 0 <= config.num_global_tokens <= MAX_GLOBAL_TOKENS:
-        raise ValueError(f"num_global_tokens must be between 0 and {MAX_GLOBAL_TOKENS}, got {config.num_global_tokens}.")
+            raise ValueError(f"{key}={value!r} is not an integer: use a whole number.")
     if config.sparsity_type not in SPARSITY_TYPES:
-        raise ValueError(f"Unknown sparsity_type {config.sparsity_type!r}: use one of {', '.join(SPARSITY_TYPES)}.")
+        raise ValueError(f"sparsity_type={config.sparsity_type!r} is unknown: use one of {', '.join(SPARSITY_TYPES)}.")
+    if config.block_size < 1:
+        raise ValueError(f"block_size={config.block_size} is not positive: use block_size= of at least 1.")
+    for key in ("sparse_block_size", "sparsity_factor", "lsh_num_pre_rounds"):
+        if getattr(config, key) < 0:
+            raise ValueError(f"{key}={getattr(config, key)} is negative: use {key}= of at least 0.")
+    if config.sparsity_type != "none":
+        for key in ("sparse_block_size", "sparsity_factor"):
+            if getattr(config, key) < 1:
+                raise ValueError(
+                    f"{key}={getattr(config, key)} gives sparsity_type={config.sparsity_type!r} no sparse keys: "
+                    f"use {key}= of at least 1, or sparsity_type='none' for local and global attention only."
+                )
+    if not 0 <= config.num_global_tokens <= MAX_GLOBAL_TOKENS:
+        raise ValueError(
+            f"num_global_tokens={config.num_global_tokens} is outside the {MAX_GLOBAL_TOKENS}-row global token table: "
+            f"use num_global_tokens= between 0 and {MAX_GLOBAL_TOKENS}."
+        )
+    if not isinstance(config.legacy_sparse_window, bool):
+        raise ValueError(f"legacy_sparse_window={config.legacy_sparse_window!r} is not a boolean: use True or False.")
     if uses_sparse_keys(config) and config.block_size % config.sparsity_factor:
         raise ValueError(
-            f"block_size ({config.block_size}) must be a multiple of sparsity_factor ({config.sparsity_factor})."
+            f"block_size={config.block_size} is not a multiple of sparsity_factor={config.sparsity_factor}: "
+            "use a block_size= that sparsity_factor= divides."
         )
+    if max_length is not None:
+        for key in ("block_size", "sparse_block_size") if uses_sparse_keys(config) else ("block_size",):
+            if getattr(config, key) > max_length:
+                raise ValueError(
+                    f"{key}={getattr(config, key)} is larger than max_sequence_length={max_length}: "
+                    f"use {key}= of at most {max_length}."
+                )
     causal_lsg = getattr(config, "is_decoder", False) and not getattr(config, "lsg_dense_decoder", False)
     if causal_lsg and config.sparsity_type == "bos_pooling" and uses_sparse_keys(config):
         raise ValueError(
-            "sparsity_type 'bos_pooling' needs the first token's query, which a cached causal decoder no longer "
-            "has: use 'pooling' for decoder (causal LM) models."
+            "sparsity_type='bos_pooling' needs the first token's query, which a cached causal decoder no longer "
+            "has: use sparsity_type='pooling' for decoder (causal LM) models."
         )
 
 
@@ -240,6 +298,43 @@ class GlobalTokens:
         return output
 
 
+class InputLengthCheck:
+    """Forward pre-hook of a module that receives the token ids (the embeddings, an encoder, a decoder).
+
+    Refuses an input longer than the position table with a ValueError that names both lengths, where
+    the model would otherwise fail deep inside (an IndexError or a size mismatch in the embeddings).
+    A decoder's length counts its cache; ``past_key_values_length`` arrives without the global tokens
+    (see `GlobalTokens.before_embeddings`, which runs first).
+    """
+
+    def __init__(self, config: Any, positions_after_padding: bool, name: str) -> None:
+        self.config = config
+        self.positions_after_padding = positions_after_padding
+        self.name = name
+
+    @property
+    def max_length(self) -> int:
+        """Tokens the position table holds: max_position_embeddings, less RoBERTa's padding rows."""
+        padding_rows = self.config.pad_token_id + 1 if self.positions_after_padding else 0
+        return self.config.max_position_embeddings - padding_rows
+
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        candidates = (kwargs.get("input_ids"), kwargs.get("inputs_embeds"), *args)
+        tokens = next((value for value in candidates if isinstance(value, torch.Tensor)), None)
+        if tokens is None:
+            return
+        cache = kwargs.get("past_key_values")
+        past_length = cache.get_seq_length() if cache is not None else kwargs.get("past_key_values_length") or 0
+        length = tokens.shape[1] + past_length
+        if length > self.max_length:
+            counted = " (cache included)" if past_length else ""
+            raise ValueError(
+                f"The {self.name} has {length} tokens{counted}, more than the {self.max_length} this model reads: "
+                f"truncate it (tokenizer(..., truncation=True, max_length={self.max_length})) or convert the source "
+                "model again with a larger max length."
+            )
+
+
 class LSGModelMixin:
     """Turns the Hugging Face model built by ``super().__init__`` into an LSG model, in place.
 
@@ -248,27 +343,53 @@ class LSGModelMixin:
             whose forward receives ``past_key_values_length`` in decoders,
         lsg_prepend_before: module whose input (the summed embeddings) gets the global tokens in
             front: the embedding normalisation, or the first layer in a model without one (Pegasus),
-        lsg_encoder: module whose output drops the global tokens again.
+        lsg_encoder: module whose output drops the global tokens again,
+        lsg_decoder: the decoder of an encoder-decoder model (skipped where the base has none),
+        lsg_positions_after_padding: positions start after the padding id (RoBERTa's convention), so
+            the table holds ``pad_token_id + 1`` rows that no token reaches.
 
     The decoder-only head of an encoder-decoder architecture (`LSGConfigMixin.lsg_dense_decoder`)
     has no encoder: it gets no global tokens and stays the dense source model.
+
+    Two config keys, written by the converter, make the model hold what its source held:
+        add_pooling_layer: True gives the base model its pooler even in a head built without one
+            (ForMaskedLM keeps the source's pooler); False builds the bare model without one.
+        kept_source_weights: ``{name: {"shape": [...], "dtype": "float32"}}``, source tensors that the
+            class does not use (a ColBERT projection), held as buffers under their own names so that
+            they are saved and loaded with the model.
+    Every model refuses an input longer than its position table (`InputLengthCheck`).
     """
 
     lsg_embeddings: str = "embeddings"
     lsg_prepend_before: str = "embeddings.LayerNorm"
     lsg_encoder: str = "encoder"
+    lsg_decoder: str = "decoder"
+    lsg_positions_after_padding: bool = False
 
     def __init__(self, config, *args: Any, **kwargs: Any) -> None:
+        holds_pooler = getattr(config, POOLER_KEY, None)
+        if holds_pooler is False and POOLER_KEY in inspect.signature(super().__init__).parameters:
+            kwargs.setdefault(POOLER_KEY, False)
         super().__init__(config, *args, **kwargs)
+        base = getattr(self, self.base_model_prefix, self)
+        if holds_pooler:
+            self._add_missing_pooler(base)
+        for name, spec in (getattr(config, KEPT_WEIGHTS_KEY, None) or {}).items():
+            self._hold_kept_weight(name, spec)
+        children = dict(base.named_children())
+        if self.lsg_decoder in children:
+            check = InputLengthCheck(self.config, self.lsg_positions_after_padding, "decoder input")
+            children[self.lsg_decoder].register_forward_pre_hook(check, with_kwargs=True)
         if self.config.lsg_dense_decoder:
             return
-        base = getattr(self, self.base_model_prefix, self)
         embeddings = base.get_submodule(self.lsg_embeddings)
         width = self.get_input_embeddings().embedding_dim  # the summed embeddings the global tokens join
         embeddings.global_embeddings = nn.Embedding(MAX_GLOBAL_TOKENS, width)
         nn.init.normal_(embeddings.global_embeddings.weight, std=getattr(config, "initializer_range", 0.02))
         global_tokens = GlobalTokens(embeddings.global_embeddings, self.config)
         embeddings.register_forward_pre_hook(global_tokens.before_embeddings, with_kwargs=True)
+        check = InputLengthCheck(self.config, self.lsg_positions_after_padding, "input")
+        embeddings.register_forward_pre_hook(check, with_kwargs=True)
         base.get_submodule(self.lsg_prepend_before).register_forward_pre_hook(global_tokens.prepend)
         base.get_submodule(self.lsg_encoder).register_forward_hook(global_tokens.drop)
 
@@ -285,6 +406,37 @@ class LSGModelMixin:
         if self.config.lsg_dense_decoder:
             return None
         return self.base_model.get_submodule(self.lsg_embeddings).global_embeddings
+
+    def _add_missing_pooler(self, base: nn.Module) -> None:
+        """Give `base` the pooler modules its class builds with add_pooling_layer=True, where the head
+        built it without (BertForMaskedLM): the pooler is then only held, the head's outputs are unchanged."""
+        if POOLER_KEY not in inspect.signature(type(base).__init__).parameters:
+            return
+        with torch.device("meta"):
+            pooled = type(base)(self.config, **{POOLER_KEY: True})
+        reference = next(base.parameters())
+        for name, module in pooled.named_children():
+            if name in vars(base) and vars(base)[name] is None:  # pooler (ALBERT: also pooler_activation)
+                module = module.to_empty(device=reference.device).to(reference.dtype)
+                for submodule in module.modules():
+                    self._init_weights(submodule)
+                setattr(base, name, module)
+
+    def _hold_kept_weight(self, name: str, spec: dict[str, Any]) -> None:
+        """Register the buffer `name` ("linear.weight"), adding empty modules on its path where needed."""
+        *path, leaf = name.split(".")
+        owner: nn.Module = self
+        for part in path:
+            child = owner._modules.get(part)
+            if child is None:
+                if hasattr(owner, part):
+                    raise ValueError(f"Cannot keep the source tensor {name}: {part} is something else in {type(self).__name__}.")
+                child = nn.Module()
+                owner.add_module(part, child)
+            owner = child
+        if hasattr(owner, leaf):
+            raise ValueError(f"Cannot keep the source tensor {name}: {type(self).__name__} already has it.")
+        owner.register_buffer(leaf, torch.zeros(spec["shape"], dtype=getattr(torch, spec["dtype"])))
 
 
 # --------------------------------------------------------------------------------------------------

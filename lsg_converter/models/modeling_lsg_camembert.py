@@ -14,6 +14,7 @@ class LSGCamembertMixin(LSGModelMixin):
     """Same places as RoBERTa: `embeddings.global_embeddings`, prepended before `embeddings.LayerNorm`."""
 
     config_class = LSGCamembertConfig
+    lsg_positions_after_padding = True
 
 
 define_lsg_heads(LSGCamembertMixin, modeling_camembert, globals())

@@ -14,6 +14,7 @@ class LSGRobertaMixin(LSGModelMixin):
     """Same places as BERT: `embeddings.global_embeddings`, prepended before `embeddings.LayerNorm`."""
 
     config_class = LSGRobertaConfig
+    lsg_positions_after_padding = True
 
 
 define_lsg_heads(LSGRobertaMixin, modeling_roberta, globals())

@@ -14,6 +14,7 @@ class LSGXLMRobertaMixin(LSGModelMixin):
     """Same places as RoBERTa: `embeddings.global_embeddings`, prepended before `embeddings.LayerNorm`."""
 
     config_class = LSGXLMRobertaConfig
+    lsg_positions_after_padding = True
 
 
 define_lsg_heads(LSGXLMRobertaMixin, modeling_xlm_roberta, globals())

@@ -1,0 +1,216 @@
+"""sentence-transformers sources stay sentence-transformers models: their module pipeline travels with the conversion.
+
+A sentence-transformers checkpoint is a transformers model at its root plus ``modules.json`` (the
+pipeline: Transformer -> Pooling -> Dense -> Normalize ...), one folder per module and
+``sentence_bert_config.json``. The converter reads the pipeline (`carry_pipeline`) and attaches it to
+the converted model; `save_converted` writes it beside the weights (`write_pipeline`) with
+``max_seq_length`` set to the new length, so that ``SentenceTransformer(folder, trust_remote_code=True)``
+builds the source's pipeline on the LSG model. sentence-transformers passes ``trust_remote_code`` on
+to the model, config and tokenizer it loads, so the folder needs nothing more.
+
+Named ``sbert`` (the project's old name) so that the module never shadows the ``sentence_transformers`` package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from huggingface_hub import snapshot_download
+from transformers import PreTrainedModel
+from transformers.utils import cached_file, logging
+
+from .errors import CorruptCheckpointError, HubError, one_line
+from .hub import HUB_ERRORS
+
+logger = logging.get_logger(__name__)
+
+MODULES_FILE = "modules.json"
+TRANSFORMER_SETTINGS_FILE = "sentence_bert_config.json"
+PACKAGE_SETTINGS_FILE = "config_sentence_transformers.json"
+PIPELINE_ATTRIBUTE = "sentence_transformers_pipeline"
+TRANSFORMER_TYPE = "sentence_transformers.models.Transformer"
+# module classes that read text with a model of their own: only the first module (the converted model) may
+MODEL_MODULES = ("Transformer", "MLMTransformer", "CLIPModel", "Router", "Asym")
+MODULE_KEYS = {"idx", "name", "path", "type"}  # of each modules.json entry
+
+
+@dataclass(frozen=True)
+class SentencePipeline:
+    """The sentence-transformers pipeline of a source, as the converted model's folder will hold it.
+
+    Attributes:
+        folder: local folder holding the source's module folders (the source itself, or its Hub snapshot).
+        modules: the ``modules.json`` entries carried over; the first (the converted model) at path "".
+        transformer_settings: the source's ``sentence_bert_config.json`` ({} when it has none).
+        package_settings: the source's ``config_sentence_transformers.json`` (prompts, similarity
+            function, ...), None when it has none.
+        max_seq_length: the converted model's length, written as ``max_seq_length``.
+    """
+
+    folder: Path
+    modules: tuple[dict[str, Any], ...]
+    transformer_settings: dict[str, Any]
+    package_settings: dict[str, Any] | None
+    max_seq_length: int
+
+    @property
+    def module_names(self) -> list[str]:
+        """Class names of the modules in order, e.g. ["Transformer", "Pooling", "Normalize"]."""
+        return [module["type"].rpartition(".")[2] for module in self.modules]
+
+
+def carry_pipeline(model: PreTrainedModel, source: str, token: str | bool | None, max_seq_length: int) -> None:
+    """Read the sentence-transformers pipeline of `source` (None for a plain transformers model) and attach
+    it to `model` as ``model.sentence_transformers_pipeline``, for `write_pipeline` to save.
+
+    A local folder is read as it is (the Hub is never asked); for a Hub id, ``modules.json`` is resolved
+    as transformers resolves ``config.json`` and the module folders come from the same snapshot.
+    Logs the modules carried over; warns about each module that cannot be carried, and leaves it out.
+    """
+    pipeline = _read_pipeline(source, token, max_seq_length)
+    setattr(model, PIPELINE_ATTRIBUTE, pipeline)
+    if pipeline is not None:
+        logger.info(
+            f"{source} is a sentence-transformers model: its pipeline ({' -> '.join(pipeline.module_names)}) "
+            f"is carried over with max_seq_length {max_seq_length}; save_converted writes it."
+        )
+
+
+def pipeline_of(model: PreTrainedModel) -> SentencePipeline | None:
+    """The sentence-transformers pipeline the converter attached to `model` (None for other models)."""
+    return getattr(model, PIPELINE_ATTRIBUTE, None)
+
+
+def write_pipeline(model: PreTrainedModel, folder: str | os.PathLike) -> None:
+    """Write `model`'s sentence-transformers files into `folder`, where the model is saved: modules.json,
+    each module's folder as in the source, sentence_bert_config.json (max_seq_length = the new length)
+    and config_sentence_transformers.json. Nothing for a model without a pipeline."""
+    pipeline = pipeline_of(model)
+    if pipeline is None:
+        return
+    folder = Path(folder)
+    _write_json(folder / MODULES_FILE, list(pipeline.modules))
+    for module in pipeline.modules[1:]:
+        module_folder = pipeline.folder / module["path"]
+        if module_folder.is_dir():  # Normalize has no files
+            shutil.copytree(module_folder, folder / module["path"], dirs_exist_ok=True)
+    _write_json(
+        folder / TRANSFORMER_SETTINGS_FILE,
+        {**pipeline.transformer_settings, "max_seq_length": pipeline.max_seq_length},
+    )
+    if pipeline.package_settings is not None:
+        _write_json(folder / PACKAGE_SETTINGS_FILE, pipeline.package_settings)
+
+
+def _read_pipeline(source: str, token: str | bool | None, max_seq_length: int) -> SentencePipeline | None:
+    modules_file = _resolve(source, MODULES_FILE, token)
+    if modules_file is None:
+        return None
+    source_modules = _read_json(modules_file, list)
+    if not source_modules or not all(map(_is_module_entry, source_modules)):
+        raise CorruptCheckpointError(
+            f"{modules_file} lists no sentence-transformers modules (each with {', '.join(sorted(MODULE_KEYS))}): "
+            "fix or restore the file."
+        )
+    folder = modules_file.parent
+    if not os.path.isdir(source):
+        folder = _hub_snapshot(source, folder.name, [module["path"] for module in source_modules], token)
+    modules = [_as_model_module(source_modules[0])] + [
+        module for module in source_modules[1:] if _can_carry(module)
+    ]
+    for index, module in enumerate(modules):
+        module["idx"] = index
+    return SentencePipeline(
+        folder=folder,
+        modules=tuple(modules),
+        transformer_settings=_read_json(folder / TRANSFORMER_SETTINGS_FILE) or {},
+        package_settings=_read_json(folder / PACKAGE_SETTINGS_FILE),
+        max_seq_length=max_seq_length,
+    )
+
+
+def _is_module_entry(module: Any) -> bool:
+    """Whether `module` is a modules.json entry: idx, name, path and type, the last two strings."""
+    return (
+        isinstance(module, dict)
+        and MODULE_KEYS <= module.keys()
+        and isinstance(module["path"], str)
+        and isinstance(module["type"], str)
+    )
+
+
+def _resolve(source: str, name: str, token: str | bool | None) -> Path | None:
+    """`name` in the local folder `source`, or in the Hub repository `source` (None when it has none)."""
+    if os.path.isdir(source):
+        path = Path(source) / name
+        return path if path.is_file() else None
+    resolved = cached_file(
+        source, name, token=token,
+        _raise_exceptions_for_missing_entries=False, _raise_exceptions_for_connection_errors=False,
+    )
+    return Path(resolved) if resolved else None
+
+
+def _hub_snapshot(repo_id: str, revision: str, module_paths: list[str], token: str | bool | None) -> Path:
+    """The snapshot folder of `repo_id` at `revision` with its sentence-transformers files downloaded."""
+    patterns = [TRANSFORMER_SETTINGS_FILE, PACKAGE_SETTINGS_FILE] + [f"{path}/*" for path in module_paths if path]
+    try:
+        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns, token=token))
+    except HUB_ERRORS as error:
+        raise HubError(
+            f"Could not download the sentence-transformers modules of {repo_id!r} "
+            f"({type(error).__name__}: {one_line(error, 200)}): check the network and --token."
+        ) from error
+
+
+def _as_model_module(module: dict[str, Any]) -> dict[str, Any]:
+    """The first module: the converted model, saved at the folder's root."""
+    module = {**module, "path": ""}
+    if not module["type"].startswith("sentence_transformers."):
+        logger.warning(
+            f"The sentence-transformers module {module['name']} ({module['type']}) runs code of its own, which is "
+            f"not carried over: the converted pipeline reads the model with {TRANSFORMER_TYPE}."
+        )
+        module["type"] = TRANSFORMER_TYPE
+    return module
+
+
+def _can_carry(module: dict[str, Any]) -> bool:
+    """Whether a module after the first can be copied as it is; warns (saying why) when not."""
+    path = PurePosixPath(module["path"])
+    if not module["type"].startswith("sentence_transformers."):
+        reason = "its code is not part of sentence-transformers"
+    elif module["type"].rpartition(".")[2] in MODEL_MODULES:
+        reason = "it reads text with a model of its own, which is not converted"
+    elif not path.parts or path.is_absolute() or ".." in path.parts:
+        reason = f"its path {str(path)!r} is no folder of its own inside the model"
+    else:
+        return True
+    logger.warning(
+        f"The sentence-transformers module {module['name']} ({module['type']}) cannot be carried over ({reason}): "
+        "the converted pipeline leaves it out."
+    )
+    return False
+
+
+def _read_json(path: Path, kind: type = dict) -> Any:
+    """The JSON object (or list, with `kind=list`) in `path`, None when there is no such file;
+    CorruptCheckpointError when it cannot be read or holds something else."""
+    if not path.is_file():
+        return None
+    try:
+        content = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise CorruptCheckpointError(f"Cannot read {path} ({one_line(error, 200)}): fix or restore the file.") from error
+    if not isinstance(content, kind):
+        raise CorruptCheckpointError(f"{path} holds no JSON {'list' if kind is list else 'object'}: fix or restore the file.")
+    return content
+
+
+def _write_json(path: Path, content: Any) -> None:
+    path.write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")

