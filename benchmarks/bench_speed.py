@@ -2,7 +2,7 @@
 
     python benchmarks/bench_speed.py --results "CPU" --plot benchmarks/speed_cpu.png   # 1k-16k, 2 layers
     python benchmarks/bench_speed.py --lengths 4096 --repeats 5                        # the issue-5 targets
-    python benchmarks/bench_speed.py --device cuda --dtype bfloat16                    # GPU
+    python benchmarks/bench_speed.py --device cuda --eval --results "GPU"              # 4k-32k, 12 layers, bf16
 
 Every model is a randomly initialised base-size encoder (hidden 768, 12 heads, intermediate 3072,
 ``--layers`` layers, batch 1) fed random token ids:
@@ -15,7 +15,8 @@ Every model is a randomly initialised base-size encoder (hidden 768, 12 heads, i
   math kernel, so its training step only runs up to ``--max-dense-train-length`` tokens);
 * ``longformer``: HF Longformer, window 512, first token global (as LSG's one global token);
 * ``bigbird``: HF BigBird, block sparse, block 64, 3 random blocks;
-* ``lsg ...``: this project's LSG-BERT under several settings (block/sparse sizes, type, factor, globals).
+* ``lsg ..., <backend>``: this project's LSG-BERT under several settings (block/sparse sizes, type,
+  factor, globals), with each attention backend of ``--backends`` (CUDA: flex_attention and sdpa).
 
 For each length it reports the median inference time (eval mode, no grad), the median training-step
 time (train mode, forward + backward of the mean square of the last hidden states) and the peak
@@ -23,6 +24,14 @@ memory of a training step (CPU: rise of the resident set size, each model in a f
 CUDA: rise of the allocated memory), then ratios to the first LSG setting. ``--results`` writes a
 markdown section (machine, tables, targets) into RESULTS.md and ``--plot`` a PNG. Ratios, not
 absolute times, carry over between machines: compare only figures taken in one run.
+
+A second table times the attention alone (forward + backward of one call on random queries, keys
+and values, 12 heads of 64, with its peak memory): dense SDPA against each LSG setting and backend,
+and LSG local 128 with one global token (``--skip-attention`` leaves it out).
+
+On CUDA the defaults are the issue-15 run: 4k-32k tokens, 12 layers, bf16, both backends; pass
+``--eval`` for training steps without dropout (HF's dense attention dropout would leave SDPA's
+flash kernel), as the GPU targets assume.
 """
 
 from __future__ import annotations
@@ -43,11 +52,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
 import transformers
 from transformers import AttentionInterface, BertConfig, BertModel, BigBirdConfig, BigBirdModel
 from transformers import LongformerConfig, LongformerModel
 
 from lsg_converter import LSGBertConfig, LSGBertModel
+from lsg_converter.models.lsg_attention import lsg_self_attention
 
 BASE_DIMS = {"hidden_size": 768, "num_attention_heads": 12, "intermediate_size": 3072, "vocab_size": 30522}
 # name -> LSG keys; the first one measured is the reference every ratio is taken against.
@@ -59,6 +70,20 @@ LSG_SETTINGS: dict[str, dict[str, Any]] = {
     "lsg stride 64/64 f4 g1": {"block_size": 64, "sparse_block_size": 64, "sparsity_factor": 4, "sparsity_type": "stride"},
 }
 PEERS = ("identity", "identity+qk", "dense", "longformer", "bigbird")
+DEFAULTS = "lsg local 170/0 g1"  # the conversion defaults: the LSG row of the issue-15 targets
+# the attention-only table's extra setting: local attention, block 128, 1 global token (an issue-15 target)
+ATTENTION_ONLY_SETTINGS = {**LSG_SETTINGS, "lsg local 128/0 g1": {"block_size": 128, "sparse_block_size": 0, "sparsity_type": "none"}}
+HEADS, HEAD_DIM = BASE_DIMS["num_attention_heads"], BASE_DIMS["hidden_size"] // BASE_DIMS["num_attention_heads"]
+
+
+def lsg_model_name(setting: str, backend: str) -> str:
+    return f"{setting}, {backend}"
+
+
+def lsg_setting_and_backend(name: str) -> tuple[str, str]:
+    """("lsg norm 128/128 f2 g1", "sdpa") for "lsg norm 128/128 f2 g1, sdpa"."""
+    setting, backend = name.rsplit(", ", 1)
+    return setting, backend
 
 
 def identity_attention(module, query, key, value, attention_mask, **kwargs):
@@ -102,7 +127,9 @@ def build_model(name: str, layers: int, max_length: int) -> torch.nn.Module:
     if name == "bigbird":
         config = BigBirdConfig(**dims, attention_type="block_sparse", block_size=64, num_random_blocks=3)
         return BigBirdModel(config, add_pooling_layer=False)
-    return LSGBertModel(LSGBertConfig(**dims, **LSG_SETTINGS[name]), add_pooling_layer=False)
+    setting, backend = lsg_setting_and_backend(name)
+    config = LSGBertConfig(**dims, **LSG_SETTINGS[setting], attn_implementation=backend)
+    return LSGBertModel(config, add_pooling_layer=False)
 
 
 def step_functions(
@@ -111,7 +138,8 @@ def step_functions(
     """(inference: eval mode, no grad; training step: forward + backward, in train mode if `train`)."""
     inputs = {"input_ids": input_ids}
     if isinstance(getattr(model, "_orig_mod", model), LongformerModel):  # first token global, as LSG's global token
-        inputs["global_attention_mask"] = torch.zeros_like(input_ids).index_fill_(1, torch.tensor([0]), 1)
+        first = torch.tensor([0], device=input_ids.device)
+        inputs["global_attention_mask"] = torch.zeros_like(input_ids).index_fill_(1, first, 1)
 
     def forward() -> None:
         model.eval()
@@ -156,17 +184,22 @@ def resident_kib(field: str) -> int:
     return int(re.search(rf"^{field}:\s+(\d+) kB", status, re.M).group(1))
 
 
+def cuda_peak_mib(step: Callable[[], None]) -> float:
+    """CUDA memory one run of `step` allocates on top of what is already allocated, at its peak, in MiB."""
+    torch.cuda.synchronize()
+    baseline = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - baseline) / 2**20
+
+
 def peak_memory_mib(name: str, length: int, args: argparse.Namespace) -> float:
     """Memory a forward+backward step adds on top of the model and its inputs, in MiB."""
     model, input_ids = prepare(name, length, args)
     _, forward_backward = step_functions(model, input_ids, train=not args.eval)
     if args.device == "cuda":
-        torch.cuda.synchronize()
-        baseline = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        forward_backward()
-        torch.cuda.synchronize()
-        return (torch.cuda.max_memory_allocated() - baseline) / 2**20
+        return cuda_peak_mib(forward_backward)
     # CPU: run in this (fresh) process once to settle lazy allocations, reset the high-water mark,
     # then measure the resident set's rise over one step.
     forward_backward()
@@ -192,7 +225,7 @@ def forwarded_options(args: argparse.Namespace) -> list[str]:
 class Row:
     model: str
     length: int
-    forward: float
+    forward: float | None
     forward_backward: float | None
     peak_mib: float | None
 
@@ -202,7 +235,8 @@ def measure(name: str, length: int, args: argparse.Namespace) -> Row:
     forward, forward_backward = step_functions(model, input_ids, train=not args.eval)
     device = torch.device(args.device)
     # dense attention in train mode (dropout) runs SDPA's O(n^2) math kernel: cap its length
-    train_step = not args.forward_only and not (name == "dense" and length > args.max_dense_train_length)
+    math_kernel = name == "dense" and not args.eval and length > args.max_dense_train_length
+    train_step = not args.forward_only and not math_kernel
     forward_seconds = median_seconds(forward, args.repeats, device)
     train_seconds = median_seconds(forward_backward, args.repeats, device) if train_step else None
     del model
@@ -213,6 +247,51 @@ def measure(name: str, length: int, args: argparse.Namespace) -> Row:
     else:
         peak = measure_memory_in_child(name, length, args)
     return Row(name, length, forward_seconds, train_seconds, peak)
+
+
+def attention_only(name: str, length: int, args: argparse.Namespace) -> Row:
+    """Forward + backward of one attention call on random (1, 12, length, 64) queries, keys and values
+    (LSG: one global token in front): median time and the peak CUDA memory it adds (None on CPU)."""
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    if name == "dense":
+        num_global, attention = 0, lambda q, k, v: F.scaled_dot_product_attention(q, k, v)
+    else:
+        setting, backend = lsg_setting_and_backend(name)
+        config = LSGBertConfig(**ATTENTION_ONLY_SETTINGS[setting])
+        num_global = config.num_global_tokens
+
+        def attention(q, k, v):
+            return lsg_self_attention(q, k, v, None, config, backend=backend)
+
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (
+        torch.randn(1, HEADS, num_global + length, HEAD_DIM, generator=generator).to(device, dtype).requires_grad_()
+        for _ in range(3)
+    )
+
+    def forward_backward() -> None:
+        attention(q, k, v).float().square().mean().backward()
+        q.grad = k.grad = v.grad = None
+
+    seconds = median_seconds(forward_backward, args.repeats, device)
+    peak = cuda_peak_mib(forward_backward) if device.type == "cuda" else None
+    return Row(name, length, None, seconds, peak)  # no forward-only time
+
+
+def attention_table(rows: list[Row], lengths: list[int]) -> str:
+    lines = [
+        "\n**Attention alone**, forward + backward of one call (B 1, 12 heads of 64; ratio: dense / row, "
+        "above 1 = faster than dense)\n",
+        "| attention | tokens | fwd+bwd ms | peak MiB | dense / row |",
+        "|---|---|---|---|---|",
+    ]
+    dense = {row.length: row for row in rows if row.model == "dense"}
+    for length in lengths:
+        for row in (r for r in rows if r.length == length):
+            speedup = ratio(dense[length], row, "forward_backward") if length in dense else None
+            lines.append(f"| {row.model} | {length} | {fmt(row.forward_backward * 1000, 2)} | {fmt(row.peak_mib, 0)} "
+                         f"| {fmt(speedup, 2)} |")
+    return "\n".join(lines)
 
 
 def machine_description(args: argparse.Namespace) -> str:
@@ -236,7 +315,7 @@ def fmt(value: float | None, digits: int = 3) -> str:
 
 def reference_setting(rows: list[Row]) -> str:
     """The LSG setting every ratio is taken against: the first one measured."""
-    return next((row.model for row in rows if row.model in LSG_SETTINGS), "")
+    return next((row.model for row in rows if row.model not in PEERS), "")
 
 
 def ratio(row: Row, base: Row | None, attribute: str) -> float | None:
@@ -289,6 +368,31 @@ def target_checks(rows: list[Row]) -> list[tuple[str, float, str, float]]:
     return checks
 
 
+def gpu_target_checks(rows: list[Row], attention_rows: list[Row]) -> list[tuple[str, float, str, float]]:
+    """The targets of issue 15 (CUDA, bf16, 12 layers, training step) that this run measured, for the
+    conversion defaults on flex_attention."""
+    at = {(row.model, row.length): row for row in rows}
+    lsg_name = lsg_model_name(DEFAULTS, "flex_attention")
+    checks = []
+
+    def compare(what, numerator, denominator, attribute, comparison, bound):
+        if numerator and denominator and getattr(numerator, attribute) and getattr(denominator, attribute):
+            checks.append((what, getattr(numerator, attribute) / getattr(denominator, attribute), comparison, bound))
+
+    compare("4096 fwd+bwd LSG / dense", at.get((lsg_name, 4096)), at.get(("dense", 4096)), "forward_backward", "<=", 1.2)
+    lsg = at.get((lsg_name, 16384))
+    compare("16384 fwd+bwd dense / LSG", at.get(("dense", 16384)), lsg, "forward_backward", ">=", 3.0)
+    compare("16384 fwd+bwd LSG / identity", lsg, at.get(("identity", 16384)), "forward_backward", "<=", 1.6)
+    for peer in ("longformer", "bigbird"):
+        compare(f"16384 fwd+bwd {peer} / LSG", at.get((peer, 16384)), lsg, "forward_backward", ">=", 4.0)
+    compare("32768 fwd+bwd dense / LSG", at.get(("dense", 32768)), at.get((lsg_name, 32768)), "forward_backward", ">=", 6.0)
+    compare("16384 peak memory LSG / dense", lsg, at.get(("dense", 16384)), "peak_mib", "<=", 1.1)
+    alone = {(row.model, row.length): row for row in attention_rows}
+    local = alone.get((lsg_model_name("lsg local 128/0 g1", "flex_attention"), 16384))
+    compare("16384 attention alone dense / LSG local 128 g1", alone.get(("dense", 16384)), local, "forward_backward", ">=", 10.0)
+    return checks
+
+
 def checks_text(checks: list[tuple[str, float, str, float]]) -> str:
     lines = ["| target | measured | bound | met |", "|---|---|---|---|"]
     for what, value, comparison, bound in checks:
@@ -331,13 +435,16 @@ def write_results(results_file: Path, section: str, body: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
-    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--lengths", type=int, nargs="+", help="CPU: 1k-16k; CUDA: 4k-32k")
+    parser.add_argument("--layers", type=int, help="CPU: 2; CUDA: 12")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--models", nargs="+", default=[*PEERS, *LSG_SETTINGS], choices=[*PEERS, *LSG_SETTINGS],
                         metavar="MODEL", help=f"subset of: {', '.join([*PEERS, *LSG_SETTINGS])}")
+    parser.add_argument("--backends", nargs="+", choices=["sdpa", "flex_attention"],
+                        help="attention backends of the LSG rows (CPU: sdpa; CUDA: flex_attention sdpa)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="CPU: float32; CUDA: bfloat16")
+    parser.add_argument("--skip-attention", action="store_true", help="leave out the attention-only table")
     parser.add_argument("--eval", action="store_true", help="training step in eval mode (no dropout)")
     parser.add_argument("--compile", action="store_true", help="torch.compile every model")
     parser.add_argument("--forward-only", action="store_true")
@@ -349,6 +456,11 @@ def main() -> None:
     parser.add_argument("--plot", type=Path, help="write a PNG plot here")
     parser.add_argument("--memory-of", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    on_cuda = args.device == "cuda"
+    args.lengths = args.lengths or ([4096, 8192, 16384, 32768] if on_cuda else [1024, 2048, 4096, 8192, 16384])
+    args.layers = args.layers or (12 if on_cuda else 2)
+    args.dtype = args.dtype or ("bfloat16" if on_cuda else "float32")
+    args.backends = args.backends or (["flex_attention", "sdpa"] if on_cuda else ["sdpa"])
 
     if args.memory_of:  # child process of measure_memory_in_child
         print(json.dumps({"peak_mib": peak_memory_mib(args.memory_of, args.lengths[0], args)}))
@@ -356,15 +468,31 @@ def main() -> None:
 
     description = machine_description(args)
     print(description, flush=True)
+    names = [name for model in args.models for name in
+             ([model] if model in PEERS else [lsg_model_name(model, backend) for backend in args.backends])]
     rows = []
     for length in args.lengths:
-        for name in args.models:
+        for name in names:
             rows.append(row := measure(name, length, args))
-            print(f"{length:>6} {name:<28} fwd {fmt(row.forward)} s  fwd+bwd {fmt(row.forward_backward)} s  "
+            print(f"{length:>6} {name:<36} fwd {fmt(row.forward)} s  fwd+bwd {fmt(row.forward_backward)} s  "
                   f"peak {fmt(row.peak_mib, 0)} MiB", flush=True)
+    attention_rows = []
+    if not args.skip_attention:
+        attention_names = ["dense"] + [
+            lsg_model_name(setting, backend)
+            for setting in [*(m for m in args.models if m in LSG_SETTINGS), "lsg local 128/0 g1"]
+            for backend in args.backends
+        ]
+        for length in args.lengths:
+            for name in attention_names:
+                attention_rows.append(row := attention_only(name, length, args))
+                print(f"{length:>6} attention {name:<36} fwd+bwd {fmt(row.forward_backward * 1000, 2)} ms  "
+                      f"peak {fmt(row.peak_mib, 0)} MiB", flush=True)
 
     report = tables(rows, args.lengths)
-    checks = target_checks(rows)
+    if attention_rows:
+        report += "\n" + attention_table(attention_rows, args.lengths)
+    checks = gpu_target_checks(rows, attention_rows) if on_cuda else target_checks(rows)
     print(report)
     if checks:
         print("\n" + checks_text(checks))

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .lsg_attention import LSG_ATTENTION, SPARSITY_TYPES, uses_sparse_keys
+from .lsg_attention import SPARSITY_TYPES, lsg_attention_name, uses_sparse_keys
 
 MAX_GLOBAL_TOKENS = 512  # rows of the global embedding table, as in the 2023 reference checkpoints
 POOLER_KEY = "add_pooling_layer"  # config key: whether the base model holds a pooler (see LSGModelMixin)
@@ -156,18 +156,25 @@ class LSGConfigMixin:
 
     @property
     def _attn_implementation(self) -> str:
-        """The attention implementation: "lsg", as the global tokens and blocks only work with it.
+        """The attention transformers dispatches to: an LSG one (`lsg_attention_name`), as the global
+        tokens and blocks only work with those.
 
+        Set it the transformers way, with ``attn_implementation=`` in ``from_pretrained`` or the config,
+        or ``model.set_attn_implementation(...)``: ``"sdpa"``, ``"flex_attention"`` or unset (automatic:
+        flex_attention on CUDA where torch has it, sdpa elsewhere); other values raise ValueError.
         A dense decoder (`lsg_dense_decoder`) keeps the implementation transformers chose (SDPA by default).
         (The attribute is not serialised by transformers, so it cannot be stored in config.json.)
         """
+        chosen = getattr(self, "_attn_implementation_internal", None)
         if self.lsg_dense_decoder:
-            return getattr(self, "_attn_implementation_internal", None) or "sdpa"
-        return LSG_ATTENTION
+            return chosen or "sdpa"
+        return lsg_attention_name(chosen)
 
     @_attn_implementation.setter
-    def _attn_implementation(self, value: Any) -> None:
-        self._attn_implementation_internal = value
+    def _attn_implementation(self, value: str | dict | None) -> None:
+        if isinstance(value, dict):  # transformers' per-sub-config form; LSG configs have no sub-configs
+            value = value.get("")
+        self._attn_implementation_internal = value if self.lsg_dense_decoder else lsg_attention_name(value)
 
 
 def is_reference_config(values: dict[str, Any]) -> bool:
@@ -385,6 +392,13 @@ class LSGModelMixin:
         embeddings.register_forward_pre_hook(check, with_kwargs=True)
         base.get_submodule(self.lsg_prepend_before).register_forward_pre_hook(global_tokens.prepend)
         base.get_submodule(self.lsg_encoder).register_forward_hook(global_tokens.drop)
+
+    def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
+        """transformers' check of an ``attn_implementation``: an LSG model takes "sdpa", "flex_attention"
+        or None (automatic) and runs its LSG attention with that backend (see `lsg_attention_name`)."""
+        if self.config.lsg_dense_decoder:
+            return super().get_correct_attn_implementation(requested_attention, is_init_check)
+        return lsg_attention_name(requested_attention)
 
     @property
     def lsg_global_embeddings(self) -> nn.Embedding | None:

@@ -1,0 +1,218 @@
+"""The ``flex_attention`` backend of LSG attention: every token query in one `flex_attention` call.
+
+The keys and values of a layer are laid out once as one sequence (`KeyLayout`),
+
+    [ g global keys | T token keys | T / f sparse keys ], each segment zero-padded to whole tiles,
+
+and a BlockMask says which tiles of it each tile of queries reads. Its mask_mod says, key by key,
+what a query sees: the rule of `lsg_attention.KeyPattern` (global keys, local tokens, sparse
+windows), restricted to the keys the padding and the sparse selection allow and, in training, to
+those DropKey kept (drawn by lsg_attention exactly as its SDPA path draws them).
+
+* The tile structure depends on the pattern and the length only: it is built once per shape by
+  index arithmetic (`block_structure`, cached), never by evaluating the mask on every element.
+* What changes from call to call (padding, sparse selection, dropout) reaches the kernel through
+  tensors read by the mask_mod: a new padding neither rebuilds the structure nor recompiles.
+* On CUDA `flex_attention` is compiled once per process (`torch.compile`). Elsewhere it runs
+  uncompiled, forward only, materialising the scores: enough to check results; the SDPA backend
+  is the CPU path.
+
+The global queries see every key: lsg_attention runs their few rows through SDPA on this same key
+sequence (`seen` below); inside the flex mask one thread block would carry the whole sequence.
+
+This file travels with saved models as remote code: it imports torch and transformers only.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import torch
+from transformers.utils import is_torch_flex_attn_available
+
+if TYPE_CHECKING:
+    from .lsg_attention import KeyPattern, SparseContext
+
+FLEX_ATTENTION_AVAILABLE = is_torch_flex_attn_available()
+if FLEX_ATTENTION_AVAILABLE:
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+FLEX_FORWARD_ONLY_DEVICES = ("cpu", "mps")  # flex_attention has no backward pass on these
+TILE = 128  # rows of a BlockMask tile, for queries and keys alike (flex_attention's default)
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+@dataclass(frozen=True)
+class KeyLayout:
+    """Where each kind of key sits in the flex key sequence [globals | tokens | sparse keys]."""
+
+    token_offset: int  # = rows of the global segment
+    sparse_offset: int
+    length: int
+
+    @classmethod
+    def of(cls, pattern: KeyPattern, padded_tokens: int, tile: int) -> KeyLayout:
+        """The layout for `padded_tokens` tokens (a multiple of the block size), segments padded to `tile` rows."""
+        compressed = padded_tokens // pattern.block_size * pattern.compressed_per_block
+        global_rows, token_rows = _round_up(pattern.num_global, tile), _round_up(padded_tokens, tile)
+        return cls(global_rows, global_rows + token_rows, global_rows + token_rows + _round_up(compressed, tile))
+
+
+@functools.lru_cache(maxsize=32)
+def block_structure(pattern: KeyPattern, num_queries: int, tile: int, device: torch.device) -> BlockMask:
+    """The key tiles each tile of `num_queries` token queries reads, as a BlockMask (its mask_mod unset).
+
+    Index arithmetic on the pattern: per query tile, the range of keys of each kind its blocks see,
+    then the tiles those ranges touch: (n / tile)^2 booleans, built once per shape and cached.
+    """
+    block, step = pattern.block_size, pattern.compressed_per_block
+    padded_tokens = _round_up(num_queries, block)
+    layout = KeyLayout.of(pattern, padded_tokens, tile)
+    first_query = torch.arange(0, num_queries, tile)  # (nq,) first query of each tile
+    last_query = (first_query + tile).clamp(max=num_queries) - 1
+    first_block, last_block = first_query // block, last_query // block
+
+    token_end = pattern.local_end(last_block)
+    if pattern.causal:
+        token_end = torch.minimum(token_end, last_query + 1)
+    key_ranges = [  # (first, end) key rows of each kind, per query tile
+        (torch.zeros_like(first_query), torch.full_like(first_query, pattern.num_global)),
+        (layout.token_offset + pattern.local_start(first_block).clamp(min=0),
+         layout.token_offset + token_end.clamp(max=num_queries)),  # keys past the last query are padding
+    ]
+    compressed = padded_tokens // block * step
+    for start in pattern.sparse_starts:
+        first = (first_block * step + start).clamp(0, compressed)
+        end = (last_block * step + start + pattern.sparse_size).clamp(0, compressed)
+        key_ranges.append((layout.sparse_offset + first, layout.sparse_offset + end))
+
+    tile_start = torch.arange(0, layout.length, tile)  # (nk,)
+    needed = torch.zeros(len(first_query), len(tile_start), dtype=torch.bool)
+    for first, end in key_ranges:
+        needed |= (first[:, None] < tile_start + tile) & (end[:, None] > tile_start) & (first < end)[:, None]
+    kv_num_blocks = needed.sum(dim=-1, dtype=torch.int32)
+    kv_indices = torch.argsort((~needed).to(torch.int32), dim=-1, stable=True).to(torch.int32)  # needed tiles first
+    return BlockMask.from_kv_blocks(
+        kv_num_blocks[None, None].to(device),
+        kv_indices[None, None].to(device),
+        BLOCK_SIZE=tile,
+        seq_lengths=(num_queries, layout.length),
+    )
+
+
+def lsg_mask_mod(
+    pattern: KeyPattern, layout: KeyLayout, key_valid: torch.Tensor, kept: torch.Tensor | None = None
+) -> Callable:
+    """mask_mod(batch, head, query, key) of token queries over the key sequence of `layout`.
+
+    key_valid: (B, H, layout.length) bool, the keys the padding and the sparse selection allow.
+    kept: DropKey's choice, (B, nb, H, 1 or b, K) bool over each block's keys in the
+    order of `KeyPattern` (see lsg_attention._dropped_block_keys), or None without dropout.
+    """
+
+    def sees(batch, head, query, key):
+        token, position = key - layout.token_offset, key - layout.sparse_offset
+        seen = (key < layout.token_offset) | ((token >= 0) & (position < 0) & pattern.sees_token(query, token))
+        if pattern.sparse_starts:
+            seen = seen | ((position >= 0) & pattern.sees_compressed(query, position))
+        return seen & key_valid[batch, head, key]
+
+    if kept is None:
+        return sees
+    num_blocks, rows, keys_per_block = kept.shape[1], kept.shape[3], kept.shape[4]
+
+    def sees_kept(batch, head, query, key):
+        token, position = key - layout.token_offset, key - layout.sparse_offset
+        slot = torch.where(key < layout.token_offset, key, pattern.local_slot(query, token))
+        if pattern.sparse_starts:
+            slot = torch.where(position >= 0, pattern.sparse_slot(query, position), slot)
+        # indices stay in range for every (query, key) the kernel evaluates, seen or not
+        block_index = (query // pattern.block_size).clamp(max=num_blocks - 1)
+        row = query % pattern.block_size if rows > 1 else query * 0
+        kept_key = kept[batch, block_index, head, row, slot.clamp(0, keys_per_block - 1)]
+        return sees(batch, head, query, key) & kept_key
+
+    return sees_kept
+
+
+def _with_mask_mod(structure: BlockMask, mask_mod: Callable) -> BlockMask:
+    """The cached tile structure with this call's mask_mod (no tensor is copied)."""
+    return BlockMask(
+        structure.seq_lengths,
+        structure.kv_num_blocks,
+        structure.kv_indices,
+        structure.full_kv_num_blocks,
+        structure.full_kv_indices,
+        structure.q_num_blocks,
+        structure.q_indices,
+        structure.full_q_num_blocks,
+        structure.full_q_indices,
+        BLOCK_SIZE=structure.BLOCK_SIZE,
+        mask_mod=mask_mod,
+    )
+
+
+@functools.cache
+def _compiled_flex_attention() -> Callable:
+    return torch.compile(flex_attention)
+
+
+def _flex_kernel(device: torch.device) -> Callable:
+    """flex_attention compiled once per process on CUDA; uncompiled elsewhere or inside a compiled graph."""
+    if device.type != "cuda" or torch.compiler.is_compiling():
+        return flex_attention
+    return _compiled_flex_attention()
+
+
+def flex_token_attention(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    token_mask: torch.Tensor,
+    global_tokens: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    sparse: SparseContext | None,
+    pattern: KeyPattern,
+    scaling: float,
+    kept: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, int]]:
+    """Attention of the t token queries through one flex_attention call.
+
+    queries: (B, t, H, D); keys, values: (B, T, H, D), the tokens padded to a multiple of b;
+    token_mask: (B, T) bool; global_tokens: (keys, values, mask), (B, g, H, D) x 2 and (B, g);
+    sparse: the compressed keys (B, H, T / f, D), or None; kept: see `lsg_mask_mod`.
+    Returns the output (B, t, H, D) and `seen` = (keys, values, global_rows): the key sequence,
+    (B, H, global_rows + t, D), that the global queries attend to, globals padded to global_rows.
+    """
+    batch, num_queries, heads, head_dim = queries.shape
+    layout = KeyLayout.of(pattern, keys.shape[1], TILE)
+    structure = block_structure(pattern, num_queries, TILE, queries.device)
+    global_keys, global_values, global_mask = global_tokens
+    segment_ends = (layout.token_offset, layout.sparse_offset, layout.length)
+
+    def sequence(pieces) -> torch.Tensor:  # (B, H, n_i, ...) per segment -> (B, H, length, ...), one copy
+        parts = []
+        for piece, segment_start, segment_end in zip(pieces, (0, *segment_ends), segment_ends):
+            padding_rows = segment_end - segment_start - piece.shape[2]
+            parts += [piece, piece.new_zeros(()).expand(*piece.shape[:2], padding_rows, *piece.shape[3:])]
+        return torch.cat(parts, dim=2)
+
+    no_sparse = keys.new_zeros(()).expand(batch, heads, 0, head_dim)
+    sparse_keys, sparse_values = (no_sparse, no_sparse) if sparse is None else (sparse.keys, sparse.values)
+    key_sequence = sequence([global_keys.transpose(1, 2), keys.transpose(1, 2), sparse_keys])  # (B, H, length, D)
+    value_sequence = sequence([global_values.transpose(1, 2), values.transpose(1, 2), sparse_values])
+    sparse_mask = token_mask.new_zeros(batch, 1, 0) if sparse is None else sparse.mask
+    key_valid = sequence([m.expand(-1, heads, -1) for m in (global_mask[:, None], token_mask[:, None], sparse_mask)])
+    # key_valid: (B, H, length) bool
+
+    block_mask = _with_mask_mod(structure, lsg_mask_mod(pattern, layout, key_valid, kept))
+    output = _flex_kernel(queries.device)(
+        queries.transpose(1, 2), key_sequence, value_sequence, block_mask=block_mask, scale=scaling
+    )  # (B, H, t, D)
+    seen_rows = layout.token_offset + num_queries
+    seen = key_sequence[:, :, :seen_rows], value_sequence[:, :, :seen_rows], layout.token_offset
+    return output.transpose(1, 2), seen

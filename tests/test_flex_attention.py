@@ -1,0 +1,330 @@
+"""The flex_attention backend against the SDPA one, how a model chooses between them, and LSH on any device.
+
+flex_attention runs forward only on CPU, uncompiled: it materialises the scores and ignores the block
+structure, so the structure is checked apart, tile by tile, against the mask it must cover.
+GPU checks (compiled kernel, gradients, bf16, generation) live in test_gpu.py.
+"""
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._dynamo.utils import counters
+from torch.nn.attention.flex_attention import create_mask, flex_attention
+
+from helpers import lsg_config, padding_mask
+from lsg_converter import LSGBartConfig, LSGBartForConditionalGeneration, LSGBertConfig, LSGBertForMaskedLM
+from lsg_converter.models import lsg_flex
+from lsg_converter.models.lsg_attention import (
+    SPARSITY_TYPES,
+    KeyPattern,
+    lsh_hyperplanes,
+    lsg_self_attention,
+)
+from lsg_converter.models.lsg_flex import KeyLayout, block_structure, lsg_mask_mod
+
+pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+
+HEADS, HEAD_DIM = 4, 8
+TOKENS = 75  # 10 blocks of 8, the last one padded
+
+
+def random_qkv(batch, length, seed=0, dtype=torch.float32):
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(batch, HEADS, length, HEAD_DIM, generator=generator).to(dtype) for _ in range(3)]
+
+
+def both_backends(query, key, value, mask, config, seed=0, **options):
+    """(sdpa output, flex output) of the same call, each from the same random state."""
+    outputs = []
+    for backend in ("sdpa", "flex_attention"):
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            outputs.append(lsg_self_attention(query, key, value, mask, config, backend=backend, **options))
+    return outputs
+
+
+@pytest.mark.parametrize("sparsity_type", SPARSITY_TYPES)
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+@pytest.mark.parametrize("lengths", [(TOKENS, TOKENS), (TOKENS, 50)], ids=["full", "padded"])
+@pytest.mark.parametrize("num_global", [0, 2])
+def test_flex_forward_equals_sdpa_forward(sparsity_type, causal, lengths, num_global):
+    config = lsg_config(block_size=8, sparse_block_size=8, sparsity_type=sparsity_type, num_global_tokens=num_global)
+    length = num_global + TOKENS
+    query, key, value = random_qkv(2, length)
+    mask = padding_mask([num_global + n for n in lengths], length)
+
+    sdpa, flex = both_backends(query, key, value, mask, config, causal=causal)
+
+    real = mask[:, None, :, None].expand_as(sdpa)
+    torch.testing.assert_close(flex[real], sdpa[real], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(sparsity_factor=1),
+        dict(sparsity_factor=4, sparse_block_size=3),
+        dict(block_size=12),
+        dict(sparsity_factor=8, legacy_sparse_window=True),  # the 2023 reference's right window, 2 positions early
+    ],
+)
+def test_flex_forward_equals_sdpa_forward_in_other_geometries(settings):
+    config = lsg_config(**{"block_size": 8, "sparse_block_size": 8, "num_global_tokens": 1, **settings})
+    query, key, value = random_qkv(2, 1 + 100, seed=4)
+    mask = padding_mask([101, 64], 101)
+
+    sdpa, flex = both_backends(query, key, value, mask, config)
+
+    real = mask[:, None, :, None].expand_as(sdpa)
+    torch.testing.assert_close(flex[real], sdpa[real], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_flex_dropout_hides_the_same_keys_as_sdpa(causal):
+    config = lsg_config(block_size=8, sparse_block_size=8, num_global_tokens=2)
+    query, key, value = random_qkv(2, 2 + TOKENS, seed=1)
+    mask = padding_mask([2 + TOKENS, 2 + 40], 2 + TOKENS)
+
+    sdpa, flex = both_backends(query, key, value, mask, config, seed=3, dropout=0.3, causal=causal)
+    _, undropped = both_backends(query, key, value, mask, config, causal=causal)
+
+    real = mask[:, None, :, None].expand_as(sdpa)
+    torch.testing.assert_close(flex[real], sdpa[real], atol=1e-5, rtol=0)
+    assert not torch.allclose(flex[real], undropped[real])
+
+
+def test_flex_backend_runs_sdpa_on_cpu_while_gradients_are_needed():
+    config = lsg_config(block_size=8, sparse_block_size=8, num_global_tokens=1)
+    query, key, value = (x.requires_grad_() for x in random_qkv(1, 1 + TOKENS))
+
+    flex = lsg_self_attention(query, key, value, None, config, backend="flex_attention")
+    flex.square().sum().backward()
+
+    sdpa = lsg_self_attention(query, key, value, None, config, backend="sdpa")
+    torch.testing.assert_close(flex, sdpa, atol=0, rtol=0)
+    assert query.grad is not None and torch.isfinite(query.grad).all()
+
+
+# --------------------------------------------------------------------------------------------------
+# The block structure: which key tiles each query tile reads
+# --------------------------------------------------------------------------------------------------
+
+
+def tile_geometries():
+    for sparsity_type, factor, span, block, num_global, causal in itertools.product(
+        ["none", "norm"], [1, 2, 4, 8], [3, 8], [8, 12], [0, 3], [False, True]
+    ):
+        if block % factor:
+            continue
+        yield dict(sparsity_type=sparsity_type, sparsity_factor=factor, sparse_block_size=span, block_size=block,
+                   num_global_tokens=num_global, legacy_sparse_window=block == factor), causal
+
+
+def geometry_id(value):
+    return ("causal" if value else "bidirectional") if isinstance(value, bool) else "-".join(map(str, value.values()))
+
+
+@pytest.mark.parametrize("settings, causal", list(tile_geometries()), ids=geometry_id)
+@pytest.mark.parametrize("num_queries, tile", [(50, 8), (97, 16)])
+def test_block_structure_reads_every_tile_holding_a_visible_key(settings, causal, num_queries, tile):
+    pattern = KeyPattern.of(lsg_config(**settings), causal)
+    padded_tokens = -(-num_queries // pattern.block_size) * pattern.block_size
+    layout = KeyLayout.of(pattern, padded_tokens, tile)
+    real_keys = torch.zeros(1, 1, layout.length, dtype=torch.bool)  # globals, tokens, compressed positions
+    real_keys[..., : pattern.num_global] = True
+    real_keys[..., layout.token_offset : layout.token_offset + num_queries] = True
+    compressed = padded_tokens // pattern.block_size * pattern.compressed_per_block
+    real_keys[..., layout.sparse_offset : layout.sparse_offset + compressed] = True
+
+    mask_mod = lsg_mask_mod(pattern, layout, real_keys)
+    visible = create_mask(mask_mod, 1, 1, num_queries, layout.length, device="cpu")[0, 0]  # (queries, keys)
+    query_tiles = -(-num_queries // tile)
+    visible = F.pad(visible, (0, 0, 0, query_tiles * tile - num_queries))
+    tiles_needed = visible.unflatten(0, (query_tiles, tile)).unflatten(2, (-1, tile)).any(dim=(1, 3))
+    tiles_read = block_structure(pattern, num_queries, tile, torch.device("cpu")).to_dense()[0, 0].bool()
+
+    assert not (tiles_needed & ~tiles_read).any()  # nothing visible is skipped
+    if pattern.sparse_size >= pattern.compressed_per_block:  # contiguous windows: nothing more is read
+        assert torch.equal(tiles_read, tiles_needed)
+
+
+def test_block_structure_is_built_once_per_shape_whatever_the_padding():
+    config = lsg_config(block_size=8, sparse_block_size=8, num_global_tokens=2, sparsity_type="pooling")
+    length = 2 + TOKENS
+    query, key, value = random_qkv(2, length)
+    block_structure.cache_clear()
+
+    for lengths in [(length, length), (length, 30), (20, length)]:
+        both_backends(query, key, value, padding_mask(lengths, length), config)
+
+    assert block_structure.cache_info().misses == 1
+    pattern = KeyPattern.of(config)
+    cpu = torch.device("cpu")
+    assert block_structure(pattern, TOKENS, lsg_flex.TILE, cpu) is block_structure(pattern, TOKENS, lsg_flex.TILE, cpu)
+
+
+def test_compiled_flex_attention_does_not_recompile_when_only_the_padding_changes(monkeypatch):
+    # the kernel compiled as on CUDA (here with a backend that needs no C++ compiler), called with
+    # the BlockMask and mask_mod each call builds
+    compiled = torch.compile(flex_attention, backend="aot_eager")
+    monkeypatch.setattr(lsg_flex, "_flex_kernel", lambda device: compiled)
+    config = lsg_config(block_size=8, sparse_block_size=8, num_global_tokens=2)
+    length = 2 + TOKENS
+    query, key, value = random_qkv(2, length)
+    torch.compiler.reset()
+    counters.clear()
+
+    for lengths in [(length, length), (length, 40), (30, 60)]:
+        mask = padding_mask(lengths, length)
+        sdpa, flex = both_backends(query, key, value, mask, config)
+        real = mask[:, None, :, None].expand_as(sdpa)
+        torch.testing.assert_close(flex[real], sdpa[real], atol=1e-5, rtol=0)
+
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+# --------------------------------------------------------------------------------------------------
+# Choosing the backend
+# --------------------------------------------------------------------------------------------------
+
+TINY_BERT = dict(
+    hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, vocab_size=99,
+    max_position_embeddings=256, block_size=8, sparse_block_size=8, num_global_tokens=2,
+)
+INVALID_IMPLEMENTATIONS = ["eager", "flash_attention_2", "lsg_eager"]
+
+
+def tiny_inputs():
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(3, 99, (2, 100), generator=generator)
+    attention_mask = padding_mask([100, 70], 100).long()
+    return dict(input_ids=input_ids, attention_mask=attention_mask)
+
+
+def logits(model, inputs):
+    with torch.no_grad():
+        return model(**inputs).logits
+
+
+@pytest.fixture(scope="module")
+def tiny_lsg_bert(tmp_path_factory):
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("lsg-bert")
+    LSGBertForMaskedLM(LSGBertConfig(**TINY_BERT)).save_pretrained(folder)
+    return folder
+
+
+def test_default_backend_on_cpu_is_sdpa(tiny_lsg_bert):
+    model = LSGBertForMaskedLM.from_pretrained(tiny_lsg_bert).eval()
+    inputs = tiny_inputs()
+
+    default = logits(model, inputs)
+    model.set_attn_implementation("sdpa")
+
+    assert model.config._attn_implementation == "lsg_sdpa"
+    torch.testing.assert_close(default, logits(model, inputs), atol=0, rtol=0)
+
+
+def test_from_pretrained_chooses_flex_attention(tiny_lsg_bert):
+    sdpa = LSGBertForMaskedLM.from_pretrained(tiny_lsg_bert, attn_implementation="sdpa").eval()
+    flex = LSGBertForMaskedLM.from_pretrained(tiny_lsg_bert, attn_implementation="flex_attention").eval()
+    inputs = tiny_inputs()
+
+    assert flex.config._attn_implementation == "lsg_flex_attention"
+    real = inputs["attention_mask"].bool()
+    torch.testing.assert_close(logits(flex, inputs)[real], logits(sdpa, inputs)[real], atol=1e-5, rtol=0)
+    assert not torch.equal(logits(flex, inputs), logits(sdpa, inputs))  # another kernel really ran
+
+
+def test_config_chooses_flex_attention():
+    model = LSGBertForMaskedLM(LSGBertConfig(**TINY_BERT, attn_implementation="flex_attention"))
+
+    assert model.config._attn_implementation == "lsg_flex_attention"
+
+
+def test_set_attn_implementation_switches_backend_both_ways(tiny_lsg_bert):
+    model = LSGBertForMaskedLM.from_pretrained(tiny_lsg_bert, attn_implementation="sdpa").eval()
+    inputs = tiny_inputs()
+    sdpa = logits(model, inputs)
+
+    model.set_attn_implementation("flex_attention")
+    flex = logits(model, inputs)
+    model.set_attn_implementation("sdpa")
+
+    assert not torch.equal(flex, sdpa)
+    torch.testing.assert_close(logits(model, inputs), sdpa, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("implementation", INVALID_IMPLEMENTATIONS)
+def test_from_pretrained_refuses_other_implementations_naming_the_valid_ones(tiny_lsg_bert, implementation):
+    with pytest.raises(ValueError, match=f"attn_implementation='{implementation}'.*'sdpa', 'flex_attention'"):
+        LSGBertForMaskedLM.from_pretrained(tiny_lsg_bert, attn_implementation=implementation)
+
+
+@pytest.mark.parametrize("implementation", INVALID_IMPLEMENTATIONS)
+def test_config_refuses_other_implementations(implementation):
+    with pytest.raises(ValueError, match="'sdpa', 'flex_attention'"):
+        LSGBertConfig(**TINY_BERT, attn_implementation=implementation)
+
+
+@pytest.mark.parametrize("implementation", INVALID_IMPLEMENTATIONS)
+def test_set_attn_implementation_refuses_other_implementations_and_keeps_the_backend(tiny_lsg_bert, implementation):
+    model = LSGBertForMaskedLM.from_pretrained(tiny_lsg_bert, attn_implementation="flex_attention")
+
+    with pytest.raises(ValueError, match="'sdpa', 'flex_attention'"):
+        model.set_attn_implementation(implementation)
+    assert model.config._attn_implementation == "lsg_flex_attention"
+
+
+def test_dense_decoder_keeps_the_implementations_of_transformers():
+    config = LSGBartConfig(d_model=32, is_decoder=True, attn_implementation="eager")
+
+    assert config.lsg_dense_decoder and config._attn_implementation == "eager"
+
+
+def test_encoder_decoder_flex_encoder_equals_sdpa_encoder():
+    torch.manual_seed(0)
+    config = LSGBartConfig(
+        d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+        encoder_ffn_dim=37, decoder_ffn_dim=37, vocab_size=99, max_position_embeddings=256,
+        block_size=8, sparse_block_size=8, num_global_tokens=2,
+    )
+    model = LSGBartForConditionalGeneration(config).eval()
+    inputs = {**tiny_inputs(), "decoder_input_ids": torch.tensor([[2, 5, 7], [2, 9, 4]])}
+
+    model.set_attn_implementation("sdpa")
+    sdpa = logits(model, inputs)
+    model.set_attn_implementation("flex_attention")
+
+    torch.testing.assert_close(logits(model, inputs), sdpa, atol=1e-5, rtol=0)
+
+
+# --------------------------------------------------------------------------------------------------
+# LSH on any device and in half precision
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", ["cpu", torch.device("cpu"), "meta"])
+def test_lsh_hyperplanes_are_drawn_on_the_cpu_from_the_seed_then_moved(device):
+    shape = (1, HEADS, 1, HEAD_DIM, 4)
+
+    planes = lsh_hyperplanes(shape, torch.Generator().manual_seed(7), torch.float32, device)
+
+    assert planes.device == torch.device(device)
+    if planes.device.type == "cpu":
+        expected = torch.randn(shape, generator=torch.Generator().manual_seed(7))
+        torch.testing.assert_close(planes, expected, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_lsh_gives_finite_outputs_in_half_precision_with_empty_buckets(dtype):
+    config = lsg_config(block_size=16, sparse_block_size=16, sparsity_type="lsh", num_global_tokens=1)
+    length = 1 + 150
+    query, key, value = random_qkv(2, length, dtype=dtype)
+    mask = padding_mask([length, 60], length)  # the padded chunks hash into empty buckets
+
+    output = lsg_self_attention(query, key, value, mask, config)
+
+    assert torch.isfinite(output).all()

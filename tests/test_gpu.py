@@ -1,0 +1,141 @@
+"""The CUDA paths: compiled flex_attention against the SDPA backend (outputs and gradients, fp32 and
+bf16), the automatic choice of backend, LSH buckets equal on CPU and CUDA, finite fp16 outputs,
+generation with and without cache. Skipped where no CUDA device is present (CI has none)."""
+
+import pytest
+import torch
+
+from helpers import lsg_config, padding_mask
+from lsg_converter import LSGBertConfig, LSGBertForMaskedLM, LSGBertLMHeadModel
+from lsg_converter.models.lsg_attention import SPARSITY_TYPES, lsg_self_attention, sparse_by_lsh
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+HEADS, HEAD_DIM, BLOCK = 4, 64, 64
+NUM_GLOBAL, TOKENS = 2, 1000  # 16 blocks of 64, the last one padded
+TOLERANCE = {torch.float32: 2e-3, torch.bfloat16: 3e-2}
+
+
+def random_qkv(batch, length, dtype, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return [
+        torch.randn(batch, HEADS, length, HEAD_DIM, generator=generator).to("cuda", dtype).requires_grad_()
+        for _ in range(3)
+    ]
+
+
+def run(backend, inputs, mask, config, seed=0, **options):
+    """Output and input gradients of one backend on fresh copies of `inputs`."""
+    inputs = [x.detach().clone().requires_grad_() for x in inputs]
+    torch.manual_seed(seed)
+    output = lsg_self_attention(*inputs, mask, config, backend=backend, **options)
+    output.float().square().sum().backward()
+    return output.detach(), [x.grad for x in inputs]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("sparsity_type", SPARSITY_TYPES)
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_flex_equals_sdpa_in_outputs_and_gradients(dtype, sparsity_type, causal):
+    config = lsg_config(block_size=BLOCK, sparse_block_size=BLOCK, sparsity_type=sparsity_type, num_global_tokens=NUM_GLOBAL)
+    length = NUM_GLOBAL + TOKENS
+    inputs = random_qkv(2, length, dtype)
+    mask = padding_mask([length, NUM_GLOBAL + 700], length).cuda()
+
+    sdpa, sdpa_gradients = run("sdpa", inputs, mask, config, causal=causal)
+    flex, flex_gradients = run("flex_attention", inputs, mask, config, causal=causal)
+
+    real = mask[:, None, :, None].expand_as(sdpa)
+    tolerance = TOLERANCE[dtype]
+    torch.testing.assert_close(flex[real].float(), sdpa[real].float(), atol=tolerance, rtol=tolerance)
+    for flex_gradient, sdpa_gradient in zip(flex_gradients, sdpa_gradients):
+        torch.testing.assert_close(flex_gradient.float(), sdpa_gradient.float(), atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_flex_dropout_hides_the_same_keys_as_sdpa_on_cuda(causal):
+    config = lsg_config(block_size=BLOCK, sparse_block_size=BLOCK, num_global_tokens=NUM_GLOBAL)
+    length = NUM_GLOBAL + TOKENS
+    inputs = random_qkv(2, length, torch.float32, seed=1)
+    mask = padding_mask([length, NUM_GLOBAL + 500], length).cuda()
+
+    sdpa, _ = run("sdpa", inputs, mask, config, seed=5, dropout=0.2, causal=causal)
+    flex, _ = run("flex_attention", inputs, mask, config, seed=5, dropout=0.2, causal=causal)
+
+    real = mask[:, None, :, None].expand_as(sdpa)
+    torch.testing.assert_close(flex[real], sdpa[real], atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("sparsity_type", SPARSITY_TYPES)
+@pytest.mark.parametrize("backend", ["sdpa", "flex_attention"])
+def test_fp16_outputs_are_finite(sparsity_type, backend):
+    config = lsg_config(block_size=BLOCK, sparse_block_size=BLOCK, sparsity_type=sparsity_type, num_global_tokens=NUM_GLOBAL)
+    length = NUM_GLOBAL + TOKENS
+    inputs = random_qkv(2, length, torch.float16)
+    mask = padding_mask([length, NUM_GLOBAL + 300], length).cuda()
+
+    output, gradients = run(backend, inputs, mask, config)
+
+    assert torch.isfinite(output).all() and all(torch.isfinite(g).all() for g in gradients)
+
+
+def test_lsh_buckets_are_the_same_on_cpu_and_cuda():
+    config = lsg_config(block_size=BLOCK, sparse_block_size=BLOCK, sparsity_type="lsh", lsh_seed=11)
+    generator = torch.Generator().manual_seed(0)
+    keys, values = (torch.randn(2, HEADS, 1024, HEAD_DIM, generator=generator, dtype=torch.float64) for _ in range(2))
+    mask = padding_mask([1024, 700], 1024)
+
+    on_cpu = sparse_by_lsh(None, keys, values, mask, config, HEAD_DIM**-0.5)
+    on_cuda = sparse_by_lsh(None, keys.cuda(), values.cuda(), mask.cuda(), config, HEAD_DIM**-0.5)
+
+    assert torch.equal(on_cuda.mask.cpu(), on_cpu.mask)
+    torch.testing.assert_close(on_cuda.keys.cpu(), on_cpu.keys, atol=1e-10, rtol=0)
+    torch.testing.assert_close(on_cuda.values.cpu(), on_cpu.values, atol=1e-10, rtol=0)
+
+
+TINY_BERT = dict(
+    hidden_size=256, num_hidden_layers=2, num_attention_heads=4, intermediate_size=512, vocab_size=99,
+    max_position_embeddings=2048, block_size=BLOCK, sparse_block_size=BLOCK, num_global_tokens=NUM_GLOBAL,
+)
+
+
+def test_default_backend_on_cuda_is_flex_attention():
+    torch.manual_seed(0)
+    model = LSGBertForMaskedLM(LSGBertConfig(**TINY_BERT)).cuda().eval()
+    input_ids = torch.randint(3, 99, (2, TOKENS), device="cuda")
+    attention_mask = padding_mask([TOKENS, 600], TOKENS).long().cuda()
+
+    with torch.no_grad():
+        default = model(input_ids=input_ids, attention_mask=attention_mask).logits
+        model.set_attn_implementation("flex_attention")
+        flex = model(input_ids=input_ids, attention_mask=attention_mask).logits
+
+    assert model.config._attn_implementation == "lsg_flex_attention"
+    torch.testing.assert_close(default, flex, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flex_attention"])
+def test_generation_is_the_same_with_and_without_cache(backend):
+    torch.manual_seed(0)
+    config = LSGBertConfig(**TINY_BERT, is_decoder=True, sparsity_type="pooling", attn_implementation=backend)
+    model = LSGBertLMHeadModel(config).cuda().eval()
+    input_ids = torch.randint(3, 99, (1, 700), device="cuda")
+    settings = dict(max_new_tokens=40, min_new_tokens=40, do_sample=False)
+
+    with_cache = model.generate(input_ids=input_ids, use_cache=True, **settings)
+    without_cache = model.generate(input_ids=input_ids, use_cache=False, **settings)
+
+    assert torch.equal(with_cache, without_cache)
+
+
+def test_generation_is_the_same_on_both_backends():
+    torch.manual_seed(0)
+    model = LSGBertLMHeadModel(LSGBertConfig(**TINY_BERT, is_decoder=True, sparsity_type="pooling")).cuda().eval()
+    input_ids = torch.randint(3, 99, (1, 700), device="cuda")
+    settings = dict(max_new_tokens=40, min_new_tokens=40, do_sample=False, use_cache=False)
+
+    model.set_attn_implementation("sdpa")
+    sdpa = model.generate(input_ids=input_ids, **settings)
+    model.set_attn_implementation("flex_attention")
+
+    assert torch.equal(model.generate(input_ids=input_ids, **settings), sdpa)
