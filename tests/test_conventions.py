@@ -165,3 +165,15 @@ def test_a_cached_decoding_step_returns_the_hidden_states_of_its_new_token():
 
     assert {tuple(state.shape) for state in prompt.hidden_states} == {(2, LENGTH, model.config.hidden_size)}
     assert {tuple(state.shape) for state in step.hidden_states} == {(2, 1, model.config.hidden_size)}
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_the_global_token_table_is_drawn_as_the_model_draws_its_other_embeddings(arch):
+    source = TINY_CONFIGS[arch]()
+    std_key = "init_std" if hasattr(source, "init_std") else "initializer_range"  # BART-likes name it init_std
+    model = tiny_lsg(arch, **{std_key: 0.5})
+
+    global_std = model.lsg_global_embeddings.weight.std().item()
+    word_std = model.get_input_embeddings().weight.std().item()
+
+    assert global_std == pytest.approx(word_std, rel=0.1)

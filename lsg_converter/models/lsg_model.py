@@ -361,11 +361,8 @@ class LSGModelMixin:
         super().__init__(config, *args, **kwargs)
         if self.config.lsg_dense_decoder:
             return
-        base = getattr(self, self.base_model_prefix, self)
+        base = self.base_model
         embeddings = base.get_submodule(self.lsg_embeddings)
-        width = self.get_input_embeddings().embedding_dim  # the summed embeddings the global tokens join
-        embeddings.global_embeddings = nn.Embedding(MAX_GLOBAL_TOKENS, width)
-        nn.init.normal_(embeddings.global_embeddings.weight, std=getattr(config, "initializer_range", 0.02))
         global_tokens = GlobalTokens(embeddings.global_embeddings, self.config)
         encoder = base.get_submodule(self.lsg_encoder)
         recorder = encoder if isinstance(encoder, PreTrainedModel) else base
@@ -381,6 +378,15 @@ class LSGModelMixin:
                 layer.register_forward_hook(global_tokens.layer_output)
         encoder.register_forward_hook(global_tokens.drop)
         recorder.register_forward_hook(global_tokens.finish)
+
+    def post_init(self) -> None:
+        """Add the table of global tokens before transformers initialises the weights (the Hugging Face
+        class calls this at the end of its ``__init__``): `_init_weights` then draws it like every other
+        embedding, also when a checkpoint lacks it."""
+        if not self.config.lsg_dense_decoder:
+            width = self.get_input_embeddings().embedding_dim  # the summed embeddings the global tokens join
+            self.base_model.get_submodule(self.lsg_embeddings).global_embeddings = nn.Embedding(MAX_GLOBAL_TOKENS, width)
+        super().post_init()
 
     @property
     def lsg_global_embeddings(self) -> nn.Embedding | None:
