@@ -3,7 +3,7 @@
 * `LSGConfigMixin` adds the LSG keys to a configuration class and fills its ``auto_map``.
 * `LSGModelMixin` adds the global-token table to a model and hooks it in: the global tokens are
   prepended before the embedding normalisation (or, without one, the first encoder layer) and
-  dropped again at the encoder output.
+  dropped again at the encoder output; the hidden states returned leave them out too (`GlobalTokens`).
 * `define_lsg_heads` creates an architecture's head classes (``LSGBertForMaskedLM`` = the mixin +
   ``BertForMaskedLM``) from the list of heads in its config class.
 
