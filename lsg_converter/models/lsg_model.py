@@ -3,7 +3,7 @@
 * `LSGConfigMixin` adds the LSG keys to a configuration class and fills its ``auto_map``.
 * `LSGModelMixin` adds the global-token table to a model and hooks it in: the global tokens are
   prepended before the embedding normalisation (or, without one, the first encoder layer) and
-  dropped again at the encoder output.
+  dropped again at the encoder output; the hidden states returned leave them out too (`GlobalTokens`).
 * `define_lsg_heads` creates an architecture's head classes (``LSGBertForMaskedLM`` = the mixin +
   ``BertForMaskedLM``) from the list of heads in its config class.
 
@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers import PreTrainedModel
 
 from .lsg_attention import SPARSITY_TYPES, lsg_attention_name, uses_sparse_keys
 
@@ -251,6 +252,23 @@ def validate_lsg_settings(config: Any, max_length: int | None = None) -> None:
 class GlobalTokens:
     """The hooks that put the global tokens in front of the sequence and take them out again.
 
+    Every layer carries ``g`` global states followed by the ``t`` token states. What the model
+    returns holds the tokens only, as the source model's outputs do: ``last_hidden_state`` and every
+    entry of ``hidden_states`` are ``(B, t, E)``, ``hidden_states[-1] == last_hidden_state``. With
+    ``pool_with_global`` the first token's row is global token 0's state, in every one of them.
+
+    Encoder-decoder models with ``pass_global_tokens_to_decoder`` are the one exception: their
+    ``encoder_last_hidden_state`` keeps the ``g`` global states in front (the decoder attends to them;
+    checkpoints of the 2023 reference depend on it) and pools nothing, while ``encoder_hidden_states``
+    hold the tokens only, so ``encoder_hidden_states[-1] == encoder_last_hidden_state[:, g:]``.
+
+    transformers records ``hidden_states`` with forward hooks on the layers of the model whose
+    forward is decorated with ``capture_outputs`` (the "recorder": the base model, or the encoder of
+    an encoder-decoder model). While a forward pass records them, the hooks here take each layer's
+    token rows out of its input and output and rebuild the layer states from those rows, so that the
+    rows returned lie on the autograd path (``hidden_states[i].retain_grad()`` gets a gradient); at
+    the end they replace the recorded states, which still hold the global tokens.
+
     A causal decoder that continues from its cache (``past_key_values_length > 0``) already holds the
     global tokens there: that forward pass prepends nothing, drops nothing, and counts its positions
     from the first real token.
@@ -260,6 +278,47 @@ class GlobalTokens:
         self.table = table
         self.config = config
         self.prepended = False
+        self.recording = False  # this forward pass returns hidden_states
+        self.returns_tuple = False  # its caller asked for return_dict=False
+        self.token_states: list[torch.Tensor] = []  # (B, t, E) per hidden state recorded so far
+
+    @property
+    def pools(self) -> bool:
+        """Whether the first token's output is global token 0's (pool_with_global, in an encoder whose
+        output drops the global tokens; a causal decoder's global 0 does not see the text)."""
+        config = self.config
+        passes_global_tokens = getattr(config, "pass_global_tokens_to_decoder", False)
+        return config.pool_with_global and not getattr(config, "is_decoder", False) and not passes_global_tokens
+
+    @property
+    def splits_states(self) -> bool:
+        """Whether this forward pass carries global tokens that the returned hidden states leave out."""
+        return self.recording and self.prepended and self.config.num_global_tokens > 0
+
+    def token_rows(self, states: torch.Tensor) -> torch.Tensor:
+        """(B, g + t, E) -> (B, t, E): the tokens' states, the first one global 0's if `pools`."""
+        num_global = self.config.num_global_tokens
+        if self.pools:
+            return torch.cat([states[:, :1], states[:, num_global + 1 :]], dim=1)
+        return states[:, num_global:]
+
+    def split_states(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, g + t, E) -> (token rows (B, t, E), the same states rebuilt from those rows (B, g + t, E))."""
+        num_global = self.config.num_global_tokens
+        rows = self.token_rows(states)
+        if self.pools:  # rows[:, 0] is global 0; the first token's own row sits among the others
+            rebuilt = torch.cat([rows[:, :1], states[:, 1 : num_global + 1], rows[:, 1:]], dim=1)
+        else:
+            rebuilt = torch.cat([states[:, :num_global], rows], dim=1)
+        return rows, rebuilt
+
+    def begin(self, recorder: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:
+        """Forward pre-hook of the recorder: note whether hidden states are asked for (as
+        ``capture_outputs`` decides it) and have it return a ModelOutput, turned into a tuple in `finish`."""
+        self.recording = bool(kwargs.get("output_hidden_states", getattr(self.config, "output_hidden_states", False)))
+        self.returns_tuple = kwargs.get("return_dict", getattr(self.config, "return_dict", True)) is False
+        self.token_states = []
+        return args, {**kwargs, "return_dict": True}
 
     def before_embeddings(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:
         """Forward pre-hook of the embedding module: decide whether this pass carries global tokens."""
@@ -278,24 +337,52 @@ class GlobalTokens:
         global_tokens = global_tokens.unsqueeze(0).expand(embeddings.shape[0], -1, -1)
         return (torch.cat([global_tokens, embeddings], dim=1), *args[1:])
 
-    def drop(self, encoder: nn.Module, args: tuple, output: Any) -> Any:
-        """Forward hook of the encoder: (B, g + t, E) -> (B, t, E), after pool_with_global.
+    def layer_input(self, layer: nn.Module, args: tuple) -> tuple | None:
+        """Forward pre-hook of every recorded layer: the first layer's input is hidden state 0."""
+        if not self.splits_states or self.token_states:
+            return None
+        rows, states = self.split_states(args[0])
+        self.token_states.append(rows)
+        return (states, *args[1:])
 
-        Encoder-decoder models with ``pass_global_tokens_to_decoder`` keep the global states (the
-        decoder attends to them); causal decoders never pool (global 0 does not see the text).
-        """
-        config = self.config
-        num_global = config.num_global_tokens
-        if not self.prepended or not num_global or getattr(config, "pass_global_tokens_to_decoder", False):
+    def layer_output(self, layer: nn.Module, args: tuple, output: Any) -> Any:
+        """Forward hook of every recorded layer: its output is the next hidden state."""
+        if not self.splits_states:
             return output
-        hidden_states = output.last_hidden_state
-        if config.pool_with_global and not getattr(config, "is_decoder", False):
-            # the first real token's state becomes global token 0's
-            hidden_states = torch.cat([hidden_states[:, :1], hidden_states[:, num_global + 1 :]], dim=1)
+        if isinstance(output, tuple):
+            rows, states = self.split_states(output[0])
+            output = (states, *output[1:])
         else:
-            hidden_states = hidden_states[:, num_global:]
-        output.last_hidden_state = hidden_states
+            rows, output = self.split_states(output)
+        self.token_states.append(rows)
         return output
+
+    def drop(self, encoder: nn.Module, args: tuple, output: Any) -> Any:
+        """Forward hook of the encoder: (B, g + t, E) -> (B, t, E), after pool_with_global (see `pools`).
+
+        Encoder-decoder models with ``pass_global_tokens_to_decoder`` keep the global states: the
+        decoder attends to them. The last hidden state recorded is the encoder output's token rows.
+        """
+        if not self.prepended or not self.config.num_global_tokens:
+            return output
+        if getattr(self.config, "pass_global_tokens_to_decoder", False):
+            if self.splits_states:
+                self.token_states[-1], output.last_hidden_state = self.split_states(output.last_hidden_state)
+            return output
+        output.last_hidden_state = self.token_rows(output.last_hidden_state)
+        if self.splits_states:
+            self.token_states[-1] = output.last_hidden_state
+        return output
+
+    def finish(self, recorder: nn.Module, args: tuple, output: Any) -> Any:
+        """Forward hook of the recorder: its hidden_states become the token rows (None stays None:
+        ``output_hidden_states`` may select some layers only)."""
+        if self.splits_states and output.hidden_states is not None:
+            output.hidden_states = tuple(
+                None if recorded is None else rows for recorded, rows in zip(output.hidden_states, self.token_states)
+            )
+        self.recording, self.token_states = False, []
+        return output.to_tuple() if self.returns_tuple else output
 
 
 class InputLengthCheck:
@@ -347,6 +434,8 @@ class LSGModelMixin:
         lsg_decoder: the decoder of an encoder-decoder model (skipped where the base has none),
         lsg_positions_after_padding: positions start after the padding id (RoBERTa's convention), so
             the table holds ``pad_token_id + 1`` rows that no token reaches.
+    The hidden states are recorded (see `GlobalTokens`) by the encoder if it is a Hugging Face model
+    of its own (BART's), otherwise by the base model, on the layers its ``_can_record_outputs`` names.
 
     The decoder-only head of an encoder-decoder architecture (`LSGConfigMixin.lsg_dense_decoder`)
     has no encoder: it gets no global tokens and stays the dense source model.
@@ -383,15 +472,32 @@ class LSGModelMixin:
         if self.config.lsg_dense_decoder:
             return
         embeddings = base.get_submodule(self.lsg_embeddings)
-        width = self.get_input_embeddings().embedding_dim  # the summed embeddings the global tokens join
-        embeddings.global_embeddings = nn.Embedding(MAX_GLOBAL_TOKENS, width)
-        nn.init.normal_(embeddings.global_embeddings.weight, std=getattr(config, "initializer_range", 0.02))
         global_tokens = GlobalTokens(embeddings.global_embeddings, self.config)
+        encoder = base.get_submodule(self.lsg_encoder)
+        recorder = encoder if isinstance(encoder, PreTrainedModel) else base
+        recorded = recorder.can_record_outputs["hidden_states"]  # a layer class, or an OutputRecorder naming one
+        layer_class = getattr(recorded, "target_class", recorded)
+
+        recorder.register_forward_pre_hook(global_tokens.begin, with_kwargs=True)
         embeddings.register_forward_pre_hook(global_tokens.before_embeddings, with_kwargs=True)
         check = InputLengthCheck(self.config, self.lsg_positions_after_padding, "input")
         embeddings.register_forward_pre_hook(check, with_kwargs=True)
         base.get_submodule(self.lsg_prepend_before).register_forward_pre_hook(global_tokens.prepend)
-        base.get_submodule(self.lsg_encoder).register_forward_hook(global_tokens.drop)
+        for layer in recorder.modules():
+            if isinstance(layer, layer_class):
+                layer.register_forward_pre_hook(global_tokens.layer_input)
+                layer.register_forward_hook(global_tokens.layer_output)
+        encoder.register_forward_hook(global_tokens.drop)
+        recorder.register_forward_hook(global_tokens.finish)
+
+    def post_init(self) -> None:
+        """Add the table of global tokens before transformers initialises the weights (the Hugging Face
+        class calls this at the end of its ``__init__``): `_init_weights` then draws it like every other
+        embedding, also when a checkpoint lacks it."""
+        if not self.config.lsg_dense_decoder:
+            width = self.get_input_embeddings().embedding_dim  # the summed embeddings the global tokens join
+            self.base_model.get_submodule(self.lsg_embeddings).global_embeddings = nn.Embedding(MAX_GLOBAL_TOKENS, width)
+        super().post_init()
 
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
         """transformers' check of an ``attn_implementation``: an LSG model takes "sdpa", "flex_attention"
