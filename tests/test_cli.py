@@ -140,7 +140,7 @@ def test_the_saved_folder_and_files_get_their_permissions_from_the_umask(tiny_be
     model, tokenizer = LSGConverter(max_sequence_length=512).convert_from_pretrained(tiny_bert_dir)
     previous = os.umask(umask)
     try:
-        out = save_converted(model, tokenizer, tmp_path / "shared" / "out", card=model_card(model))
+        out = save_converted(model, tokenizer, tmp_path / "group-disk" / "out", card=model_card(model))
     finally:
         os.umask(previous)
 
