@@ -24,8 +24,8 @@ from huggingface_hub import snapshot_download
 from transformers import PreTrainedModel
 from transformers.utils import cached_file, logging
 
-from .errors import CorruptCheckpointError, HubError, one_line
-from .hub import HUB_ERRORS
+from .errors import CorruptCheckpointError, one_line
+from .hub import hub_errors
 
 logger = logging.get_logger(__name__)
 
@@ -159,13 +159,8 @@ def _resolve(source: str, name: str, token: str | bool | None) -> Path | None:
 def _hub_snapshot(repo_id: str, revision: str, module_paths: list[str], token: str | bool | None) -> Path:
     """The snapshot folder of `repo_id` at `revision` with its sentence-transformers files downloaded."""
     patterns = [TRANSFORMER_SETTINGS_FILE, PACKAGE_SETTINGS_FILE] + [f"{path}/*" for path in module_paths if path]
-    try:
+    with hub_errors(f"download the sentence-transformers modules of {repo_id!r}", "check the network and token="):
         return Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns, token=token))
-    except HUB_ERRORS as error:
-        raise HubError(
-            f"Could not download the sentence-transformers modules of {repo_id!r} "
-            f"({type(error).__name__}: {one_line(error, 200)}): check the network and --token."
-        ) from error
 
 
 def _as_model_module(module: dict[str, Any]) -> dict[str, Any]:
