@@ -244,10 +244,8 @@ def flag_spelling(parser: argparse.ArgumentParser, message: str) -> str:
     def as_flag(match: re.Match) -> str:
         action, value = options[match[1]], match[2]
         flag = action.option_strings[0]
-        if action.nargs == 0:  # a switch: --flag, or --flag/--no-flag
-            if value != "False":
-                return flag
-            return action.option_strings[1] if len(action.option_strings) > 1 else f"no {flag}"
+        if action.nargs == 0:
+            return _switch(action, value != "False")
         if not value:
             return flag
         quoted = value[0] in "'\""
@@ -267,11 +265,18 @@ def recorded_command(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         value = getattr(args, action.dest, action.default)
         if not action.option_strings or action.dest in NOT_RECORDED or value == action.default:
             continue
-        if action.nargs == 0:  # a switch: --flag, or --flag/--no-flag
-            words.append(action.option_strings[0 if value else 1])
+        if action.nargs == 0:
+            words.append(_switch(action, bool(value)))
         else:
             words += [action.option_strings[0], saved_folder_name(value) if action.dest == "save_path" else str(value)]
     return shlex.join(words)
+
+
+def _switch(action: argparse.Action, on: bool) -> str:
+    """How a switch (--flag, or --flag/--no-flag) is written on or off: "no --flag" when it has no --no- form."""
+    if on:
+        return action.option_strings[0]
+    return action.option_strings[1] if len(action.option_strings) > 1 else f"no {action.option_strings[0]}"
 
 
 class _FlagSpellingFormatter(pylogging.Formatter):
