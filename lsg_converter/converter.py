@@ -174,7 +174,8 @@ class LSGConverter:
         has one and absent where it has none. Source tensors the LSG class does not use (a ColBERT
         projection) are kept in the model under their own names, with a warning naming them.
         """
-        source = str(model_name_or_path)
+        folder = local_source(model_name_or_path)  # a folder on disk is read from there, "~" expanded
+        source = str(folder if folder is not None else model_name_or_path)
         source_config = _load_config(source, token)
         arch = find_architecture(source_config.model_type)
         is_lsg = _is_lsg_config(source_config)

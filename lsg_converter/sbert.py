@@ -25,7 +25,7 @@ from transformers import PreTrainedModel
 from transformers.utils import cached_file, logging
 
 from .errors import CorruptCheckpointError, one_line
-from .hub import hub_errors
+from .hub import hub_errors, local_source
 
 logger = logging.get_logger(__name__)
 
@@ -108,7 +108,8 @@ def write_pipeline(model: PreTrainedModel, folder: str | os.PathLike) -> None:
 
 
 def _read_pipeline(source: str, token: str | bool | None, max_seq_length: int) -> SentencePipeline | None:
-    modules_file = _resolve(source, MODULES_FILE, token)
+    local_folder = local_source(source)
+    modules_file = _resolve(source, local_folder, MODULES_FILE, token)
     if modules_file is None:
         return None
     source_modules = _read_json(modules_file, list)
@@ -118,7 +119,7 @@ def _read_pipeline(source: str, token: str | bool | None, max_seq_length: int) -
             "fix or restore the file."
         )
     folder = modules_file.parent
-    if not os.path.isdir(source):
+    if local_folder is None:
         folder = _hub_snapshot(source, folder.name, [module["path"] for module in source_modules], token)
     modules = [_as_model_module(source_modules[0])] + [
         module for module in source_modules[1:] if _can_carry(module)
@@ -144,10 +145,11 @@ def _is_module_entry(module: Any) -> bool:
     )
 
 
-def _resolve(source: str, name: str, token: str | bool | None) -> Path | None:
-    """`name` in the local folder `source`, or in the Hub repository `source` (None when it has none)."""
-    if os.path.isdir(source):
-        path = Path(source) / name
+def _resolve(source: str, local_folder: Path | None, name: str, token: str | bool | None) -> Path | None:
+    """`name` in `local_folder` (the source on disk, see `hub.local_source`), else in the Hub repository
+    `source` (None when it has none)."""
+    if local_folder is not None:
+        path = local_folder / name
         return path if path.is_file() else None
     resolved = cached_file(
         source, name, token=token,

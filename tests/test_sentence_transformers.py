@@ -97,6 +97,12 @@ def test_saved_modules_json_is_the_sources(tiny_st_source, tiny_st_converted):
     assert _json(tiny_st_converted / "modules.json") == _json(tiny_st_source / "modules.json")
 
 
+def test_a_source_named_from_the_home_folder_keeps_its_pipeline(tiny_st_source, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tiny_st_source.parent))
+    converted = _convert_and_save(f"~/{tiny_st_source.name}", tmp_path / "converted")
+    assert _json(converted / "modules.json") == _json(tiny_st_source / "modules.json")
+
+
 def test_module_folders_are_copied_unchanged(tiny_st_source, tiny_st_converted):
     for module in ("1_Pooling", "2_Dense", "3_Normalize"):
         files = sorted(path.name for path in (tiny_st_source / module).iterdir())
