@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers import lsg_config, padding_mask
-from lsg_converter.models.lsg_attention import SPARSITY_TYPES, lsg_self_attention
+from lsg_converter.models.lsg_attention import SPARSITY_TYPES, KeyPattern, lsg_self_attention, lsg_self_attention_weights
 
 HEADS, HEAD_DIM = 4, 8
 
@@ -252,3 +252,158 @@ def test_input_not_a_multiple_of_block_size_is_refused_without_adaptive():
     query, key, value = random_qkv(1, 1 + 100)
     with pytest.raises(ValueError, match="adaptive"):
         lsg_self_attention(query, key, value, None, lsg_config(block_size=16, adaptive=False))
+
+
+# --------------------------------------------------------------------------------------------------
+# Attention weights: the eager backend (output_attentions=True)
+# --------------------------------------------------------------------------------------------------
+
+SELECTION_SETTINGS = [  # sparse keys that are tokens: the specification's dense mask gives every weight
+    dict(sparsity_type="none", num_global_tokens=2),
+    dict(sparsity_type="stride", num_global_tokens=1, sparsity_factor=2, sparse_block_size=4),
+    dict(sparsity_type="block_stride", num_global_tokens=2, sparsity_factor=4, sparse_block_size=3),
+    dict(sparsity_type="stride", num_global_tokens=1, sparsity_factor=8, sparse_block_size=4, legacy_sparse_window=True),
+]
+
+
+def dense_probabilities(query, key, counts):
+    """softmax(q k^T / sqrt(D)) in which key k weighs counts[..., k] times: (B, H, N, N)."""
+    scores = query @ key.transpose(-1, -2) * HEAD_DIM**-0.5
+    return (scores + counts.to(query.dtype).log()).softmax(dim=-1)
+
+
+@pytest.mark.parametrize("settings", SELECTION_SETTINGS, ids=lambda s: f"{s['sparsity_type']}-g{s['num_global_tokens']}")
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_eager_weights_are_the_specified_attention_probabilities_of_the_tokens(settings, causal):
+    config = lsg_config(**{"block_size": 8, **settings})
+    g = config.num_global_tokens
+    length = g + 101
+    query, key, value = random_qkv(2, length)
+    key_mask = padding_mask([length, g + 77], length)
+
+    _, weights = lsg_self_attention_weights(query, key, value, key_mask, config, causal=causal)
+
+    allowed = (explicit_causal_mask if causal else explicit_key_counts)(config, length, key_mask)
+    expected = dense_probabilities(query, key, allowed)[:, :, g:, g:]
+    assert weights.shape == (2, HEADS, 101, 101)
+    real = key_mask[:, None, g:, None].expand_as(weights)
+    torch.testing.assert_close(weights[real], expected[real], atol=1e-12, rtol=0)
+
+
+def eager_settings():
+    for sparsity_type in SPARSITY_TYPES:
+        for factor in (1, 4):
+            yield dict(sparsity_type=sparsity_type, sparsity_factor=factor)
+
+
+@pytest.mark.parametrize("settings", list(eager_settings()), ids=lambda s: f"{s['sparsity_type']}-f{s['sparsity_factor']}")
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_eager_output_equals_the_sdpa_output(settings, causal):
+    if causal and settings["sparsity_type"] == "bos_pooling":
+        pytest.skip("bos_pooling is refused for decoders")
+    config = lsg_config(block_size=8, sparse_block_size=8, num_global_tokens=2, **settings)
+    query, key, value = random_qkv(2, 2 + 101, seed=4)
+    key_mask = padding_mask([2 + 101, 2 + 60], 2 + 101)
+
+    eager = lsg_self_attention(query, key, value, key_mask, config, causal=causal, backend="eager")
+    sdpa = lsg_self_attention(query, key, value, key_mask, config, causal=causal, backend="sdpa")
+
+    real = key_mask[:, None, :, None].expand_as(sdpa)
+    torch.testing.assert_close(eager[real], sdpa[real], atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("sparsity_type", SPARSITY_TYPES)
+def test_eager_output_is_its_weights_times_the_token_values(sparsity_type):
+    config = lsg_config(block_size=8, sparse_block_size=8, sparsity_factor=4, sparsity_type=sparsity_type, num_global_tokens=0)
+    query, key, value = random_qkv(2, 90, seed=5)
+    key_mask = padding_mask([90, 61], 90)
+
+    output, weights = lsg_self_attention_weights(query, key, value, key_mask, config)
+
+    torch.testing.assert_close(output, weights @ value, atol=1e-12, rtol=0)
+    real_rows = weights.sum(dim=-1)[key_mask[:, None, :].expand(-1, HEADS, -1)]
+    torch.testing.assert_close(real_rows, torch.ones_like(real_rows), atol=1e-12, rtol=0)
+    assert (weights[1, :, :61, 61:] == 0).all()  # no real token's weight on padding
+
+
+def test_a_pooling_key_spreads_its_weight_evenly_over_its_window():
+    """With local keys only on both sides of one block, block 0's right sparse keys are the only way
+    to tokens [2b, ...): each window of f tokens gets equal weights."""
+    config = lsg_config(block_size=8, sparse_block_size=8, sparsity_factor=4, sparsity_type="pooling", num_global_tokens=0)
+    query, key, value = random_qkv(1, 64, seed=6)
+
+    _, weights = lsg_self_attention_weights(query, key, value, None, config)
+
+    sparse_part = weights[0, :, :8, 24:40].unflatten(-1, (4, 4))  # block 0's 8 queries, 4 windows of f = 4 tokens
+    torch.testing.assert_close(sparse_part, sparse_part[..., :1].expand_as(sparse_part), atol=1e-12, rtol=0)
+    assert (sparse_part > 0).all()
+
+
+def test_eager_weights_are_zero_outside_the_pattern():
+    config = lsg_config(block_size=8, sparsity_type="none", num_global_tokens=1)
+    query, key, value = random_qkv(1, 1 + 64)
+
+    _, weights = lsg_self_attention_weights(query, key, value, None, config)
+
+    block = torch.arange(64) // 8
+    outside = (block[:, None] - block[None, :]).abs() > 1
+    assert (weights[:, :, outside] == 0).all() and (weights[:, :, ~outside] > 0).all()
+
+
+def test_eager_weights_of_a_cached_step_are_the_last_rows_of_the_full_pass():
+    config = lsg_config(block_size=8, sparse_block_size=8, sparsity_type="pooling", num_global_tokens=2)
+    length = 2 + 90
+    query, key, value = random_qkv(2, length, seed=3)
+    key_mask = padding_mask([length, 2 + 70], length)
+    full_output, full_weights = lsg_self_attention_weights(query, key, value, key_mask, config, causal=True)
+
+    end = 2 + 33
+    output, weights = lsg_self_attention_weights(
+        query[:, :, end - 3 : end], key[:, :, :end], value[:, :, :end], key_mask[:, :end], config, causal=True
+    )
+
+    torch.testing.assert_close(output, full_output[:, :, end - 3 : end], atol=1e-12, rtol=0)
+    torch.testing.assert_close(weights, full_weights[:, :, end - 2 - 3 : end - 2, : end - 2], atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("sparsity_type", ["norm", "pooling", "lsh"])
+def test_eager_training_hides_the_keys_the_sdpa_backend_hides(sparsity_type):
+    config = lsg_config(block_size=8, sparse_block_size=8, sparsity_type=sparsity_type, num_global_tokens=2)
+    query, key, value = random_qkv(2, 2 + 70, seed=7)
+
+    torch.manual_seed(11)
+    eager = lsg_self_attention(query, key, value, None, config, dropout=0.3, backend="eager")
+    torch.manual_seed(11)
+    sdpa = lsg_self_attention(query, key, value, None, config, dropout=0.3, backend="sdpa")
+
+    torch.testing.assert_close(eager, sdpa, atol=1e-12, rtol=0)
+
+
+def test_eager_weights_are_on_the_autograd_path_of_the_output():
+    config = lsg_config(block_size=8, sparse_block_size=8, num_global_tokens=2)
+    query, key, value = random_qkv(1, 2 + 50)
+
+    output, weights = lsg_self_attention_weights(query.requires_grad_(), key, value, None, config)
+    weights.retain_grad()
+    output.sum().backward()
+
+    assert weights.grad is not None and weights.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_key_columns_are_inverted_by_the_slots(causal):
+    config = lsg_config(block_size=8, sparse_block_size=6, sparsity_factor=2, num_global_tokens=2)
+    pattern = KeyPattern.of(config, causal)
+    num_tokens, num_blocks = 64, 8
+    num_compressed = num_tokens // 2
+    columns = pattern.key_columns(torch.arange(num_blocks), num_tokens, num_compressed)
+
+    for block in range(num_blocks):
+        query = torch.tensor(block * 8)
+        for slot, column in enumerate(columns[block].tolist()):
+            if column < 2:
+                assert slot == column
+            elif column < 2 + num_tokens:
+                assert pattern.local_slot(query, torch.tensor(column - 2)) == slot
+            elif column < 2 + num_tokens + num_compressed:
+                assert pattern.sparse_slot(query, torch.tensor(column - 2 - num_tokens)) == slot

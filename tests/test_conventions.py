@@ -6,6 +6,9 @@ The models are tiny, built from their config classes, and run on the LSG path (i
 two blocks, not a multiple of the block size, with sparse keys and two global tokens).
 """
 
+import copy
+import logging
+
 import pytest
 import torch
 
@@ -177,3 +180,177 @@ def test_the_global_token_table_is_drawn_as_the_model_draws_its_other_embeddings
     word_std = model.get_input_embeddings().weight.std().item()
 
     assert global_std == pytest.approx(word_std, rel=0.1)
+
+
+# --------------------------------------------------------------------------------------------------
+# Attentions and attn_implementation
+# --------------------------------------------------------------------------------------------------
+
+IMPLEMENTATIONS = ["eager", "sdpa", "flex_attention"]
+
+
+def encoder_attentions(arch, output):
+    return output.encoder_attentions if arch in ENCODER_DECODERS else output.attentions
+
+
+def main_output(arch, output):
+    return output.last_hidden_state
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_attentions_are_one_per_layer_of_batch_heads_length_length(arch):
+    model = tiny_lsg(arch, attn_implementation="eager")
+
+    with torch.no_grad():
+        attentions = encoder_attentions(arch, model(**batch(arch), output_attentions=True))
+
+    heads = model.config.num_attention_heads
+    assert [tuple(weights.shape) for weights in attentions] == [(2, heads, LENGTH, LENGTH)] * model.config.num_hidden_layers
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_eager_gives_the_outputs_of_sdpa(arch):
+    model = tiny_lsg(arch, attn_implementation="sdpa")
+    inputs = batch(arch)
+    real = inputs["attention_mask"].bool() if arch in ENCODERS else slice(None)
+
+    with torch.no_grad():
+        sdpa = main_output(arch, model(**inputs))
+        model.set_attn_implementation("eager")
+        eager = main_output(arch, model(**inputs, output_attentions=True))
+
+    torch.testing.assert_close(eager[real], sdpa[real], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_attentions_get_gradients_once_retained(arch):
+    model = tiny_lsg(arch, attn_implementation="eager")
+
+    output = model(**batch(arch), output_attentions=True)
+    attentions = encoder_attentions(arch, output)[0]
+    attentions.retain_grad()
+    main_output(arch, output).flatten()[0].backward()
+
+    assert attentions.grad is not None
+
+
+def test_attentions_of_the_global_tokens_are_left_out_and_rows_keep_the_tokens_share():
+    model = tiny_lsg("bert", attn_implementation="eager", sparsity_type="none")
+    inputs = batch("bert")
+
+    with torch.no_grad():
+        attentions = model(**inputs, output_attentions=True).attentions[0]
+
+    row_sums = attentions.sum(dim=-1)[inputs["attention_mask"].bool()[:, None, :].expand(-1, 4, -1)]
+    assert (row_sums < 1).all() and (row_sums > 0).all()  # the rest went to the 2 global tokens
+    block = torch.arange(LENGTH) // LSG_PATH["block_size"]
+    outside = (block[:, None] - block[None, :]).abs() > 1
+    assert (attentions[:, :, outside] == 0).all()
+
+
+def test_a_config_that_asks_for_attentions_and_eager_returns_them():
+    model = tiny_lsg("bert", attn_implementation="eager", output_attentions=True)
+
+    with torch.no_grad():
+        output = model(**batch("bert"))
+
+    assert len(output.attentions) == 2
+
+
+def test_output_attentions_without_eager_says_how_to_get_them_and_returns_none(caplog):
+    model = tiny_lsg("bert", attn_implementation="sdpa")
+    logging.Logger.warning_once.cache_clear()
+
+    with caplog.at_level("WARNING", logger="lsg_converter"), torch.no_grad():
+        output = model(**batch("bert"), output_attentions=True)
+
+    assert output.attentions == ()
+    assert "model.set_attn_implementation('eager') for output_attentions=True" in caplog.text
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_attn_implementation_reads_back_as_chosen_in_the_config_from_pretrained_and_after_a_switch(tmp_path, implementation):
+    model = tiny_lsg("bert", "ForMaskedLM", attn_implementation=implementation)
+    assert model.config._attn_implementation == implementation
+    model.save_pretrained(tmp_path)
+
+    loaded = type(model).from_pretrained(tmp_path, attn_implementation=implementation)
+    other = "sdpa" if implementation != "sdpa" else "eager"
+    loaded.set_attn_implementation(other)
+
+    assert loaded.bert.config._attn_implementation == other
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the default without CUDA")
+def test_attn_implementation_left_unset_reads_sdpa_without_cuda():
+    model = tiny_lsg("bert")
+
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_flash_attention_is_refused_naming_the_valid_implementations():
+    with pytest.raises(ValueError, match='"eager", "sdpa", "flex_attention"'):
+        tiny_lsg("bert").set_attn_implementation("flash_attention_2")
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_the_lsg_layers_receive_a_padding_mask_of_one_row_whatever_the_implementation(implementation):
+    model = tiny_lsg("bert", attn_implementation=implementation)
+    masks = []
+    for layer in model.encoder.layer:
+        layer.attention.self.register_forward_pre_hook(
+            lambda module, args, kwargs: masks.append(kwargs["attention_mask"]), with_kwargs=True
+        )
+
+    with torch.no_grad():
+        model(**batch("bert"))
+
+    assert [tuple(mask.shape) for mask in masks] == [(2, 1, 1, LENGTH)] * 2
+
+
+def test_a_mask_of_every_query_and_key_is_refused_with_what_to_pass():
+    model = tiny_lsg("bert")
+    inputs = batch("bert")
+    full_mask = inputs["attention_mask"].bool()[:, None, None, :].expand(-1, 1, LENGTH, -1)
+
+    with pytest.raises(ValueError, match=r"pass attention_mask as a 2D tensor of 1s \(tokens\) and 0s \(padding\)"):
+        model(input_ids=inputs["input_ids"], attention_mask=full_mask)
+
+
+def test_a_copied_model_switches_its_own_layers_only():
+    model = tiny_lsg("bert", attn_implementation="sdpa")
+    copied = copy.deepcopy(model)
+
+    copied.set_attn_implementation("eager")
+    with torch.no_grad():
+        copied_attentions = copied(**batch("bert"), output_attentions=True).attentions
+        original_attentions = model(**batch("bert"), output_attentions=True).attentions
+
+    assert model.config._attn_implementation == "sdpa"
+    assert len(copied_attentions) == 2 and original_attentions == ()
+
+
+@pytest.mark.parametrize("pass_global_tokens_to_decoder", [False, True])
+def test_the_decoder_of_an_encoder_decoder_runs_the_chosen_implementation(pass_global_tokens_to_decoder):
+    model = tiny_lsg("bart", attn_implementation="eager", pass_global_tokens_to_decoder=pass_global_tokens_to_decoder)
+    inputs = batch("bart")
+
+    with torch.no_grad():
+        output = model(**inputs, output_attentions=True)
+
+    encoder_keys = LENGTH + (LSG_PATH["num_global_tokens"] if pass_global_tokens_to_decoder else 0)
+    assert [tuple(weights.shape) for weights in output.decoder_attentions] == [(2, 4, 5, 5)] * 2
+    assert [tuple(weights.shape) for weights in output.cross_attentions] == [(2, 4, 5, encoder_keys)] * 2
+    second_row = output.cross_attentions[0][1]  # 6 padding tokens at the end; the global states see the text
+    assert (second_row[..., -6:] == 0).all() and (second_row[..., :-6] > 0).all()
+
+
+def test_cached_generation_gives_the_same_tokens_on_eager_and_sdpa():
+    model = tiny_lsg("bert", "LMHeadModel", is_decoder=True, sparsity_type="pooling", attn_implementation="sdpa")
+    input_ids = batch("bert")["input_ids"][:1]
+    settings = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False, use_cache=True)
+
+    sdpa = model.generate(input_ids=input_ids, **settings)
+    model.set_attn_implementation("eager")
+
+    assert torch.equal(model.generate(input_ids=input_ids, **settings), sdpa)

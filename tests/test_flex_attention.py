@@ -6,6 +6,7 @@ GPU checks (compiled kernel, gradients, bf16, generation) live in test_gpu.py.
 """
 
 import itertools
+import re
 
 import pytest
 import torch
@@ -193,7 +194,7 @@ TINY_BERT = dict(
     hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, vocab_size=99,
     max_position_embeddings=256, block_size=8, sparse_block_size=8, num_global_tokens=2,
 )
-INVALID_IMPLEMENTATIONS = ["eager", "flash_attention_2", "lsg_eager"]
+INVALID_IMPLEMENTATIONS = ["flash_attention_2", "lsg_eager", "paged|eager"]
 
 
 def tiny_inputs():
@@ -216,14 +217,15 @@ def tiny_lsg_bert(tmp_path_factory):
     return folder
 
 
-def test_default_backend_on_cpu_is_sdpa(tiny_lsg_bert):
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the default without CUDA")
+def test_default_backend_without_cuda_is_sdpa(tiny_lsg_bert):
     model = LSGBertForMaskedLM.from_pretrained(tiny_lsg_bert).eval()
     inputs = tiny_inputs()
 
     default = logits(model, inputs)
+    assert model.config._attn_implementation == "sdpa"
     model.set_attn_implementation("sdpa")
 
-    assert model.config._attn_implementation == "lsg_sdpa"
     torch.testing.assert_close(default, logits(model, inputs), atol=0, rtol=0)
 
 
@@ -232,7 +234,7 @@ def test_from_pretrained_chooses_flex_attention(tiny_lsg_bert):
     flex = LSGBertForMaskedLM.from_pretrained(tiny_lsg_bert, attn_implementation="flex_attention").eval()
     inputs = tiny_inputs()
 
-    assert flex.config._attn_implementation == "lsg_flex_attention"
+    assert flex.config._attn_implementation == "flex_attention"
     real = inputs["attention_mask"].bool()
     torch.testing.assert_close(logits(flex, inputs)[real], logits(sdpa, inputs)[real], atol=1e-5, rtol=0)
     assert not torch.equal(logits(flex, inputs), logits(sdpa, inputs))  # another kernel really ran
@@ -241,7 +243,7 @@ def test_from_pretrained_chooses_flex_attention(tiny_lsg_bert):
 def test_config_chooses_flex_attention():
     model = LSGBertForMaskedLM(LSGBertConfig(**TINY_BERT, attn_implementation="flex_attention"))
 
-    assert model.config._attn_implementation == "lsg_flex_attention"
+    assert model.config._attn_implementation == "flex_attention"
 
 
 def test_set_attn_implementation_switches_backend_both_ways(tiny_lsg_bert):
@@ -259,13 +261,14 @@ def test_set_attn_implementation_switches_backend_both_ways(tiny_lsg_bert):
 
 @pytest.mark.parametrize("implementation", INVALID_IMPLEMENTATIONS)
 def test_from_pretrained_refuses_other_implementations_naming_the_valid_ones(tiny_lsg_bert, implementation):
-    with pytest.raises(ValueError, match=f"attn_implementation='{implementation}'.*'sdpa', 'flex_attention'"):
+    expected = re.escape(f'`attn_implementation="{implementation}"` is not supported by LSG models: use one of "eager", "sdpa", "flex_attention"')
+    with pytest.raises(ValueError, match=expected):
         LSGBertForMaskedLM.from_pretrained(tiny_lsg_bert, attn_implementation=implementation)
 
 
 @pytest.mark.parametrize("implementation", INVALID_IMPLEMENTATIONS)
 def test_config_refuses_other_implementations(implementation):
-    with pytest.raises(ValueError, match="'sdpa', 'flex_attention'"):
+    with pytest.raises(ValueError, match='"eager", "sdpa", "flex_attention"'):
         LSGBertConfig(**TINY_BERT, attn_implementation=implementation)
 
 
@@ -273,9 +276,9 @@ def test_config_refuses_other_implementations(implementation):
 def test_set_attn_implementation_refuses_other_implementations_and_keeps_the_backend(tiny_lsg_bert, implementation):
     model = LSGBertForMaskedLM.from_pretrained(tiny_lsg_bert, attn_implementation="flex_attention")
 
-    with pytest.raises(ValueError, match="'sdpa', 'flex_attention'"):
+    with pytest.raises(ValueError, match='"eager", "sdpa", "flex_attention"'):
         model.set_attn_implementation(implementation)
-    assert model.config._attn_implementation == "lsg_flex_attention"
+    assert model.config._attn_implementation == "flex_attention"
 
 
 def test_dense_decoder_keeps_the_implementations_of_transformers():

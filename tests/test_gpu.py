@@ -110,7 +110,7 @@ def test_default_backend_on_cuda_is_flex_attention():
         model.set_attn_implementation("flex_attention")
         flex = model(input_ids=input_ids, attention_mask=attention_mask).logits
 
-    assert model.config._attn_implementation == "lsg_flex_attention"
+    assert model.config._attn_implementation == "flex_attention"
     torch.testing.assert_close(default, flex, atol=0, rtol=0)
 
 

@@ -1,10 +1,10 @@
 """LSG attention: Local + Sparse + Global (Condevaux & Harispe, PAKDD 2023), the one shared core.
 
-The attention itself, in pure torch (`lsg_attention_forward`), registered with transformers as the
-attention implementations ``"lsg"`` (automatic backend), ``"lsg_sdpa"`` and ``"lsg_flex_attention"``
-together with its mask function (`lsg_attention_mask`), which hands the attention the O(n)
-``(batch, length)`` padding mask instead of an O(n^2) one. Models choose with
-``attn_implementation="sdpa"`` or ``"flex_attention"`` (see `lsg_attention_name`).
+The attention itself, in pure torch (`lsg_self_attention`), registered with transformers as the
+attention implementations ``"lsg_eager"``, ``"lsg_sdpa"`` and ``"lsg_flex_attention"``. Models choose
+one the transformers way, ``attn_implementation="eager"``, ``"sdpa"`` or ``"flex_attention"`` (see
+`lsg_backend`); their self-attention layers then dispatch to the registered LSG function of that
+backend (see lsg_model.AttentionLayerConfig) and receive the O(n) ``(batch, length)`` padding mask.
 
 The sequence seen by every layer is ``g`` global tokens followed by ``t`` real tokens. Each block of
 ``b`` query tokens attends to
@@ -15,16 +15,20 @@ The sequence seen by every layer is ``g`` global tokens followed by ``t`` real t
 where the local keys are the previous, own (and next) blocks and the sparse keys are a compressed
 copy of the context just outside the local window (see `SPARSE_COMPRESSORS`). Global queries attend
 to everything (causal: to the global tokens before them). `KeyPattern` describes these keys once;
-two backends compute the token queries from it:
+three backends compute the token queries from it:
 
 * ``"sdpa"``: blocks batched through `scaled_dot_product_attention` on 4D tensors, so its fused
-  kernels run forward and backward (the default on CPU);
-* ``"flex_attention"``: one `flex_attention` call over a block-sparse mask (lsg_flex; the default on
-  CUDA).
+  kernels run forward and backward (the default without CUDA);
+* ``"flex_attention"``: one `flex_attention` call over a block-sparse mask (lsg_flex; the default
+  where CUDA is available);
+* ``"eager"``: the blocks of the sdpa backend with an explicit softmax, whose weights are spread
+  over a ``(t, t)`` matrix per head and returned (``output_attentions=True``): O(n^2) memory, for
+  inspection (see `_token_weights`).
 
 In training, attention dropout is DropKey (keys hidden before the softmax, see `_drop_keys`), which
-keeps the kernels fused; both backends hide the same keys for the same random state. No tensor of
-size ``t x t`` is ever built (except by flex_attention run uncompiled, off CUDA).
+keeps the kernels fused; every backend hides the same keys for the same random state. No tensor of
+size ``t x t`` is ever built (except by the eager backend, and by flex_attention run uncompiled,
+off CUDA).
 
 This file travels with saved models as remote code: it imports torch and transformers only.
 """
@@ -40,41 +44,46 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, bidirectional_mask_function, sdpa_mask
 from transformers.utils import logging
 
 from .lsg_flex import FLEX_ATTENTION_AVAILABLE, FLEX_FORWARD_ONLY_DEVICES, flex_token_attention
 
 logger = logging.get_logger(__name__)
 
-LSG_ATTENTION = "lsg"  # the attention registered with transformers; automatic choice of backend
+LSG_ATTENTION = "lsg"  # prefix of the attentions registered with transformers, one per backend
 # attn_implementation values an LSG model accepts: the kernel of its token queries. Each is registered
 # with transformers as f"{LSG_ATTENTION}_{backend}".
-LSG_BACKENDS = ("sdpa", "flex_attention")
+LSG_BACKENDS = ("eager", "sdpa", "flex_attention")
 SPARSITY_TYPES = ("none", "norm", "pooling", "stride", "block_stride", "bos_pooling", "lsh")
 
 
-def lsg_attention_name(attn_implementation: str | None) -> str:
-    """The registered attention of an LSG model asked for `attn_implementation`.
+def default_backend() -> str:
+    """The backend of a model whose attn_implementation is left unset: flex_attention where CUDA is
+    available and torch has it, sdpa elsewhere."""
+    return "flex_attention" if FLEX_ATTENTION_AVAILABLE and torch.cuda.is_available() else "sdpa"
 
-    None (or ``"lsg"``): automatic, flex_attention on CUDA where torch has it, sdpa elsewhere; a value
-    of `LSG_BACKENDS` (or its registered name): that backend. Anything else raises ValueError.
-    """
-    if attn_implementation is None or attn_implementation == LSG_ATTENTION:
-        return LSG_ATTENTION
-    backend = attn_implementation.removeprefix(f"{LSG_ATTENTION}_") if isinstance(attn_implementation, str) else None
-    if backend not in LSG_BACKENDS:
-        choices = ", ".join(repr(name) for name in LSG_BACKENDS)
+
+def lsg_backend(attn_implementation: str | None) -> str:
+    """The backend an LSG model runs for `attn_implementation`: a value of `LSG_BACKENDS` is itself,
+    None is `default_backend()`; anything else raises ValueError naming the valid values."""
+    if attn_implementation is None:
+        return default_backend()
+    if attn_implementation not in LSG_BACKENDS:
+        choices = ", ".join(f'"{name}"' for name in LSG_BACKENDS)
         raise ValueError(
-            f"attn_implementation={attn_implementation!r} is not available in LSG models: use one of {choices}, "
-            "or leave it unset (flex_attention on CUDA, sdpa elsewhere)."
+            f'Specified `attn_implementation="{attn_implementation}"` is not supported by LSG models: use one of '
+            f"{choices}, or leave it unset (flex_attention where CUDA is available, sdpa elsewhere)."
         )
-    if backend == "flex_attention" and not FLEX_ATTENTION_AVAILABLE:
+    if attn_implementation == "flex_attention" and not FLEX_ATTENTION_AVAILABLE:
         raise ValueError(
             f"attn_implementation='flex_attention' needs torch >= 2.5.1 (installed: {torch.__version__}): "
             "upgrade torch or use attn_implementation='sdpa'."
         )
+    return attn_implementation
+
+
+def registered_attention(backend: str) -> str:
+    """The name under which the LSG attention of `backend` is registered with transformers."""
     return f"{LSG_ATTENTION}_{backend}"
 
 
@@ -102,8 +111,13 @@ def right_sparse_window_shift(config: Any) -> int:
 @dataclass
 class SparseContext:
     keys: torch.Tensor  # (B, H, T / f, D)
-    values: torch.Tensor  # (B, H, T / f, D)
+    values: torch.Tensor  # (B, H, T / f, D'), D' the width of the values given (T for the eager backend)
     mask: torch.Tensor  # (B, 1 or H, T / f) bool, True = may be attended
+
+
+# Every compressor is linear in the values, with weights that depend on the keys, queries and mask only:
+# compressing the identity matrix as values gives the weight of each token in each sparse value
+# (the eager backend spreads the sparse keys' attention over the tokens that way).
 
 
 def _selection_chunk(config: Any) -> int:
@@ -116,11 +130,14 @@ def _selection_chunk(config: Any) -> int:
 
 def _gather_tokens(keys, values, mask, token_index) -> SparseContext:
     """Pick tokens per head. token_index: (B or 1, H, L) positions in the token sequence."""
-    batch, heads, _, head_dim = keys.shape
+    batch, heads = keys.shape[:2]
     token_index = token_index.expand(batch, heads, -1)
-    gather_index = token_index.unsqueeze(-1).expand(-1, -1, -1, head_dim)
+
+    def rows(x):  # (B, H, T, width) -> (B, H, L, width)
+        return x.gather(2, token_index.unsqueeze(-1).expand(-1, -1, -1, x.shape[-1]))
+
     selected_mask = mask[:, None, :].expand(-1, heads, -1).gather(2, token_index)
-    return SparseContext(keys.gather(2, gather_index), values.gather(2, gather_index), selected_mask)
+    return SparseContext(rows(keys), rows(values), selected_mask)
 
 
 def sparse_by_norm(queries, keys, values, mask, config, scaling) -> SparseContext:
@@ -140,12 +157,12 @@ def sparse_by_norm(queries, keys, values, mask, config, scaling) -> SparseContex
 def sparse_by_pooling(queries, keys, values, mask, config, scaling) -> SparseContext:
     """Masked mean of each window of f consecutive keys (and values)."""
     factor = config.sparsity_factor
-    batch, heads, length, head_dim = keys.shape
+    batch, length = mask.shape
     window_mask = mask.view(batch, 1, length // factor, factor, 1).to(keys.dtype)
     counts = window_mask.sum(dim=-2)  # (B, 1, T / f, 1)
     denominator = counts.clamp(min=1)
-    pooled_keys = (keys.view(batch, heads, -1, factor, head_dim) * window_mask).sum(dim=-2) / denominator
-    pooled_values = (values.view(batch, heads, -1, factor, head_dim) * window_mask).sum(dim=-2) / denominator
+    pooled_keys = (keys.unflatten(2, (-1, factor)) * window_mask).sum(dim=-2) / denominator
+    pooled_values = (values.unflatten(2, (-1, factor)) * window_mask).sum(dim=-2) / denominator
     return SparseContext(pooled_keys, pooled_values, counts.squeeze(-1) > 0)
 
 
@@ -175,10 +192,9 @@ def sparse_by_bos_pooling(queries, keys, values, mask, config, scaling) -> Spars
     A window of padding only is masked (the 2023 reference left it unmasked, so its rows depended on
     the padding after them: see the README's compatibility notes)."""
     factor = config.sparsity_factor
-    batch, heads, length, head_dim = keys.shape
-    window_keys = keys.view(batch, heads, -1, factor, head_dim)
-    window_values = values.view(batch, heads, -1, factor, head_dim)
-    window_mask = mask.view(batch, 1, -1, factor)
+    window_keys = keys.unflatten(2, (-1, factor))  # (B, H, T / f, f, D)
+    window_values = values.unflatten(2, (-1, factor))
+    window_mask = mask.view(mask.shape[0], 1, -1, factor)
     first_query = queries[:, :, :1, None, :]  # (B, H, 1, 1, D)
     scores = (window_keys * first_query).sum(dim=-1) * scaling  # (B, H, T / f, f)
     scores = scores.masked_fill(~window_mask, torch.finfo(scores.dtype).min)
@@ -199,7 +215,8 @@ def lsh_hyperplanes(
 def _lsh_round(keys, values, weights, buckets: int, generator: torch.Generator):
     """Hash each chunk's items with random hyperplanes into `buckets` buckets and sum each bucket.
 
-    keys, values: (B, H, C, items, D); weights: (B, H, C, items, 1) token counts (0 = padding).
+    keys: (B, H, C, items, D); values: (B, H, C, items, D'); weights: (B, H, C, items, 1) token counts
+    (0 = padding).
     """
     batch, heads, chunks, _, head_dim = keys.shape
     with torch.no_grad():
@@ -209,20 +226,21 @@ def _lsh_round(keys, values, weights, buckets: int, generator: torch.Generator):
             bucket = torch.cat([projections, -projections], dim=-1).argmax(dim=-1, keepdim=True)
         else:
             bucket = torch.zeros_like(weights, dtype=torch.long)
-    shape = (batch, heads, chunks, buckets, head_dim)
-    bucket_keys = keys.new_zeros(shape).scatter_add(-2, bucket.expand(-1, -1, -1, -1, head_dim), keys)
-    bucket_values = values.new_zeros(shape).scatter_add(-2, bucket.expand(-1, -1, -1, -1, head_dim), values)
-    bucket_weights = weights.new_zeros(shape[:-1] + (1,)).scatter_add(-2, bucket, weights)
-    return bucket_keys, bucket_values, bucket_weights
+
+    def bucket_sums(x):  # (B, H, C, items, width) -> (B, H, C, buckets, width)
+        width = x.shape[-1]
+        return x.new_zeros(batch, heads, chunks, buckets, width).scatter_add(-2, bucket.expand(-1, -1, -1, -1, width), x)
+
+    return bucket_sums(keys), bucket_sums(values), bucket_sums(weights)
 
 
 def sparse_by_lsh(queries, keys, values, mask, config, scaling) -> SparseContext:
     """Average keys that hash together: chunks of min(b, s), pre-rounds into `chunk` buckets, then chunk / f."""
     chunk = _selection_chunk(config)
-    batch, heads, length, head_dim = keys.shape
+    batch, heads = keys.shape[:2]
     weights = mask.view(batch, 1, -1, chunk, 1).to(keys.dtype).expand(-1, heads, -1, -1, -1)
-    chunk_keys = keys.view(batch, heads, -1, chunk, head_dim) * weights
-    chunk_values = values.view(batch, heads, -1, chunk, head_dim) * weights
+    chunk_keys = keys.unflatten(2, (-1, chunk)) * weights  # (B, H, T / chunk, chunk, D)
+    chunk_values = values.unflatten(2, (-1, chunk)) * weights
     generator = torch.Generator().manual_seed(config.lsh_seed)
     for _ in range(config.lsh_num_pre_rounds):
         chunk_keys, chunk_values, weights = _lsh_round(chunk_keys, chunk_values, weights, chunk, generator)
@@ -232,8 +250,8 @@ def sparse_by_lsh(queries, keys, values, mask, config, scaling) -> SparseContext
     counts = weights.clamp(min=1)
     chunk_keys, chunk_values = chunk_keys / counts, chunk_values / counts
     return SparseContext(
-        chunk_keys.view(batch, heads, -1, head_dim),
-        chunk_values.view(batch, heads, -1, head_dim),
+        chunk_keys.flatten(2, 3),
+        chunk_values.flatten(2, 3),
         (weights > 0).view(batch, heads, -1),
     )
 
@@ -260,7 +278,7 @@ SPARSE_COMPRESSORS: dict[str, Callable[..., SparseContext]] = {
 
 @dataclass(frozen=True)
 class KeyPattern:
-    """Which keys each token query sees: the one description both kernels derive their masks from.
+    """Which keys each token query sees: the one description every kernel derives its masks from.
 
     Positions count tokens from the first real token (the global tokens are apart); query block i is
     tokens [i b, (i + 1) b); compressed position p is the p-th key of the sparse context. Block i sees
@@ -273,7 +291,7 @@ class KeyPattern:
     The SDPA path turns this into views of block windows (`_local_windows`, `_sparse_windows`), the
     flex path (lsg_flex) into a mask_mod over element positions (`sees_token`, `sees_compressed`) and
     the block structure of a BlockMask; a block's keys come in the order [globals | sparse windows |
-    local] (`local_slot`, `sparse_slot`).
+    local] (`key_columns`, and its inverses `local_slot`, `sparse_slot`).
     """
 
     block_size: int
@@ -342,6 +360,22 @@ class KeyPattern:
         """Index of `token` among the keys of `query`'s block (see the class docstring for the order)."""
         sparse_keys = len(self.sparse_starts) * self.sparse_size
         return self.num_global + sparse_keys + token - self.local_start(query // self.block_size)
+
+    def key_columns(self, block_index: torch.Tensor, num_tokens: int, num_compressed: int) -> torch.Tensor:
+        """Where each key of the blocks `block_index` (n,) lies in the sequence [g globals | num_tokens
+        tokens | num_compressed compressed keys]: (n, keys per block), in the blocks' key order. Keys
+        outside the sequence (the zero padding of the windows) get the column after the last one."""
+        device = block_index.device
+        outside = self.num_global + num_tokens + num_compressed
+        block_index = block_index[:, None]
+        columns = [torch.arange(self.num_global, device=device).expand(len(block_index), -1)]
+        for start in self.sparse_starts:
+            position = block_index * self.compressed_per_block + start + torch.arange(self.sparse_size, device=device)
+            inside = (position >= 0) & (position < num_compressed)
+            columns.append(torch.where(inside, self.num_global + num_tokens + position, outside))
+        token = self.local_start(block_index) + torch.arange(self.local_size, device=device)
+        columns.append(torch.where((token >= 0) & (token < num_tokens), self.num_global + token, outside))
+        return torch.cat(columns, dim=1)
 
     def sparse_slot(self, query, position):
         """Index of compressed position `position` among the keys of `query`'s block."""
@@ -429,6 +463,16 @@ def _sdpa(query, key, value, allowed: torch.Tensor, dropout: float, scaling: flo
     )
 
 
+def _attention_weights(query, key, allowed: torch.Tensor, dropout: float, scaling: float) -> torch.Tensor:
+    """The softmax that `_sdpa` fuses, made explicit (same DropKey draws): (..., H, q, k) weights.
+
+    The softmax runs in float32 at least (half precision inputs too), as transformers' eager attention does."""
+    if dropout:
+        allowed = _drop_keys(allowed, query.shape[:-2], key.shape[-2], dropout)
+    scores = (query @ key.transpose(-1, -2)) * scaling + _additive_mask(allowed, query.dtype)
+    return scores.softmax(dim=-1, dtype=torch.promote_types(query.dtype, torch.float32)).to(query.dtype)
+
+
 def _causal(num_queries: int, num_keys: int, device: torch.device) -> torch.Tensor:
     """(q, k) bool: query i (the last q of k positions) sees keys up to its own position."""
     return torch.arange(num_keys, device=device) <= torch.arange(num_keys - num_queries, num_keys, device=device)[:, None]
@@ -446,12 +490,12 @@ def _joined_masks(masks: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([m.expand(-1, -1, mask_heads, mask_rows, -1) for m in masks], dim=-1)
 
 
-def _attend(queries, keys, values, masks, dropout: float, scaling: float) -> torch.Tensor:
+def _attend(queries, keys, values, masks, dropout: float, scaling: float, explicit: bool = False) -> torch.Tensor:
     """Each group of query rows attends to its own keys, through SDPA on 4D tensors.
 
     queries: (B, n, rows, H, D); keys, values: lists of (B, n, K_i, H, D) pieces (views where they
     can be), concatenated here: the one copy; masks: list of (B, n, 1 or H, 1 or rows, K_i) bool.
-    Returns (B, n * rows, H, D).
+    Returns (B, n * rows, H, D); with `explicit`, the attention weights (B, n, H, rows, K) instead.
     """
     batch, groups, rows, heads, head_dim = queries.shape
     allowed = _joined_masks(masks)
@@ -459,7 +503,11 @@ def _attend(queries, keys, values, masks, dropout: float, scaling: float) -> tor
     def fold(x):  # (B, n, K, H, D) -> (B * n, H, K, D), a view: SDPA's fused kernels take 4D inputs
         return x.flatten(0, 1).transpose(1, 2)
 
-    block_keys, block_values = torch.cat(keys, dim=2), torch.cat(values, dim=2)  # (B, n, K, H, D)
+    block_keys = torch.cat(keys, dim=2)  # (B, n, K, H, D)
+    if explicit:
+        weights = _attention_weights(fold(queries), fold(block_keys), allowed.flatten(0, 1), dropout, scaling)
+        return weights.unflatten(0, (batch, groups))
+    block_values = torch.cat(values, dim=2)
     output = _sdpa(fold(queries), fold(block_keys), fold(block_values), allowed.flatten(0, 1), dropout, scaling)
     # output: (B * n, H, rows, D)
     return output.transpose(1, 2).reshape(batch, groups * rows, heads, head_dim)
@@ -484,13 +532,23 @@ def _block_masks(pattern: KeyPattern, token_mask, sparse: SparseContext | None, 
 
 
 def _block_attention(
-    queries, keys, values, mask, global_tokens, sparse: SparseContext | None, pattern: KeyPattern, dropout, scaling
+    queries,
+    keys,
+    values,
+    mask,
+    global_tokens,
+    sparse: SparseContext | None,
+    pattern: KeyPattern,
+    dropout,
+    scaling,
+    explicit: bool = False,
 ) -> torch.Tensor:
     """Attention of the token queries, block by block, through SDPA (the ``"sdpa"`` backend).
 
     queries, keys, values: (B, T, H, D) tokens, T a multiple of b; mask: (B, T) bool.
     global_tokens: (keys, values, mask) of the g global tokens, (B, g, H, D) x 2 and (B, g).
-    Returns (B, T, H, D).
+    Returns (B, T, H, D); with `explicit` (the ``"eager"`` backend), each block's weights over its
+    keys instead, (B, nb, H, b, K) in the order of `KeyPattern.key_columns`.
     """
     num_blocks = queries.shape[1] // pattern.block_size
     global_keys, global_values, global_mask = global_tokens
@@ -506,7 +564,7 @@ def _block_attention(
 
     blocked_queries = queries.unflatten(1, (num_blocks, pattern.block_size))  # (B, nb, b, H, D)
     masks = _block_masks(pattern, mask, sparse, global_mask)
-    return _attend(blocked_queries, block_keys, block_values, masks, dropout, scaling)
+    return _attend(blocked_queries, block_keys, block_values, masks, dropout, scaling, explicit)
 
 
 def _dropped_block_keys(pattern, token_mask, sparse, global_mask, heads: int, dropout: float) -> torch.Tensor:
@@ -579,10 +637,8 @@ def _cached_causal_attention(query, key, value, key_mask, config, dropout: float
     return _attend(query[:, :, None], keys, values, masks, dropout, scaling)
 
 
-def _flex_runs(backend: str | None, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
-    """Whether this call goes through flex attention (`backend`: "sdpa", "flex_attention" or None = automatic)."""
-    if backend is None:
-        return query.device.type == "cuda" and FLEX_ATTENTION_AVAILABLE
+def _flex_runs(backend: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
+    """Whether this call goes through flex attention (`backend`: one of `LSG_BACKENDS`)."""
     if backend != "flex_attention":
         return False
     needs_gradients = torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value))
@@ -592,6 +648,11 @@ def _flex_runs(backend: str | None, query: torch.Tensor, key: torch.Tensor, valu
             "are needed (same results)."
         )
         return False
+    if query.device.type != "cuda":
+        logger.warning_once(
+            f"flex_attention runs uncompiled on {query.device.type} and computes every score (O(n^2) memory): "
+            "use attn_implementation='sdpa' off CUDA."
+        )
     return True
 
 
@@ -604,7 +665,7 @@ def lsg_self_attention(
     dropout: float = 0.0,
     scaling: float | None = None,
     causal: bool = False,
-    backend: str | None = "sdpa",
+    backend: str = "sdpa",
 ) -> torch.Tensor:
     """LSG attention over ``g`` global tokens followed by ``t`` tokens.
 
@@ -617,14 +678,54 @@ def lsg_self_attention(
         causal: decoder attention: local window = previous and own block up to the query, sparse keys
             on the left only, global tokens form a causal prefix.
         backend: kernel of the token queries: "sdpa" (blocks through SDPA), "flex_attention" (one flex
-            attention call; see lsg_flex) or None (flex_attention on CUDA where torch has it, sdpa
-            elsewhere). Same keys, same DropKey draws, same results. Short inputs and cached decoding
-            steps always run SDPA, and so does flex_attention on CPU while gradients are needed.
+            attention call; see lsg_flex) or "eager" (explicit weights, see `lsg_self_attention_weights`).
+            Same keys, same DropKey draws, same results. Short inputs and cached decoding steps run
+            SDPA on the flex backend, and so does flex_attention on CPU while gradients are needed.
     Returns:
         (B, H, q, D), a transposed view of a contiguous (B, q, H, D) tensor.
     """
+    if backend == "eager":
+        return lsg_self_attention_weights(query, key, value, padding_mask, config, dropout, scaling, causal)[0]
+    return _lsg_attention(query, key, value, padding_mask, config, dropout, scaling, causal, backend)
+
+
+def lsg_self_attention_weights(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    padding_mask: torch.Tensor | None,
+    config: Any,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    causal: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """LSG attention with its weights (the ``"eager"`` backend): what ``output_attentions=True`` returns.
+
+    Arguments as for `lsg_self_attention`. Returns the output (B, H, q, D) and the weights of the
+    token queries over the tokens, (B, H, q', t) with q' = q - g (the global queries and keys left
+    out, as the model's outputs leave out the global tokens): zero outside the LSG pattern, and a
+    sparse key's weight spread over the tokens it compresses, in the proportions it takes their
+    values (see `_token_weights`). The output is computed from these weights, ``weights @ values``
+    (the global tokens' share included), so gradients flow through them.
+
+    Memory is O(n^2): a (B, H, g + t, g + t) matrix per layer, and the composition of the sparse keys
+    (B, H, t / f, t). For inspection and short inputs; train and serve with "sdpa" or "flex_attention".
+    """
+    batch, heads, length, head_dim = key.shape
+    num_queries = query.shape[2]
+    if num_queries < length and causal:  # cached decoding step: the last rows of the whole causal pattern
+        missing_queries = query.new_zeros(batch, heads, length - num_queries, head_dim)
+        query = torch.cat([missing_queries, query], dim=2)
+        output, weights = _lsg_attention(query, key, value, padding_mask, config, dropout, scaling, causal, "eager")
+        return output[:, :, -num_queries:], weights[:, :, -num_queries:]
+    return _lsg_attention(query, key, value, padding_mask, config, dropout, scaling, causal, "eager")
+
+
+def _lsg_attention(query, key, value, padding_mask, config, dropout, scaling, causal, backend):
+    """`lsg_self_attention`; with the "eager" backend, `lsg_self_attention_weights` (whole sequences)."""
     batch, heads, length, head_dim = key.shape
     scaling = head_dim**-0.5 if scaling is None else scaling
+    explicit = backend == "eager"
     num_global, block = config.num_global_tokens, config.block_size
     key_mask = torch.ones(batch, length, dtype=torch.bool, device=key.device) if padding_mask is None else padding_mask
     if config.mask_first_token and length > num_global:
@@ -637,6 +738,8 @@ def lsg_self_attention(
         allowed = key_mask[:, None, None, :]
         if causal:
             allowed = allowed & _causal(length, length, key.device)
+        if explicit:
+            return _weighted_values(_attention_weights(query, key, allowed, dropout, scaling), value, num_global)
         return _sdpa(query, key, value, allowed, dropout, scaling)
 
     # From here on: sequence-major (B, L, H, D) views.
@@ -661,9 +764,27 @@ def lsg_self_attention(
         token_mask = F.pad(token_mask, (0, padding), value=False)
     sparse = None
     if pattern.sparse_starts:
-        token_heads = (x.transpose(1, 2) for x in (token_queries, token_keys, token_values))  # (B, H, ., D)
+        token_heads = [x.transpose(1, 2) for x in (token_queries, token_keys, token_values)]  # (B, H, ., D)
+        if explicit:  # compress the identity: the sparse "values" are then each sparse key's token weights
+            padded_tokens = token_keys.shape[1]
+            token_heads[2] = torch.eye(padded_tokens, dtype=query.dtype, device=query.device).expand(
+                batch, heads, -1, -1
+            )
         sparse = _sparse_context(*token_heads, token_mask, config, scaling)
     global_tokens = (global_keys, global_values, global_mask)
+    block_queries = _pad_rows(token_queries, 0, padding) if padding else token_queries
+
+    if explicit:
+        block_weights = _block_attention(
+            block_queries, token_keys, token_values, token_mask, global_tokens, sparse, pattern, dropout, scaling,
+            explicit=True,
+        )  # (B, nb, H, b, K)
+        weights = _token_weights(pattern, block_weights, sparse, num_tokens)  # (B, H, t, g + t)
+        if num_global:
+            seen = key.transpose(1, 2), value.transpose(1, 2), num_global
+            global_weights = _global_attention(global_queries, key_mask, seen, causal, dropout, scaling, explicit=True)
+            weights = torch.cat([global_weights, weights], dim=2)
+        return _weighted_values(weights, value.transpose(1, 2), num_global)
 
     if _flex_runs(backend, query, key, value):
         kept = _dropped_block_keys(pattern, token_mask, sparse, global_mask, heads, dropout) if dropout else None
@@ -671,7 +792,6 @@ def lsg_self_attention(
             token_queries, token_keys, token_values, token_mask, global_tokens, sparse, pattern, scaling, kept
         )  # output: (B, t, H, D)
     else:
-        block_queries = _pad_rows(token_queries, 0, padding) if padding else token_queries
         output = _block_attention(
             block_queries, token_keys, token_values, token_mask, global_tokens, sparse, pattern, dropout, scaling
         )[:, :num_tokens]  # (B, t, H, D)
@@ -681,12 +801,50 @@ def lsg_self_attention(
     return output.transpose(1, 2)  # (B, H, L, D)
 
 
-def _global_attention(global_queries, key_mask, seen, causal: bool, dropout: float, scaling: float) -> torch.Tensor:
+def _token_weights(pattern: KeyPattern, block_weights, sparse: SparseContext | None, num_tokens: int) -> torch.Tensor:
+    """Each token query's weights over the layer's keys, from its block's weights: (B, H, t, g + t).
+
+    block_weights: (B, nb, H, b, K) over each block's keys (`KeyPattern.key_columns`); sparse: the
+    sparse context computed with the identity as values, so that ``sparse.values`` (B, H, T / f, T)
+    holds each sparse key's weight on every token. A sparse key's weight is spread over the tokens
+    by those proportions, and the tokens' value through it is what the query receives: a norm, stride
+    or block_stride key gives its whole weight to the token it selected, a pooling key 1/f to each
+    token of its window, a bos_pooling key its softmax share to each, an lsh key 1/count to each
+    token of its bucket. A token reached both as a local and as a sparse key gets both weights.
+    """
+    batch, num_blocks, heads, rows, _ = block_weights.shape
+    num_global, padded_tokens = pattern.num_global, num_blocks * rows
+    num_compressed = 0 if sparse is None else sparse.values.shape[2]
+    columns = pattern.key_columns(torch.arange(num_blocks, device=block_weights.device), padded_tokens, num_compressed)
+    index = columns[None, None, :, None, :].expand(batch, heads, -1, rows, -1)  # (B, H, nb, b, K)
+    dense = block_weights.new_zeros(batch, heads, num_blocks, rows, num_global + padded_tokens + num_compressed + 1)
+    dense = dense.scatter_add(-1, index, block_weights.transpose(1, 2)).flatten(2, 3)  # (B, H, T, g + T + T / f + 1)
+    global_part, token_part, compressed_part, _ = dense.split([num_global, padded_tokens, num_compressed, 1], dim=-1)
+    if num_compressed:
+        token_part = token_part + compressed_part @ sparse.values  # (B, H, T, T)
+    return torch.cat([global_part, token_part[..., :num_tokens]], dim=-1)[:, :, :num_tokens]
+
+
+def _weighted_values(weights: torch.Tensor, value: torch.Tensor, num_global: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """weights (B, H, L, L) over value (B, H, L, D): the output (B, H, L, D) and the token rows and
+    columns of the weights (B, H, L - g, L - g), rebuilt into the matrix the output is computed from,
+    so that they lie on its autograd path (``attentions[i].retain_grad()`` gets a gradient)."""
+    token_weights = weights[:, :, num_global:, num_global:]
+    if num_global:
+        token_rows = torch.cat([weights[:, :, num_global:, :num_global], token_weights], dim=-1)
+        weights = torch.cat([weights[:, :, :num_global], token_rows], dim=2)
+    return weights @ value, token_weights
+
+
+def _global_attention(
+    global_queries, key_mask, seen, causal: bool, dropout: float, scaling: float, explicit: bool = False
+) -> torch.Tensor:
     """Attention of the g global queries (B, g, H, D): every key (causal: the global tokens before them).
 
     key_mask: (B, g + t) bool; seen: (keys, values, global_rows), the sequence the backend holds, (B, H, n, D)
     x 2: the g global keys padded to `global_rows` rows, then the t tokens. Dropout is drawn on the g + t
-    keys whatever the layout, so every backend hides the same keys. Returns (B, g, H, D).
+    keys whatever the layout, so every backend hides the same keys. Returns (B, g, H, D); with
+    `explicit`, the weights (B, H, g, g + t) instead (zero on the tokens when causal).
     """
     keys, values, global_rows = seen
     batch, num_global, heads, _ = global_queries.shape
@@ -697,23 +855,38 @@ def _global_attention(global_queries, key_mask, seen, causal: bool, dropout: flo
         allowed = key_mask[:, None, None, :]  # (B, 1, 1, g + t)
     if dropout:
         allowed = _drop_keys(allowed, (batch, heads), allowed.shape[-1], dropout)
+    if explicit:
+        weights = _attention_weights(global_queries.transpose(1, 2), keys, allowed, 0.0, scaling)
+        return F.pad(weights, (0, key_mask.shape[1] - weights.shape[-1]))
     if keys.shape[2] > allowed.shape[-1]:  # the layout pads the global keys: hide the padding rows
         padding_rows = allowed.new_zeros(*allowed.shape[:-1], global_rows - num_global)
         allowed = torch.cat([allowed[..., :num_global], padding_rows, allowed[..., num_global:]], dim=-1)
     return _sdpa(global_queries.transpose(1, 2), keys, values, allowed, 0.0, scaling).transpose(1, 2)
 
 
-def _cover_global_tokens(padding_mask: torch.Tensor, num_keys: int, config: Any) -> torch.Tensor:
-    """(B, t) user mask -> (B, g + t): the model prepended g global tokens after the mask was made."""
-    missing = num_keys - padding_mask.shape[-1]
-    if missing == 0:
-        return padding_mask
-    if missing != config.num_global_tokens:
+def _padding_mask(attention_mask: torch.Tensor | None, num_keys: int, config: Any) -> torch.Tensor | None:
+    """The mask a model hands its LSG layers -> (B, g + t) bool, True for the keys that may be attended.
+
+    It arrives as the user's (B, t) mask, 2D or as the (B, 1, 1, t) view the model passes through
+    transformers' mask creation (see lsg_model.PaddingMaskHook); the model prepended g global tokens
+    after it was made. A cached decoding step's mask already counts the global tokens (t = g + past + q).
+    """
+    if attention_mask is None:
+        return None
+    if attention_mask.dim() == 4 and attention_mask.shape[1:3] == (1, 1):
+        attention_mask = attention_mask[:, 0, 0]
+    if attention_mask.dim() != 2:
         raise ValueError(
-            f"attention_mask has {padding_mask.shape[-1]} columns for {num_keys - config.num_global_tokens} tokens: "
+            f"LSG attention takes a (batch, length) padding mask, got one of shape {tuple(attention_mask.shape)}: "
+            "pass attention_mask as a 2D tensor of 1s (tokens) and 0s (padding)."
+        )
+    missing = num_keys - attention_mask.shape[-1]
+    if missing not in (0, config.num_global_tokens):
+        raise ValueError(
+            f"attention_mask has {attention_mask.shape[-1]} columns for {num_keys - config.num_global_tokens} tokens: "
             "give exactly one column per input token."
         )
-    return F.pad(padding_mask, (missing, 0), value=True)
+    return F.pad(attention_mask.bool(), (missing, 0), value=True)
 
 
 def lsg_attention_forward(
@@ -724,71 +897,34 @@ def lsg_attention_forward(
     attention_mask: torch.Tensor | None,
     dropout: float = 0.0,
     scaling: float | None = None,
-    backend: str | None = None,
+    backend: str = "sdpa",
     **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """The ``"lsg"`` entries of transformers' AttentionInterface (`backend`: see `lsg_self_attention`).
-
-    Encoder self-attention runs LSG; so does the causal self-attention of a decoder-only model
-    (``config.is_decoder``, e.g. BertLMHeadModel). The decoder and cross-attention of encoder-decoder
-    models stay dense and go to SDPA. Returns (output (B, N, H, D), None).
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The ``"lsg_<backend>"`` entries of transformers' AttentionInterface: the self-attention of the
+    LSG layers, bidirectional in encoders, causal in decoder-only models (``config.is_decoder``, e.g.
+    BertLMHeadModel). Returns (output (B, N, H, D), weights): the token weights (B, H, q, t) of
+    `lsg_self_attention_weights` with the "eager" backend, None with the others.
     """
     config = module.config
-    if attention_mask is not None and attention_mask.dim() == 2:
-        attention_mask = _cover_global_tokens(attention_mask, key.shape[2], config)
-    is_decoder_only = getattr(config, "is_decoder", False)
-    causal_lsg = is_decoder_only and getattr(module, "is_causal", False)
-    if not causal_lsg and (is_decoder_only or getattr(module, "is_decoder", False)):
-        if attention_mask is not None and attention_mask.dim() == 2:
-            attention_mask = attention_mask[:, None, None, :]
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-    if attention_mask is not None and attention_mask.dim() != 2:
-        raise ValueError(
-            f"LSG attention takes the (batch, length) padding mask, got a {attention_mask.dim()}D mask: "
-            "pass attention_mask as a 2D tensor of 1s (tokens) and 0s (padding)."
-        )
-    output = lsg_self_attention(
-        query, key, value, attention_mask, config, dropout, scaling, causal=causal_lsg, backend=backend
-    )
-    return output.transpose(1, 2).contiguous(), None
-
-
-def lsg_attention_mask(
-    batch_size: int,
-    q_length: int,
-    kv_length: int,
-    mask_function: Callable = bidirectional_mask_function,
-    attention_mask: torch.Tensor | None = None,
-    config: Any = None,
-    **kwargs: Any,
-) -> torch.Tensor | None:
-    """The ``"lsg"`` entries of transformers' AttentionMaskInterface.
-
-    For LSG attention (bidirectional, or causal in a decoder-only model) it returns the user's (B, t)
-    bool padding mask, O(n) instead of the (B, 1, q, kv) matrix; the attention extends it over the
-    global tokens and applies causality itself. The dense decoders of encoder-decoder models get SDPA's mask.
-    """
-    if mask_function is not bidirectional_mask_function and not getattr(config, "is_decoder", False):
-        return sdpa_mask(
-            batch_size=batch_size,
-            q_length=q_length,
-            kv_length=kv_length,
-            mask_function=mask_function,
-            attention_mask=attention_mask,
-            config=config,
-            **kwargs,
-        )
-    return None if attention_mask is None else attention_mask.bool()
+    padding_mask = _padding_mask(attention_mask, key.shape[2], config)
+    causal = bool(getattr(config, "is_decoder", False) and getattr(module, "is_causal", False))
+    if backend == "eager":
+        output, weights = lsg_self_attention_weights(query, key, value, padding_mask, config, dropout, scaling, causal)
+    else:
+        if kwargs.get("output_attentions"):
+            logger.warning_once(
+                f"LSG attention returns no attention weights with attn_implementation={backend!r}: call "
+                "model.set_attn_implementation('eager') for output_attentions=True (O(n^2) memory)."
+            )
+        output = _lsg_attention(query, key, value, padding_mask, config, dropout, scaling, causal, backend)
+        weights = None
+    return output.transpose(1, 2).contiguous(), weights
 
 
 def _register_with_transformers() -> None:
-    """Register the automatic LSG attention and one per backend, each with the O(n) mask function."""
-    AttentionInterface.register(LSG_ATTENTION, lsg_attention_forward)
-    AttentionMaskInterface.register(LSG_ATTENTION, lsg_attention_mask)
+    """Register the LSG attention of every backend, as ``"lsg_<backend>"``."""
     for backend in LSG_BACKENDS:
-        name = f"{LSG_ATTENTION}_{backend}"
-        AttentionInterface.register(name, functools.partial(lsg_attention_forward, backend=backend))
-        AttentionMaskInterface.register(name, lsg_attention_mask)
+        AttentionInterface.register(registered_attention(backend), functools.partial(lsg_attention_forward, backend=backend))
 
 
 _register_with_transformers()

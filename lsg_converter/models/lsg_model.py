@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from .lsg_attention import SPARSITY_TYPES, lsg_attention_name, uses_sparse_keys
+from .lsg_attention import SPARSITY_TYPES, lsg_backend, registered_attention, uses_sparse_keys
 
 MAX_GLOBAL_TOKENS = 512  # rows of the global embedding table, as in the 2023 reference checkpoints
 POOLER_KEY = "add_pooling_layer"  # config key: whether the base model holds a pooler (see LSGModelMixin)
@@ -156,26 +156,27 @@ class LSGConfigMixin:
         return bool(getattr(self, "is_decoder", False)) and "pass_global_tokens_to_decoder" in self.lsg_defaults
 
     @property
-    def _attn_implementation(self) -> str:
-        """The attention transformers dispatches to: an LSG one (`lsg_attention_name`), as the global
-        tokens and blocks only work with those.
+    def _attn_implementation(self) -> str | None:
+        """The backend of the LSG attention: ``"eager"``, ``"sdpa"`` or ``"flex_attention"`` (see
+        `lsg_attention.lsg_backend`), or None until a model is built (transformers then resolves it:
+        flex_attention where CUDA is available, sdpa elsewhere).
 
         Set it the transformers way, with ``attn_implementation=`` in ``from_pretrained`` or the config,
-        or ``model.set_attn_implementation(...)``: ``"sdpa"``, ``"flex_attention"`` or unset (automatic:
-        flex_attention on CUDA where torch has it, sdpa elsewhere); other values raise ValueError.
-        A dense decoder (`lsg_dense_decoder`) keeps the implementation transformers chose (SDPA by default).
+        or ``model.set_attn_implementation(...)``; other values raise ValueError. The model's LSG
+        layers read the registered LSG attention of that backend (`AttentionLayerConfig`); its other
+        attention layers (an encoder-decoder model's decoder) run transformers' own implementation of
+        that name. A dense decoder (`lsg_dense_decoder`) takes every value transformers takes.
         (The attribute is not serialised by transformers, so it cannot be stored in config.json.)
         """
-        chosen = getattr(self, "_attn_implementation_internal", None)
-        if self.lsg_dense_decoder:
-            return chosen or "sdpa"
-        return lsg_attention_name(chosen)
+        return getattr(self, "_attn_implementation_internal", None)
 
     @_attn_implementation.setter
     def _attn_implementation(self, value: str | dict | None) -> None:
         if isinstance(value, dict):  # transformers' per-sub-config form; LSG configs have no sub-configs
             value = value.get("")
-        self._attn_implementation_internal = value if self.lsg_dense_decoder else lsg_attention_name(value)
+        if value is not None and not self.lsg_dense_decoder:
+            value = lsg_backend(value)
+        self._attn_implementation_internal = value
 
 
 def is_reference_config(values: dict[str, Any]) -> bool:
@@ -374,6 +375,19 @@ class GlobalTokens:
             self.token_states[-1] = output.last_hidden_state
         return output
 
+    def cover_encoder_mask(self, decoder: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict] | None:
+        """Forward pre-hook of the decoder (``pass_global_tokens_to_decoder``): the encoder output it
+        attends to holds the g global states in front, so a (B, t) ``encoder_attention_mask`` gets g
+        columns of 1s in front."""
+        signature = inspect.signature(decoder.forward)
+        arguments = signature.bind_partial(*args, **kwargs).arguments
+        mask, states = arguments.get("encoder_attention_mask"), arguments.get("encoder_hidden_states")
+        num_global = self.config.num_global_tokens
+        if mask is None or states is None or mask.dim() != 2 or mask.shape[1] != states.shape[1] - num_global:
+            return None
+        covered = torch.cat([mask.new_ones(mask.shape[0], num_global), mask], dim=1)
+        return _with_argument(signature, args, kwargs, "encoder_attention_mask", covered)
+
     def finish(self, recorder: nn.Module, args: tuple, output: Any) -> Any:
         """Forward hook of the recorder: its hidden_states become the token rows (None stays None:
         ``output_hidden_states`` may select some layers only)."""
@@ -383,6 +397,66 @@ class GlobalTokens:
             )
         self.recording, self.token_states = False, []
         return output.to_tuple() if self.returns_tuple else output
+
+
+class AttentionLayerConfig:
+    """The config as the LSG self-attention layers of a model read it: the model's config, attribute for
+    attribute (reads and writes go to it), except ``_attn_implementation``, which names the registered
+    LSG attention of the model's backend (``"lsg_sdpa"`` while the config reads ``"sdpa"``).
+
+    transformers' attention layers dispatch on ``self.config._attn_implementation``: this is how they
+    reach LSG attention while the model's config reads the value the user chose, and how
+    ``set_attn_implementation`` on the model reaches them.
+    """
+
+    def __init__(self, config: Any) -> None:
+        object.__setattr__(self, "config", config)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "config":  # copy and pickle probe the class, not the config
+            raise AttributeError(name)
+        return getattr(self.config, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.config, name, value)
+
+    @property
+    def _attn_implementation(self) -> str:
+        return registered_attention(lsg_backend(self.config._attn_implementation))
+
+
+class PaddingMaskHook:
+    """Forward pre-hook of the module that builds a model's attention masks (its recorder, see
+    `LSGModelMixin`): the padding mask goes in as a (B, 1, 1, t) bool view, which transformers' mask
+    creation passes through as it is, so the LSG layers get an O(n) mask whatever the backend (for
+    "sdpa" or "eager" transformers would build a (B, 1, t, t) matrix). Without a mask, one of 1s
+    (counting the cache of a decoding step) stands for it.
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        self.signature = inspect.signature(module.forward)
+
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict] | None:
+        arguments = self.signature.bind_partial(*args, **kwargs).arguments
+        mask = arguments.get("attention_mask")
+        if mask is None:
+            tokens = next((arguments[name] for name in ("input_ids", "inputs_embeds") if arguments.get(name) is not None), None)
+            if tokens is None:
+                return None
+            cache = arguments.get("past_key_values")
+            length = tokens.shape[1] + (cache.get_seq_length() if cache is not None else 0)
+            mask = torch.ones(tokens.shape[0], length, dtype=torch.bool, device=tokens.device)
+        elif mask.dim() != 2:  # a mask of the user's own making: the LSG layers accept it or say why not
+            return None
+        return _with_argument(self.signature, args, kwargs, "attention_mask", mask.bool()[:, None, None, :])
+
+
+def _with_argument(signature: inspect.Signature, args: tuple, kwargs: dict[str, Any], name: str, value: Any) -> tuple[tuple, dict]:
+    """The call (args, kwargs) with its argument `name` replaced by `value`, where it was given (or added as a keyword)."""
+    position = list(signature.parameters).index(name)
+    if position < len(args):
+        return (*args[:position], value, *args[position + 1 :]), kwargs
+    return args, {**kwargs, name: value}
 
 
 class InputLengthCheck:
@@ -449,6 +523,12 @@ class LSGModelMixin:
     Every model refuses an input longer than its position table (`InputLengthCheck`).
     """
 
+    # the attention implementations LSG attention has a backend for (transformers reads these flags)
+    _supports_sdpa = True
+    _supports_flex_attn = True
+    _supports_flash_attn = False
+    _supports_attention_backend = False
+
     lsg_embeddings: str = "embeddings"
     lsg_prepend_before: str = "embeddings.LayerNorm"
     lsg_encoder: str = "encoder"
@@ -475,9 +555,17 @@ class LSGModelMixin:
         global_tokens = GlobalTokens(embeddings.global_embeddings, self.config)
         encoder = base.get_submodule(self.lsg_encoder)
         recorder = encoder if isinstance(encoder, PreTrainedModel) else base
-        recorded = recorder.can_record_outputs["hidden_states"]  # a layer class, or an OutputRecorder naming one
-        layer_class = getattr(recorded, "target_class", recorded)
+        # the classes recorded as hidden states and attentions: a class, or an OutputRecorder naming one
+        layer_class = _recorded_class(recorder, "hidden_states")
+        attention_class = _recorded_class(recorder, "attentions")
 
+        layer_config = AttentionLayerConfig(self.config)
+        for module in recorder.modules():
+            if isinstance(module, attention_class):
+                module.config = layer_config
+        recorder.register_forward_pre_hook(PaddingMaskHook(recorder), with_kwargs=True)
+        if getattr(self.config, "pass_global_tokens_to_decoder", False) and self.lsg_decoder in children:
+            children[self.lsg_decoder].register_forward_pre_hook(global_tokens.cover_encoder_mask, with_kwargs=True)
         recorder.register_forward_pre_hook(global_tokens.begin, with_kwargs=True)
         embeddings.register_forward_pre_hook(global_tokens.before_embeddings, with_kwargs=True)
         check = InputLengthCheck(self.config, self.lsg_positions_after_padding, "input")
@@ -500,11 +588,12 @@ class LSGModelMixin:
         super().post_init()
 
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
-        """transformers' check of an ``attn_implementation``: an LSG model takes "sdpa", "flex_attention"
-        or None (automatic) and runs its LSG attention with that backend (see `lsg_attention_name`)."""
+        """transformers' check of an ``attn_implementation``: an LSG model takes "eager", "sdpa",
+        "flex_attention" or None (flex_attention where CUDA is available, sdpa elsewhere) and runs its
+        LSG attention with that backend (see `lsg_attention.lsg_backend`)."""
         if self.config.lsg_dense_decoder:
             return super().get_correct_attn_implementation(requested_attention, is_init_check)
-        return lsg_attention_name(requested_attention)
+        return lsg_backend(requested_attention)
 
     @property
     def lsg_global_embeddings(self) -> nn.Embedding | None:
@@ -543,6 +632,12 @@ class LSGModelMixin:
         if hasattr(owner, leaf):
             raise ValueError(f"Cannot keep the source tensor {name}: {type(self).__name__} already has it.")
         owner.register_buffer(leaf, torch.zeros(spec["shape"], dtype=getattr(torch, spec["dtype"])))
+
+
+def _recorded_class(recorder: nn.Module, output: str) -> type:
+    """The module class whose outputs `recorder` records as `output` ("hidden_states", "attentions")."""
+    recorded = recorder.can_record_outputs[output]  # a module class, or an OutputRecorder naming one
+    return getattr(recorded, "target_class", recorded)
 
 
 # --------------------------------------------------------------------------------------------------
