@@ -331,18 +331,28 @@ def test_a_copied_model_switches_its_own_layers_only():
 
 
 @pytest.mark.parametrize("pass_global_tokens_to_decoder", [False, True])
-def test_the_decoder_of_an_encoder_decoder_runs_the_chosen_implementation(pass_global_tokens_to_decoder):
+def test_the_decoder_of_an_encoder_decoder_runs_the_chosen_implementation_over_the_input_tokens(pass_global_tokens_to_decoder):
     model = tiny_lsg("bart", attn_implementation="eager", pass_global_tokens_to_decoder=pass_global_tokens_to_decoder)
     inputs = batch("bart")
 
     with torch.no_grad():
         output = model(**inputs, output_attentions=True)
 
-    encoder_keys = LENGTH + (LSG_PATH["num_global_tokens"] if pass_global_tokens_to_decoder else 0)
     assert [tuple(weights.shape) for weights in output.decoder_attentions] == [(2, 4, 5, 5)] * 2
-    assert [tuple(weights.shape) for weights in output.cross_attentions] == [(2, 4, 5, encoder_keys)] * 2
-    second_row = output.cross_attentions[0][1]  # 6 padding tokens at the end; the global states see the text
+    assert [tuple(weights.shape) for weights in output.cross_attentions] == [(2, 4, 5, LENGTH)] * 2
+    second_row = output.cross_attentions[0][1]  # column j is input token j; 6 padding tokens at the end
     assert (second_row[..., -6:] == 0).all() and (second_row[..., :-6] > 0).all()
+
+
+def test_cross_attentions_get_gradients_once_retained():
+    model = tiny_lsg("bart", attn_implementation="eager", pass_global_tokens_to_decoder=True)
+
+    output = model(**batch("bart"), output_attentions=True)
+    cross_attentions = output.cross_attentions[0]
+    cross_attentions.retain_grad()
+    output.last_hidden_state.flatten()[0].backward()
+
+    assert cross_attentions.grad is not None
 
 
 def test_cached_generation_gives_the_same_tokens_on_eager_and_sdpa():

@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import AttentionInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import logging
 
 from .lsg_flex import FLEX_ATTENTION_AVAILABLE, FLEX_FORWARD_ONLY_DEVICES, flex_token_attention
@@ -85,6 +86,11 @@ def lsg_backend(attn_implementation: str | None) -> str:
 def registered_attention(backend: str) -> str:
     """The name under which the LSG attention of `backend` is registered with transformers."""
     return f"{LSG_ATTENTION}_{backend}"
+
+
+def registered_cross_attention(backend: str) -> str:
+    """The name under which `global_state_cross_attention` of `backend` is registered with transformers."""
+    return f"{LSG_ATTENTION}_cross_{backend}"
 
 
 def uses_sparse_keys(config: Any) -> bool:
@@ -921,10 +927,44 @@ def lsg_attention_forward(
     return output.transpose(1, 2).contiguous(), weights
 
 
+def global_state_cross_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    backend: str = "sdpa",
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The ``"lsg_cross_<backend>"`` entries of transformers' AttentionInterface: the decoder's
+    cross-attention over an encoder output that keeps its g global states in front
+    (``pass_global_tokens_to_decoder``). It is dense: transformers' implementation of `backend`,
+    except that with "eager" the weights returned leave the g global columns out, (B, H, q, t), so
+    that column j is input token j as in the source model; the output is computed from them."""
+    if backend != "eager":
+        return ALL_ATTENTION_FUNCTIONS[backend](
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    scores = (query @ key.transpose(-1, -2)) * scaling
+    if attention_mask is not None:  # transformers' eager mask: additive, (B, 1, q, g + t)
+        scores = scores + attention_mask
+    weights = F.dropout(scores.softmax(dim=-1), p=dropout, training=module.training)  # (B, H, q, g + t)
+    num_global = module.config.num_global_tokens
+    token_weights = weights[..., num_global:]
+    weights = torch.cat([weights[..., :num_global], token_weights], dim=-1)  # on the output's autograd path
+    return (weights @ value).transpose(1, 2).contiguous(), token_weights
+
+
 def _register_with_transformers() -> None:
-    """Register the LSG attention of every backend, as ``"lsg_<backend>"``."""
+    """Register the LSG attention and the global-state cross-attention of every backend."""
     for backend in LSG_BACKENDS:
         AttentionInterface.register(registered_attention(backend), functools.partial(lsg_attention_forward, backend=backend))
+        AttentionInterface.register(
+            registered_cross_attention(backend), functools.partial(global_state_cross_attention, backend=backend)
+        )
 
 
 _register_with_transformers()

@@ -4,6 +4,8 @@
 * `LSGModelMixin` adds the global-token table to a model and hooks it in: the global tokens are
   prepended before the embedding normalisation (or, without one, the first encoder layer) and
   dropped again at the encoder output; the hidden states returned leave them out too (`GlobalTokens`).
+  Its self-attention layers read the model's config through `AttentionLayerConfig`, which sends them
+  to the LSG attention of the chosen backend, and get an O(n) padding mask (`PaddingMaskHook`).
 * `define_lsg_heads` creates an architecture's head classes (``LSGBertForMaskedLM`` = the mixin +
   ``BertForMaskedLM``) from the list of heads in its config class.
 
@@ -15,13 +17,19 @@ from __future__ import annotations
 
 import inspect
 from types import ModuleType
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from .lsg_attention import SPARSITY_TYPES, lsg_backend, registered_attention, uses_sparse_keys
+from .lsg_attention import (
+    SPARSITY_TYPES,
+    lsg_backend,
+    registered_attention,
+    registered_cross_attention,
+    uses_sparse_keys,
+)
 
 MAX_GLOBAL_TOKENS = 512  # rows of the global embedding table, as in the 2023 reference checkpoints
 POOLER_KEY = "add_pooling_layer"  # config key: whether the base model holds a pooler (see LSGModelMixin)
@@ -402,15 +410,17 @@ class GlobalTokens:
 class AttentionLayerConfig:
     """The config as the LSG self-attention layers of a model read it: the model's config, attribute for
     attribute (reads and writes go to it), except ``_attn_implementation``, which names the registered
-    LSG attention of the model's backend (``"lsg_sdpa"`` while the config reads ``"sdpa"``).
+    LSG attention of the model's backend (``"lsg_sdpa"`` while the config reads ``"sdpa"``; `registered`
+    names it, `lsg_attention.registered_cross_attention` for a decoder's cross-attention layers).
 
     transformers' attention layers dispatch on ``self.config._attn_implementation``: this is how they
     reach LSG attention while the model's config reads the value the user chose, and how
     ``set_attn_implementation`` on the model reaches them.
     """
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Any, registered: Callable[[str], str] = registered_attention) -> None:
         object.__setattr__(self, "config", config)
+        object.__setattr__(self, "registered", registered)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name == "config":  # copy and pickle probe the class, not the config
@@ -422,7 +432,7 @@ class AttentionLayerConfig:
 
     @property
     def _attn_implementation(self) -> str:
-        return registered_attention(lsg_backend(self.config._attn_implementation))
+        return self.registered(lsg_backend(self.config._attn_implementation))
 
 
 class PaddingMaskHook:
@@ -555,26 +565,24 @@ class LSGModelMixin:
         global_tokens = GlobalTokens(embeddings.global_embeddings, self.config)
         encoder = base.get_submodule(self.lsg_encoder)
         recorder = encoder if isinstance(encoder, PreTrainedModel) else base
-        # the classes recorded as hidden states and attentions: a class, or an OutputRecorder naming one
-        layer_class = _recorded_class(recorder, "hidden_states")
-        attention_class = _recorded_class(recorder, "attentions")
-
-        layer_config = AttentionLayerConfig(self.config)
-        for module in recorder.modules():
-            if isinstance(module, attention_class):
-                module.config = layer_config
+        self_attention_config = AttentionLayerConfig(self.config)
+        for module in _recorded_modules(recorder, "attentions"):
+            module.config = self_attention_config
         recorder.register_forward_pre_hook(PaddingMaskHook(recorder), with_kwargs=True)
         if getattr(self.config, "pass_global_tokens_to_decoder", False) and self.lsg_decoder in children:
-            children[self.lsg_decoder].register_forward_pre_hook(global_tokens.cover_encoder_mask, with_kwargs=True)
+            decoder = children[self.lsg_decoder]
+            decoder.register_forward_pre_hook(global_tokens.cover_encoder_mask, with_kwargs=True)
+            cross_attention_config = AttentionLayerConfig(self.config, registered_cross_attention)
+            for module in _recorded_modules(decoder, "cross_attentions"):
+                module.config = cross_attention_config
         recorder.register_forward_pre_hook(global_tokens.begin, with_kwargs=True)
         embeddings.register_forward_pre_hook(global_tokens.before_embeddings, with_kwargs=True)
         check = InputLengthCheck(self.config, self.lsg_positions_after_padding, "input")
         embeddings.register_forward_pre_hook(check, with_kwargs=True)
         base.get_submodule(self.lsg_prepend_before).register_forward_pre_hook(global_tokens.prepend)
-        for layer in recorder.modules():
-            if isinstance(layer, layer_class):
-                layer.register_forward_pre_hook(global_tokens.layer_input)
-                layer.register_forward_hook(global_tokens.layer_output)
+        for layer in _recorded_modules(recorder, "hidden_states"):
+            layer.register_forward_pre_hook(global_tokens.layer_input)
+            layer.register_forward_hook(global_tokens.layer_output)
         encoder.register_forward_hook(global_tokens.drop)
         recorder.register_forward_hook(global_tokens.finish)
 
@@ -634,10 +642,12 @@ class LSGModelMixin:
         owner.register_buffer(leaf, torch.zeros(spec["shape"], dtype=getattr(torch, spec["dtype"])))
 
 
-def _recorded_class(recorder: nn.Module, output: str) -> type:
-    """The module class whose outputs `recorder` records as `output` ("hidden_states", "attentions")."""
+def _recorded_modules(recorder: nn.Module, output: str) -> list[nn.Module]:
+    """The modules whose outputs `recorder` records as `output` ("hidden_states", "attentions", ...)."""
     recorded = recorder.can_record_outputs[output]  # a module class, or an OutputRecorder naming one
-    return getattr(recorded, "target_class", recorded)
+    module_class = getattr(recorded, "target_class", recorded)
+    name_part = getattr(recorded, "layer_name", None) or ""
+    return [module for name, module in recorder.named_modules() if isinstance(module, module_class) and name_part in name]
 
 
 # --------------------------------------------------------------------------------------------------

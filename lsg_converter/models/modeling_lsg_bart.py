@@ -1,9 +1,10 @@
 """LSG-BART: the BART heads of transformers with an LSG encoder.
 
 Each head ``LSGBart<Head>`` is the mixin below plus ``Bart<Head>``; the heads are listed in LSGBartConfig.
-The decoder's self- and cross-attention stay dense (SDPA) with the KV cache; with
-``pass_global_tokens_to_decoder`` the encoder output keeps its global tokens in front and the
-cross-attention mask is extended over them by the attention function. ``LSGBartForCausalLM`` is the
+The decoder's self- and cross-attention stay dense (transformers' implementation of the model's
+``attn_implementation``) with the KV cache; with ``pass_global_tokens_to_decoder`` the encoder output
+keeps its global tokens in front and the cross-attention mask is extended over them (see
+`GlobalTokens.cover_encoder_mask`). ``LSGBartForCausalLM`` is the
 pretrained decoder alone: dense, with a longer position table.
 """
 

@@ -1,7 +1,7 @@
 """LSG-mBART (and BARThez): the mBART heads of transformers with an LSG encoder.
 
 Each head ``LSGMBart<Head>`` is the mixin below plus ``MBart<Head>``; the heads are listed in
-LSGMBartConfig. As in BART, the decoder's self- and cross-attention stay dense (SDPA) with the KV
+LSGMBartConfig. As in BART, the decoder's self- and cross-attention stay dense with the KV
 cache, and ``LSGMBartForCausalLM`` is the pretrained decoder alone, dense, with a longer position table.
 """
 

@@ -1,7 +1,7 @@
 """LSG-Pegasus: the Pegasus heads of transformers with an LSG encoder.
 
 Each head ``LSGPegasus<Head>`` is the mixin below plus ``Pegasus<Head>``; the heads are listed in
-LSGPegasusConfig. The decoder stays dense (SDPA) with the KV cache; ``LSGPegasusForCausalLM`` is the
+LSGPegasusConfig. The decoder stays dense with the KV cache; ``LSGPegasusForCausalLM`` is the
 pretrained decoder alone. Positions are sinusoidal: the converter regenerates them at the new length.
 """
 
