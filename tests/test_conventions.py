@@ -364,3 +364,29 @@ def test_cached_generation_gives_the_same_tokens_on_eager_and_sdpa():
     model.set_attn_implementation("eager")
 
     assert torch.equal(model.generate(input_ids=input_ids, **settings), sdpa)
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_calling_forward_directly_gives_what_calling_the_model_gives(implementation):
+    """sentence-transformers calls model.forward(...) rather than model(...)."""
+    model = tiny_lsg("bert", attn_implementation=implementation)
+
+    with torch.no_grad():
+        called = model(**batch("bert"), output_hidden_states=True)
+        direct = model.forward(**batch("bert"), output_hidden_states=True)
+
+    torch.testing.assert_close(direct.last_hidden_state, called.last_hidden_state, atol=0, rtol=0)
+    assert [state.shape for state in direct.hidden_states] == [state.shape for state in called.hidden_states]
+
+
+def test_a_copied_model_runs_its_own_weights():
+    model = tiny_lsg("bert")
+    copied = copy.deepcopy(model)
+    with torch.no_grad():
+        copied.encoder.layer[0].attention.self.query.weight.mul_(2)
+
+        original_output = model(**batch("bert")).last_hidden_state
+        copied_output = copied(**batch("bert")).last_hidden_state
+
+    assert not torch.allclose(original_output, copied_output)
+    torch.testing.assert_close(model(**batch("bert")).last_hidden_state, original_output, atol=0, rtol=0)

@@ -322,7 +322,7 @@ class GlobalTokens:
         return rows, rebuilt
 
     def begin(self, recorder: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:
-        """Forward pre-hook of the recorder: note whether hidden states are asked for (as
+        """Before the recorder's forward (see `RecorderForward`): note whether hidden states are asked for (as
         ``capture_outputs`` decides it) and have it return a ModelOutput, turned into a tuple in `finish`."""
         self.recording = bool(kwargs.get("output_hidden_states", getattr(self.config, "output_hidden_states", False)))
         self.returns_tuple = kwargs.get("return_dict", getattr(self.config, "return_dict", True)) is False
@@ -367,7 +367,8 @@ class GlobalTokens:
         return output
 
     def drop(self, encoder: nn.Module, args: tuple, output: Any) -> Any:
-        """Forward hook of the encoder: (B, g + t, E) -> (B, t, E), after pool_with_global (see `pools`).
+        """Forward hook of the encoder (or step of `RecorderForward` where it is the recorder):
+        (B, g + t, E) -> (B, t, E), after pool_with_global (see `pools`).
 
         Encoder-decoder models with ``pass_global_tokens_to_decoder`` keep the global states: the
         decoder attends to them. The last hidden state recorded is the encoder output's token rows.
@@ -397,7 +398,7 @@ class GlobalTokens:
         return _with_argument(signature, args, kwargs, "encoder_attention_mask", covered)
 
     def finish(self, recorder: nn.Module, args: tuple, output: Any) -> Any:
-        """Forward hook of the recorder: its hidden_states become the token rows (None stays None:
+        """After the recorder's forward (see `RecorderForward`): its hidden_states become the token rows (None stays None:
         ``output_hidden_states`` may select some layers only)."""
         if self.splits_states and output.hidden_states is not None:
             output.hidden_states = tuple(
@@ -436,8 +437,8 @@ class AttentionLayerConfig:
 
 
 class PaddingMaskHook:
-    """Forward pre-hook of the module that builds a model's attention masks (its recorder, see
-    `LSGModelMixin`): the padding mask goes in as a (B, 1, 1, t) bool view, which transformers' mask
+    """Before the forward of the module that builds a model's attention masks (its recorder, see
+    `RecorderForward`): the padding mask goes in as a (B, 1, 1, t) bool view, which transformers' mask
     creation passes through as it is, so the LSG layers get an O(n) mask whatever the backend (for
     "sdpa" or "eager" transformers would build a (B, 1, t, t) matrix). Without a mask, one of 1s
     (counting the cache of a decoding step) stands for it.
@@ -459,6 +460,35 @@ class PaddingMaskHook:
         elif mask.dim() != 2:  # a mask of the user's own making: the LSG layers accept it or say why not
             return None
         return _with_argument(self.signature, args, kwargs, "attention_mask", mask.bool()[:, None, None, :])
+
+
+class RecorderForward:
+    """The forward of a model's recorder (see `LSGModelMixin`) with the LSG steps around it: the O(n)
+    padding mask (`PaddingMaskHook`), then the recording of the hidden states begun and finished
+    (`GlobalTokens.begin`, `GlobalTokens.finish`); where the recorder is the encoder (BART's), the
+    global tokens are dropped from its output in between (`GlobalTokens.drop`).
+
+    It replaces ``forward`` on the recorder instance instead of hooking its call, so that code calling
+    ``model.forward(...)`` directly (sentence-transformers does) gets these steps too. It holds the
+    bound method, so a deep copy of the model calls its own copy; signature inspection sees the
+    model's own forward (``__wrapped__``).
+    """
+
+    def __init__(self, recorder: nn.Module, global_tokens: GlobalTokens, is_encoder: bool) -> None:
+        self.recorder = recorder
+        self.forward = recorder.forward
+        self.__wrapped__ = self.forward
+        self.padding_mask = PaddingMaskHook(recorder)
+        self.global_tokens = global_tokens
+        self.is_encoder = is_encoder
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        args, kwargs = self.padding_mask(self.recorder, args, kwargs) or (args, kwargs)
+        args, kwargs = self.global_tokens.begin(self.recorder, args, kwargs)
+        output = self.forward(*args, **kwargs)
+        if self.is_encoder:
+            output = self.global_tokens.drop(self.recorder, args, output)
+        return self.global_tokens.finish(self.recorder, args, output)
 
 
 def _with_argument(signature: inspect.Signature, args: tuple, kwargs: dict[str, Any], name: str, value: Any) -> tuple[tuple, dict]:
@@ -568,14 +598,12 @@ class LSGModelMixin:
         self_attention_config = AttentionLayerConfig(self.config)
         for module in _recorded_modules(recorder, "attentions"):
             module.config = self_attention_config
-        recorder.register_forward_pre_hook(PaddingMaskHook(recorder), with_kwargs=True)
         if getattr(self.config, "pass_global_tokens_to_decoder", False) and self.lsg_decoder in children:
             decoder = children[self.lsg_decoder]
             decoder.register_forward_pre_hook(global_tokens.cover_encoder_mask, with_kwargs=True)
             cross_attention_config = AttentionLayerConfig(self.config, registered_cross_attention)
             for module in _recorded_modules(decoder, "cross_attentions"):
                 module.config = cross_attention_config
-        recorder.register_forward_pre_hook(global_tokens.begin, with_kwargs=True)
         embeddings.register_forward_pre_hook(global_tokens.before_embeddings, with_kwargs=True)
         check = InputLengthCheck(self.config, self.lsg_positions_after_padding, "input")
         embeddings.register_forward_pre_hook(check, with_kwargs=True)
@@ -583,8 +611,9 @@ class LSGModelMixin:
         for layer in _recorded_modules(recorder, "hidden_states"):
             layer.register_forward_pre_hook(global_tokens.layer_input)
             layer.register_forward_hook(global_tokens.layer_output)
-        encoder.register_forward_hook(global_tokens.drop)
-        recorder.register_forward_hook(global_tokens.finish)
+        if encoder is not recorder:
+            encoder.register_forward_hook(global_tokens.drop)
+        recorder.forward = RecorderForward(recorder, global_tokens, is_encoder=encoder is recorder)
 
     def post_init(self) -> None:
         """Add the table of global tokens before transformers initialises the weights (the Hugging Face
