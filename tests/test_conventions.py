@@ -390,3 +390,16 @@ def test_a_copied_model_runs_its_own_weights():
 
     assert not torch.allclose(original_output, copied_output)
     torch.testing.assert_close(model(**batch("bert")).last_hidden_state, original_output, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["bert", "bart"])
+def test_the_model_exports_with_torch_export_and_gives_its_outputs(arch):
+    model = tiny_lsg(arch)
+    inputs = {**batch(arch), "use_cache": False} if arch in ENCODER_DECODERS else batch(arch)  # a cache is no tensor
+
+    with torch.no_grad():
+        expected = main_output(arch, model(**inputs))
+        program = torch.export.export(model, args=(), kwargs=inputs, strict=False)
+        exported = main_output(arch, program.module()(**inputs))
+
+    torch.testing.assert_close(exported, expected, atol=1e-5, rtol=1e-5)

@@ -15,6 +15,7 @@ This file travels with saved models as remote code: it imports torch and transfo
 
 from __future__ import annotations
 
+import functools
 import inspect
 from types import ModuleType
 from typing import Any, Callable
@@ -468,19 +469,25 @@ class RecorderForward:
     (`GlobalTokens.begin`, `GlobalTokens.finish`); where the recorder is the encoder (BART's), the
     global tokens are dropped from its output in between (`GlobalTokens.drop`).
 
-    It replaces ``forward`` on the recorder instance instead of hooking its call, so that code calling
-    ``model.forward(...)`` directly (sentence-transformers does) gets these steps too. It holds the
-    bound method, so a deep copy of the model calls its own copy; signature inspection sees the
-    model's own forward (``__wrapped__``).
+    `install` replaces ``forward`` on the recorder instance instead of hooking its call, so that code
+    calling ``model.forward(...)`` directly (sentence-transformers does) gets these steps too.
     """
 
     def __init__(self, recorder: nn.Module, global_tokens: GlobalTokens, is_encoder: bool) -> None:
         self.recorder = recorder
-        self.forward = recorder.forward
-        self.__wrapped__ = self.forward
+        self.forward = recorder.forward  # the bound method: a deep copy of the model calls its own copy
         self.padding_mask = PaddingMaskHook(recorder)
         self.global_tokens = global_tokens
         self.is_encoder = is_encoder
+
+    @classmethod
+    def install(cls, recorder: nn.Module, global_tokens: GlobalTokens, is_encoder: bool) -> None:
+        """Make ``recorder.forward`` a functools.partial of `__call__` (torch.export reads the code of a
+        module's forward: a function, or a partial of one) whose signature is the recorder's own."""
+        steps = cls(recorder, global_tokens, is_encoder)
+        forward = functools.partial(cls.__call__, steps)
+        forward.__wrapped__ = steps.forward  # what inspect.signature (transformers, Trainer) reads
+        recorder.forward = forward
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         args, kwargs = self.padding_mask(self.recorder, args, kwargs) or (args, kwargs)
@@ -613,7 +620,7 @@ class LSGModelMixin:
             layer.register_forward_hook(global_tokens.layer_output)
         if encoder is not recorder:
             encoder.register_forward_hook(global_tokens.drop)
-        recorder.forward = RecorderForward(recorder, global_tokens, is_encoder=encoder is recorder)
+        RecorderForward.install(recorder, global_tokens, is_encoder=encoder is recorder)
 
     def post_init(self) -> None:
         """Add the table of global tokens before transformers initialises the weights (the Hugging Face
