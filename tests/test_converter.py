@@ -735,6 +735,7 @@ def test_save_converted_writes_remote_code_weights_and_tokenizer(saved_folder):
         "modeling_lsg_bert.py",
         "configuration_lsg_bert.py",
         "lsg_attention.py",
+        "lsg_eager.py",
         "lsg_flex.py",
         "lsg_model.py",
         "model.safetensors",
@@ -745,7 +746,9 @@ def test_save_converted_writes_remote_code_weights_and_tokenizer(saved_folder):
 
 
 def test_saved_remote_code_imports_nothing_from_lsg_converter(saved_folder):
-    remote_code = ("modeling_lsg_bert.py", "configuration_lsg_bert.py", "lsg_attention.py", "lsg_flex.py", "lsg_model.py")
+    remote_code = (
+        "modeling_lsg_bert.py", "configuration_lsg_bert.py", "lsg_attention.py", "lsg_eager.py", "lsg_flex.py", "lsg_model.py",
+    )
     for name in remote_code:
         assert "lsg_converter" not in (saved_folder / name).read_text().replace('"lsg_converter', ""), name
 

@@ -23,7 +23,7 @@ three backends compute the token queries from it:
   where CUDA is available);
 * ``"eager"``: the blocks of the sdpa backend with an explicit softmax, whose weights are spread
   over a ``(t, t)`` matrix per head and returned (``output_attentions=True``): O(n^2) memory, for
-  inspection (see `_token_weights`).
+  inspection (lsg_eager).
 
 In training, attention dropout is DropKey (keys hidden before the softmax, see `_drop_keys`), which
 keeps the kernels fused; every backend hides the same keys for the same random state. No tensor of
@@ -44,9 +44,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import AttentionInterface
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import logging
 
+from .lsg_eager import global_state_cross_attention, token_weights, weighted_values
 from .lsg_flex import FLEX_ATTENTION_AVAILABLE, FLEX_FORWARD_ONLY_DEVICES, flex_token_attention
 
 logger = logging.get_logger(__name__)
@@ -711,7 +711,7 @@ def lsg_self_attention_weights(
     token queries over the tokens, (B, H, q', t) with q' = q - g (the global queries and keys left
     out, as the model's outputs leave out the global tokens): zero outside the LSG pattern, and a
     sparse key's weight spread over the tokens it compresses, in the proportions it takes their
-    values (see `_token_weights`). The output is computed from these weights, ``weights @ values``
+    values (see `lsg_eager.token_weights`). The output is computed from these weights, ``weights @ values``
     (the global tokens' share included), so gradients flow through them.
 
     Memory is O(n^2): a (B, H, g + t, g + t) matrix per layer, and the composition of the sparse keys
@@ -745,7 +745,7 @@ def _lsg_attention(query, key, value, padding_mask, config, dropout, scaling, ca
         if causal:
             allowed = allowed & _causal(length, length, key.device)
         if explicit:
-            return _weighted_values(_attention_weights(query, key, allowed, dropout, scaling), value, num_global)
+            return weighted_values(_attention_weights(query, key, allowed, dropout, scaling), value, num_global)
         return _sdpa(query, key, value, allowed, dropout, scaling)
 
     # From here on: sequence-major (B, L, H, D) views.
@@ -785,12 +785,12 @@ def _lsg_attention(query, key, value, padding_mask, config, dropout, scaling, ca
             block_queries, token_keys, token_values, token_mask, global_tokens, sparse, pattern, dropout, scaling,
             explicit=True,
         )  # (B, nb, H, b, K)
-        weights = _token_weights(pattern, block_weights, sparse, num_tokens)  # (B, H, t, g + t)
+        weights = token_weights(pattern, block_weights, sparse, num_tokens)  # (B, H, t, g + t)
         if num_global:
             seen = key.transpose(1, 2), value.transpose(1, 2), num_global
             global_weights = _global_attention(global_queries, key_mask, seen, causal, dropout, scaling, explicit=True)
             weights = torch.cat([global_weights, weights], dim=2)
-        return _weighted_values(weights, value.transpose(1, 2), num_global)
+        return weighted_values(weights, value.transpose(1, 2), num_global)
 
     if _flex_runs(backend, query, key, value):
         kept = _dropped_block_keys(pattern, token_mask, sparse, global_mask, heads, dropout) if dropout else None
@@ -805,41 +805,6 @@ def _lsg_attention(query, key, value, padding_mask, config, dropout, scaling, ca
     if num_global:
         output = torch.cat([_global_attention(global_queries, key_mask, seen, causal, dropout, scaling), output], dim=1)
     return output.transpose(1, 2)  # (B, H, L, D)
-
-
-def _token_weights(pattern: KeyPattern, block_weights, sparse: SparseContext | None, num_tokens: int) -> torch.Tensor:
-    """Each token query's weights over the layer's keys, from its block's weights: (B, H, t, g + t).
-
-    block_weights: (B, nb, H, b, K) over each block's keys (`KeyPattern.key_columns`); sparse: the
-    sparse context computed with the identity as values, so that ``sparse.values`` (B, H, T / f, T)
-    holds each sparse key's weight on every token. A sparse key's weight is spread over the tokens
-    by those proportions, and the tokens' value through it is what the query receives: a norm, stride
-    or block_stride key gives its whole weight to the token it selected, a pooling key 1/f to each
-    token of its window, a bos_pooling key its softmax share to each, an lsh key 1/count to each
-    token of its bucket. A token reached both as a local and as a sparse key gets both weights.
-    """
-    batch, num_blocks, heads, rows, _ = block_weights.shape
-    num_global, padded_tokens = pattern.num_global, num_blocks * rows
-    num_compressed = 0 if sparse is None else sparse.values.shape[2]
-    columns = pattern.key_columns(torch.arange(num_blocks, device=block_weights.device), padded_tokens, num_compressed)
-    index = columns[None, None, :, None, :].expand(batch, heads, -1, rows, -1)  # (B, H, nb, b, K)
-    dense = block_weights.new_zeros(batch, heads, num_blocks, rows, num_global + padded_tokens + num_compressed + 1)
-    dense = dense.scatter_add(-1, index, block_weights.transpose(1, 2)).flatten(2, 3)  # (B, H, T, g + T + T / f + 1)
-    global_part, token_part, compressed_part, _ = dense.split([num_global, padded_tokens, num_compressed, 1], dim=-1)
-    if num_compressed:
-        token_part = token_part + compressed_part @ sparse.values  # (B, H, T, T)
-    return torch.cat([global_part, token_part[..., :num_tokens]], dim=-1)[:, :, :num_tokens]
-
-
-def _weighted_values(weights: torch.Tensor, value: torch.Tensor, num_global: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """weights (B, H, L, L) over value (B, H, L, D): the output (B, H, L, D) and the token rows and
-    columns of the weights (B, H, L - g, L - g), rebuilt into the matrix the output is computed from,
-    so that they lie on its autograd path (``attentions[i].retain_grad()`` gets a gradient)."""
-    token_weights = weights[:, :, num_global:, num_global:]
-    if num_global:
-        token_rows = torch.cat([weights[:, :, num_global:, :num_global], token_weights], dim=-1)
-        weights = torch.cat([weights[:, :, :num_global], token_rows], dim=2)
-    return weights @ value, token_weights
 
 
 def _global_attention(
@@ -925,37 +890,6 @@ def lsg_attention_forward(
         output = _lsg_attention(query, key, value, padding_mask, config, dropout, scaling, causal, backend)
         weights = None
     return output.transpose(1, 2).contiguous(), weights
-
-
-def global_state_cross_attention(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    backend: str = "sdpa",
-    **kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The ``"lsg_cross_<backend>"`` entries of transformers' AttentionInterface: the decoder's
-    cross-attention over an encoder output that keeps its g global states in front
-    (``pass_global_tokens_to_decoder``). It is dense: transformers' implementation of `backend`,
-    except that with "eager" the weights returned leave the g global columns out, (B, H, q, t), so
-    that column j is input token j as in the source model; the output is computed from them."""
-    if backend != "eager":
-        return ALL_ATTENTION_FUNCTIONS[backend](
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
-        )
-    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-    scores = (query @ key.transpose(-1, -2)) * scaling
-    if attention_mask is not None:  # transformers' eager mask: additive, (B, 1, q, g + t)
-        scores = scores + attention_mask
-    weights = F.dropout(scores.softmax(dim=-1), p=dropout, training=module.training)  # (B, H, q, g + t)
-    num_global = module.config.num_global_tokens
-    token_weights = weights[..., num_global:]
-    weights = torch.cat([weights[..., :num_global], token_weights], dim=-1)  # on the output's autograd path
-    return (weights @ value).transpose(1, 2).contiguous(), token_weights
 
 
 def _register_with_transformers() -> None:
