@@ -198,6 +198,7 @@ def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             command=recorded_command(parser, args),
             license=source_license(args.source, args.token),
             save_path=save_path,
+            has_tokenizer=tokenizer is not None,
         )
         target = None
         if save_path:

@@ -202,6 +202,7 @@ def model_card(
     license: str | None = None,
     *,
     save_path: str | os.PathLike | None = None,
+    has_tokenizer: bool = True,
 ) -> ModelCard:
     """The README.md of a converted model: base model, length, LSG settings, how it was made, usage, citation.
 
@@ -216,6 +217,8 @@ def model_card(
         command: the command that converted the model, recorded as it is (default: the Python call).
         license: the source's license (see `source_license`).
         save_path: the folder the card is saved in (as given to `save_converted`).
+        has_tokenizer: whether a tokenizer is saved or pushed with the model; without one, the
+            transformers snippet runs the model on token ids instead of loading a tokenizer.
     """
     from . import __version__
     from .sbert import pipeline_of
@@ -233,7 +236,7 @@ def model_card(
         usage = _sentence_transformers_usage(name, max_length)
     else:
         library, pipeline_tag, library_tags = "transformers", PIPELINE_TAGS.get(auto_class), []
-        usage = _transformers_usage(model, auto_class, name, max_length)
+        usage = _transformers_usage(model, auto_class, name, max_length, has_tokenizer)
     data = ModelCardData(
         base_model=source if on_hub else None,
         license=license,
@@ -321,8 +324,22 @@ def default_folder_name(source: str, max_length: int) -> str:
     return f"{source_name(source).rpartition('/')[2]}-lsg-{max_length}"
 
 
-def _transformers_usage(model: PreTrainedModel, auto_class: str, name: str, max_length: int) -> str:
-    """Python that loads the model with transformers and runs it on a text (generates, for a head that can)."""
+def _transformers_usage(model: PreTrainedModel, auto_class: str, name: str, max_length: int, has_tokenizer: bool) -> str:
+    """Python that loads the model with transformers and runs it on a text (generates, for a head that
+    can); on token ids of the vocabulary when the model comes without a tokenizer."""
+    if not has_tokenizer:
+        run = (
+            "print(model.generate(input_ids=input_ids, max_new_tokens=64))"
+            if model.can_generate()
+            else "outputs = model(input_ids=input_ids)"
+        )
+        return f"""import torch
+from transformers import {auto_class}
+
+model = {auto_class}.from_pretrained("{name}", trust_remote_code=True)
+# converted without a tokenizer (its source had none): token ids of the source's vocabulary, up to {max_length:,}
+input_ids = torch.randint(0, model.config.vocab_size, (1, {max_length}))
+{run}"""
     if model.can_generate():
         run = (
             "output_ids = model.generate(**inputs, max_new_tokens=64)\n"
@@ -380,7 +397,12 @@ def push_converted(
             folder = save_converted(model, tokenizer, Path(staging) / "model")
         folder = Path(folder)
         if not (folder / "README.md").is_file():
-            card = card or model_card(model, repo_id, license=source_license(model.config._name_or_path, token))
+            card = card or model_card(
+                model,
+                repo_id,
+                license=source_license(model.config._name_or_path, token),
+                has_tokenizer=tokenizer is not None,
+            )
             card.save(folder / "README.md")
         operations = [
             CommitOperationAdd(path_in_repo=path.relative_to(folder).as_posix(), path_or_fileobj=str(path))

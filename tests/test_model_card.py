@@ -192,3 +192,16 @@ def test_pasted_snippet_runs_without_lsg_converter_offline_and_without_a_prompt(
     assert result.returncode == 0, result.stderr[-3000:]
     assert "SNIPPET RAN" in result.stdout
     assert REMOTE_CODE_PROMPT not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("arch, head", [("bert", "BertForMaskedLM"), ("bart", "BartForConditionalGeneration")])
+def test_snippet_of_a_model_without_tokenizer_runs_it_on_token_ids_when_pasted(arch, head, tmp_path, monkeypatch):
+    source = save_tiny_source(tmp_path / "no-tokenizer", arch, head)
+    card = saved_card(source, "models/converted", tmp_path, monkeypatch)
+    snippet = usage_snippet(card)
+    assert "AutoTokenizer" not in snippet and "tokenizer" not in snippet.replace("without a tokenizer", "")
+
+    result = run_without_lsg_converter(snippet + '\nprint("SNIPPET RAN")\n', cwd=tmp_path / "models")
+
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "SNIPPET RAN" in result.stdout
