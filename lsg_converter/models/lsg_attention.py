@@ -839,7 +839,7 @@ def _padding_mask(attention_mask: torch.Tensor | None, num_keys: int, config: An
     """The mask a model hands its LSG layers -> (B, g + t) bool, True for the keys that may be attended.
 
     It arrives as the user's (B, t) mask, 2D or as the (B, 1, 1, t) view the model passes through
-    transformers' mask creation (see lsg_model.PaddingMaskHook); the model prepended g global tokens
+    transformers' mask creation (see lsg_model.padding_mask_view); the model prepended g global tokens
     after it was made. A cached decoding step's mask already counts the global tokens (t = g + past + q).
     """
     if attention_mask is None:

@@ -5,7 +5,7 @@
   prepended before the embedding normalisation (or, without one, the first encoder layer) and
   dropped again at the encoder output; the hidden states returned leave them out too (`GlobalTokens`).
   Its self-attention layers read the model's config through `AttentionLayerConfig`, which sends them
-  to the LSG attention of the chosen backend, and get an O(n) padding mask (`PaddingMaskHook`).
+  to the LSG attention of the chosen backend, and get an O(n) padding mask (`padding_mask_view`).
 * `define_lsg_heads` creates an architecture's head classes (``LSGBertForMaskedLM`` = the mixin +
   ``BertForMaskedLM``) from the list of heads in its config class.
 
@@ -385,18 +385,15 @@ class GlobalTokens:
             self.token_states[-1] = output.last_hidden_state
         return output
 
-    def cover_encoder_mask(self, decoder: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict] | None:
-        """Forward pre-hook of the decoder (``pass_global_tokens_to_decoder``): the encoder output it
-        attends to holds the g global states in front, so a (B, t) ``encoder_attention_mask`` gets g
-        columns of 1s in front."""
-        signature = inspect.signature(decoder.forward)
-        arguments = signature.bind_partial(*args, **kwargs).arguments
+    def covered_encoder_mask(self, arguments: dict[str, Any]) -> torch.Tensor | None:
+        """The decoder's ``encoder_attention_mask`` (``pass_global_tokens_to_decoder``, see
+        `ArgumentRewrite`): the encoder output it attends to holds the g global states in front, so a
+        (B, t) mask gets g columns of 1s in front; None where there is nothing to cover."""
         mask, states = arguments.get("encoder_attention_mask"), arguments.get("encoder_hidden_states")
         num_global = self.config.num_global_tokens
         if mask is None or states is None or mask.dim() != 2 or mask.shape[1] != states.shape[1] - num_global:
             return None
-        covered = torch.cat([mask.new_ones(mask.shape[0], num_global), mask], dim=1)
-        return _with_argument(signature, args, kwargs, "encoder_attention_mask", covered)
+        return torch.cat([mask.new_ones(mask.shape[0], num_global), mask], dim=1)
 
     def finish(self, recorder: nn.Module, args: tuple, output: Any) -> Any:
         """After the recorder's forward (see `RecorderForward`): its hidden_states become the token rows (None stays None:
@@ -437,35 +434,49 @@ class AttentionLayerConfig:
         return self.registered(lsg_backend(self.config._attn_implementation))
 
 
-class PaddingMaskHook:
-    """Before the forward of the module that builds a model's attention masks (its recorder, see
-    `RecorderForward`): the padding mask goes in as a (B, 1, 1, t) bool view, which transformers' mask
-    creation passes through as it is, so the LSG layers get an O(n) mask whatever the backend (for
-    "sdpa" or "eager" transformers would build a (B, 1, t, t) matrix). Without a mask, one of 1s
-    (counting the cache of a decoding step) stands for it.
-    """
+class ArgumentRewrite:
+    """Forward pre-hook (or step before a forward) that replaces the argument `name` of a module's
+    forward by what `rewrite` makes of the call's arguments (a dict by name); None leaves the call as
+    it is. The value goes where the caller put the argument (or in as a keyword); the forward's
+    signature is read once."""
 
-    def __init__(self, module: nn.Module) -> None:
+    def __init__(self, module: nn.Module, name: str, rewrite: Callable[[dict[str, Any]], Any]) -> None:
         self.signature = inspect.signature(module.forward)
+        self.name, self.rewrite = name, rewrite
+        self.position = list(self.signature.parameters).index(name)
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict] | None:
-        arguments = self.signature.bind_partial(*args, **kwargs).arguments
-        mask = arguments.get("attention_mask")
-        if mask is None:
-            tokens = next((arguments[name] for name in ("input_ids", "inputs_embeds") if arguments.get(name) is not None), None)
-            if tokens is None:
-                return None
-            cache = arguments.get("past_key_values")
-            length = tokens.shape[1] + (cache.get_seq_length() if cache is not None else 0)
-            mask = torch.ones(tokens.shape[0], length, dtype=torch.bool, device=tokens.device)
-        elif mask.dim() != 2:  # a mask of the user's own making: the LSG layers accept it or say why not
+        value = self.rewrite(self.signature.bind_partial(*args, **kwargs).arguments)
+        if value is None:
             return None
-        return _with_argument(self.signature, args, kwargs, "attention_mask", mask.bool()[:, None, None, :])
+        if self.position < len(args):
+            return (*args[: self.position], value, *args[self.position + 1 :]), kwargs
+        return args, {**kwargs, self.name: value}
+
+
+def padding_mask_view(arguments: dict[str, Any]) -> torch.Tensor | None:
+    """The ``attention_mask`` of the module that builds a model's attention masks (its recorder, see
+    `RecorderForward`): the padding mask as a (B, 1, 1, t) bool view, which transformers' mask
+    creation passes through as it is, so the LSG layers get an O(n) mask whatever the backend (for
+    "sdpa" or "eager" transformers would build a (B, 1, t, t) matrix). Without a mask, one of 1s
+    (counting the cache of a decoding step) stands for it. None (the call unchanged) for a mask of the
+    user's own making, which the LSG layers accept or refuse saying why, or without any input."""
+    mask = arguments.get("attention_mask")
+    if mask is None:
+        tokens = next((arguments[name] for name in ("input_ids", "inputs_embeds") if arguments.get(name) is not None), None)
+        if tokens is None:
+            return None
+        cache = arguments.get("past_key_values")
+        length = tokens.shape[1] + (cache.get_seq_length() if cache is not None else 0)
+        mask = torch.ones(tokens.shape[0], length, dtype=torch.bool, device=tokens.device)
+    elif mask.dim() != 2:
+        return None
+    return mask.bool()[:, None, None, :]
 
 
 class RecorderForward:
     """The forward of a model's recorder (see `LSGModelMixin`) with the LSG steps around it: the O(n)
-    padding mask (`PaddingMaskHook`), then the recording of the hidden states begun and finished
+    padding mask (`padding_mask_view`), then the recording of the hidden states begun and finished
     (`GlobalTokens.begin`, `GlobalTokens.finish`); where the recorder is the encoder (BART's), the
     global tokens are dropped from its output in between (`GlobalTokens.drop`).
 
@@ -476,7 +487,7 @@ class RecorderForward:
     def __init__(self, recorder: nn.Module, global_tokens: GlobalTokens, is_encoder: bool) -> None:
         self.recorder = recorder
         self.forward = recorder.forward  # the bound method: a deep copy of the model calls its own copy
-        self.padding_mask = PaddingMaskHook(recorder)
+        self.padding_mask = ArgumentRewrite(recorder, "attention_mask", padding_mask_view)
         self.global_tokens = global_tokens
         self.is_encoder = is_encoder
 
@@ -496,14 +507,6 @@ class RecorderForward:
         if self.is_encoder:
             output = self.global_tokens.drop(self.recorder, args, output)
         return self.global_tokens.finish(self.recorder, args, output)
-
-
-def _with_argument(signature: inspect.Signature, args: tuple, kwargs: dict[str, Any], name: str, value: Any) -> tuple[tuple, dict]:
-    """The call (args, kwargs) with its argument `name` replaced by `value`, where it was given (or added as a keyword)."""
-    position = list(signature.parameters).index(name)
-    if position < len(args):
-        return (*args[:position], value, *args[position + 1 :]), kwargs
-    return args, {**kwargs, name: value}
 
 
 class InputLengthCheck:
@@ -607,7 +610,8 @@ class LSGModelMixin:
             module.config = self_attention_config
         if getattr(self.config, "pass_global_tokens_to_decoder", False) and self.lsg_decoder in children:
             decoder = children[self.lsg_decoder]
-            decoder.register_forward_pre_hook(global_tokens.cover_encoder_mask, with_kwargs=True)
+            cover = ArgumentRewrite(decoder, "encoder_attention_mask", global_tokens.covered_encoder_mask)
+            decoder.register_forward_pre_hook(cover, with_kwargs=True)
             cross_attention_config = AttentionLayerConfig(self.config, registered_cross_attention)
             for module in _recorded_modules(decoder, "cross_attentions"):
                 module.config = cross_attention_config

@@ -4,7 +4,7 @@ Each head ``LSGBart<Head>`` is the mixin below plus ``Bart<Head>``; the heads ar
 The decoder's self- and cross-attention stay dense (transformers' implementation of the model's
 ``attn_implementation``) with the KV cache; with ``pass_global_tokens_to_decoder`` the encoder output
 keeps its global tokens in front and the cross-attention mask is extended over them (see
-`GlobalTokens.cover_encoder_mask`). ``LSGBartForCausalLM`` is the
+`GlobalTokens.covered_encoder_mask`). ``LSGBartForCausalLM`` is the
 pretrained decoder alone: dense, with a longer position table.
 """
 
