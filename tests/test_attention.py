@@ -9,7 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from helpers import lsg_config, padding_mask
-from lsg_converter.models.lsg_attention import SPARSITY_TYPES, KeyPattern, lsg_self_attention, lsg_self_attention_weights
+from lsg_converter.models.lsg_attention import lsg_attention, lsg_self_attention
+from lsg_converter.models.lsg_pattern import KeyPattern
+from lsg_converter.models.lsg_sparse import SPARSITY_TYPES
 
 HEADS, HEAD_DIM = 4, 8
 
@@ -266,6 +268,11 @@ SELECTION_SETTINGS = [  # sparse keys that are tokens: the specification's dense
 ]
 
 
+def eager_attention(*args, **kwargs):
+    """The output and the token weights of the eager backend."""
+    return lsg_attention(*args, backend="eager", **kwargs)
+
+
 def dense_probabilities(query, key, counts):
     """softmax(q k^T / sqrt(D)) in which key k weighs counts[..., k] times: (B, H, N, N)."""
     scores = query @ key.transpose(-1, -2) * HEAD_DIM**-0.5
@@ -281,7 +288,7 @@ def test_eager_weights_are_the_specified_attention_probabilities_of_the_tokens(s
     query, key, value = random_qkv(2, length)
     key_mask = padding_mask([length, g + 77], length)
 
-    _, weights = lsg_self_attention_weights(query, key, value, key_mask, config, causal=causal)
+    _, weights = eager_attention(query, key, value, key_mask, config, causal=causal)
 
     allowed = (explicit_causal_mask if causal else explicit_key_counts)(config, length, key_mask)
     expected = dense_probabilities(query, key, allowed)[:, :, g:, g:]
@@ -318,7 +325,7 @@ def test_eager_output_is_its_weights_times_the_token_values(sparsity_type):
     query, key, value = random_qkv(2, 90, seed=5)
     key_mask = padding_mask([90, 61], 90)
 
-    output, weights = lsg_self_attention_weights(query, key, value, key_mask, config)
+    output, weights = eager_attention(query, key, value, key_mask, config)
 
     torch.testing.assert_close(output, weights @ value, atol=1e-12, rtol=0)
     real_rows = weights.sum(dim=-1)[key_mask[:, None, :].expand(-1, HEADS, -1)]
@@ -332,7 +339,7 @@ def test_a_pooling_key_spreads_its_weight_evenly_over_its_window():
     config = lsg_config(block_size=8, sparse_block_size=8, sparsity_factor=4, sparsity_type="pooling", num_global_tokens=0)
     query, key, value = random_qkv(1, 64, seed=6)
 
-    _, weights = lsg_self_attention_weights(query, key, value, None, config)
+    _, weights = eager_attention(query, key, value, None, config)
 
     sparse_part = weights[0, :, :8, 24:40].unflatten(-1, (4, 4))  # block 0's 8 queries, 4 windows of f = 4 tokens
     torch.testing.assert_close(sparse_part, sparse_part[..., :1].expand_as(sparse_part), atol=1e-12, rtol=0)
@@ -343,7 +350,7 @@ def test_eager_weights_are_zero_outside_the_pattern():
     config = lsg_config(block_size=8, sparsity_type="none", num_global_tokens=1)
     query, key, value = random_qkv(1, 1 + 64)
 
-    _, weights = lsg_self_attention_weights(query, key, value, None, config)
+    _, weights = eager_attention(query, key, value, None, config)
 
     block = torch.arange(64) // 8
     outside = (block[:, None] - block[None, :]).abs() > 1
@@ -355,10 +362,10 @@ def test_eager_weights_of_a_cached_step_are_the_last_rows_of_the_full_pass():
     length = 2 + 90
     query, key, value = random_qkv(2, length, seed=3)
     key_mask = padding_mask([length, 2 + 70], length)
-    full_output, full_weights = lsg_self_attention_weights(query, key, value, key_mask, config, causal=True)
+    full_output, full_weights = eager_attention(query, key, value, key_mask, config, causal=True)
 
     end = 2 + 33
-    output, weights = lsg_self_attention_weights(
+    output, weights = eager_attention(
         query[:, :, end - 3 : end], key[:, :, :end], value[:, :, :end], key_mask[:, :end], config, causal=True
     )
 
@@ -383,7 +390,7 @@ def test_eager_weights_are_on_the_autograd_path_of_the_output():
     config = lsg_config(block_size=8, sparse_block_size=8, num_global_tokens=2)
     query, key, value = random_qkv(1, 2 + 50)
 
-    output, weights = lsg_self_attention_weights(query.requires_grad_(), key, value, None, config)
+    output, weights = eager_attention(query.requires_grad_(), key, value, None, config)
     weights.retain_grad()
     output.sum().backward()
 

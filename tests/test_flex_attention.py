@@ -17,12 +17,9 @@ from torch.nn.attention.flex_attention import create_mask, flex_attention
 from helpers import lsg_config, padding_mask
 from lsg_converter import LSGBartConfig, LSGBartForConditionalGeneration, LSGBertConfig, LSGBertForMaskedLM
 from lsg_converter.models import lsg_flex
-from lsg_converter.models.lsg_attention import (
-    SPARSITY_TYPES,
-    KeyPattern,
-    lsh_hyperplanes,
-    lsg_self_attention,
-)
+from lsg_converter.models.lsg_attention import lsg_self_attention
+from lsg_converter.models.lsg_pattern import KeyPattern
+from lsg_converter.models.lsg_sparse import SPARSITY_TYPES, lsh_hyperplanes
 from lsg_converter.models.lsg_flex import KeyLayout, block_structure, lsg_mask_mod
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")

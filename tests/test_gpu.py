@@ -7,7 +7,8 @@ import torch
 
 from helpers import lsg_config, padding_mask
 from lsg_converter import LSGBertConfig, LSGBertForMaskedLM, LSGBertLMHeadModel
-from lsg_converter.models.lsg_attention import SPARSITY_TYPES, lsg_self_attention, sparse_by_lsh
+from lsg_converter.models.lsg_attention import lsg_self_attention
+from lsg_converter.models.lsg_sparse import SPARSITY_TYPES, sparse_by_lsh
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -85,12 +86,14 @@ def test_lsh_buckets_are_the_same_on_cpu_and_cuda():
     keys, values = (torch.randn(2, HEADS, 1024, HEAD_DIM, generator=generator, dtype=torch.float64) for _ in range(2))
     mask = padding_mask([1024, 700], 1024)
 
-    on_cpu = sparse_by_lsh(None, keys, values, mask, config, HEAD_DIM**-0.5)
-    on_cuda = sparse_by_lsh(None, keys.cuda(), values.cuda(), mask.cuda(), config, HEAD_DIM**-0.5)
+    cpu_keys, [cpu_values], cpu_mask = sparse_by_lsh(None, keys, [values], mask, config, HEAD_DIM**-0.5)
+    cuda_keys, [cuda_values], cuda_mask = sparse_by_lsh(
+        None, keys.cuda(), [values.cuda()], mask.cuda(), config, HEAD_DIM**-0.5
+    )
 
-    assert torch.equal(on_cuda.mask.cpu(), on_cpu.mask)
-    torch.testing.assert_close(on_cuda.keys.cpu(), on_cpu.keys, atol=1e-10, rtol=0)
-    torch.testing.assert_close(on_cuda.values.cpu(), on_cpu.values, atol=1e-10, rtol=0)
+    assert torch.equal(cuda_mask.cpu(), cpu_mask)
+    torch.testing.assert_close(cuda_keys.cpu(), cpu_keys, atol=1e-10, rtol=0)
+    torch.testing.assert_close(cuda_values.cpu(), cpu_values, atol=1e-10, rtol=0)
 
 
 TINY_BERT = dict(

@@ -5,9 +5,9 @@ The keys and values of a layer are laid out once as one sequence (`KeyLayout`),
     [ g global keys | T token keys | T / f sparse keys ], each segment zero-padded to whole tiles,
 
 and a BlockMask says which tiles of it each tile of queries reads. Its mask_mod says, key by key,
-what a query sees: the rule of `lsg_attention.KeyPattern` (global keys, local tokens, sparse
+what a query sees: the rule of `lsg_pattern.KeyPattern` (global keys, local tokens, sparse
 windows), restricted to the keys the padding and the sparse selection allow and, in training, to
-those DropKey kept (drawn by lsg_attention exactly as its SDPA path draws them).
+those DropKey kept (drawn once by the core, `TokenAttention.kept`, the same for every backend).
 
 * The tile structure depends on the pattern and the length only: it is built once per shape by
   index arithmetic (`block_structure`, cached), never by evaluating the mask on every element.
@@ -17,23 +17,38 @@ those DropKey kept (drawn by lsg_attention exactly as its SDPA path draws them).
   uncompiled, forward only, materialising the scores: enough to check results; the SDPA backend
   is the CPU path.
 
-The global queries see every key: lsg_attention runs their few rows through SDPA on this same key
-sequence (`seen` below); inside the flex mask one thread block would carry the whole sequence.
+Position terms (`lsg_pattern.PositionTerms`) enter as a score_mod: each key of the sequence carries
+its position (and key-side rows), the query's position is its index.
 
-This file travels with saved models as remote code: it imports torch and transformers only.
+The global queries see every key: the core runs their few rows through SDPA on this same key
+sequence (`TokenOutput.global_context`); inside the flex mask one thread block would carry the
+whole sequence. Where flex cannot run (gradients on a device without its backward pass), the core
+runs the sdpa backend instead (`FlexBackend.runs`).
+
+This file travels with saved models as remote code: it imports torch, transformers and lsg_pattern only.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
-from transformers.utils import is_torch_flex_attn_available
+import torch.nn.functional as F
+from transformers.utils import is_torch_flex_attn_available, logging
 
-if TYPE_CHECKING:
-    from .lsg_attention import KeyPattern, SparseContext
+from .lsg_pattern import (
+    KeyPattern,
+    KeySequence,
+    PositionTerms,
+    TokenAttention,
+    TokenOutput,
+    global_query_positions,
+    sdpa_dense_attention,
+)
+
+logger = logging.get_logger(__name__)
 
 FLEX_ATTENTION_AVAILABLE = is_torch_flex_attn_available()
 if FLEX_ATTENTION_AVAILABLE:
@@ -112,7 +127,7 @@ def lsg_mask_mod(
 
     key_valid: (B, H, layout.length) bool, the keys the padding and the sparse selection allow.
     kept: DropKey's choice, (B, nb, H, 1 or b, K) bool over each block's keys in the
-    order of `KeyPattern` (see lsg_attention._dropped_block_keys), or None without dropout.
+    order of `KeyPattern` (see lsg_pattern.block_dropout), or None without dropout.
     """
 
     def sees(batch, head, query, key):
@@ -138,6 +153,31 @@ def lsg_mask_mod(
         return sees(batch, head, query, key) & kept_key
 
     return sees_kept
+
+
+def position_score_mod(
+    terms: PositionTerms, key_positions: torch.Tensor, key_rows: torch.Tensor | None, num_global: int
+) -> Callable:
+    """score_mod(score, batch, head, query, key) adding the position terms to the token queries' scores.
+
+    key_positions: (B, H, length) int64, the position of each key of the sequence; key_rows: (B, H,
+    length, R), their key-side rows (with `PositionTerms.key_rows`). Query q is token q: position q,
+    row g + q of `PositionTerms.query_rows`.
+    """
+    parts = terms.parts()
+
+    def score_mod(score, batch, head, query, key):
+        relative = key_positions[batch, head, key] - query
+        for side, rows, bucket in parts:
+            if side == "table":
+                score = score + rows[head, bucket(relative)]
+            elif side == "query":
+                score = score + rows[batch, head, num_global + query, bucket(relative)]
+            else:
+                score = score + key_rows[batch, head, key, bucket(relative)]
+        return score
+
+    return score_mod
 
 
 def _with_mask_mod(structure: BlockMask, mask_mod: Callable) -> BlockMask:
@@ -169,50 +209,90 @@ def _flex_kernel(device: torch.device) -> Callable:
     return _compiled_flex_attention()
 
 
-def flex_token_attention(
-    queries: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    token_mask: torch.Tensor,
-    global_tokens: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    sparse: SparseContext | None,
-    pattern: KeyPattern,
-    scaling: float,
-    kept: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, int]]:
-    """Attention of the t token queries through one flex_attention call.
+class FlexBackend:
+    """Every token query in one flex_attention call over a block-sparse mask; the global queries and
+    inputs too short for blocks through SDPA."""
 
-    queries: (B, t, H, D); keys, values: (B, T, H, D), the tokens padded to a multiple of b;
-    token_mask: (B, T) bool; global_tokens: (keys, values, mask), (B, g, H, D) x 2 and (B, g);
-    sparse: the compressed keys (B, H, T / f, D), or None; kept: see `lsg_mask_mod`.
-    Returns the output (B, t, H, D) and `seen` = (keys, values, global_rows): the key sequence,
-    (B, H, global_rows + t, D), that the global queries attend to, globals padded to global_rows.
-    """
-    batch, num_queries, heads, head_dim = queries.shape
-    layout = KeyLayout.of(pattern, keys.shape[1], TILE)
-    structure = block_structure(pattern, num_queries, TILE, queries.device)
-    global_keys, global_values, global_mask = global_tokens
-    segment_ends = (layout.token_offset, layout.sparse_offset, layout.length)
+    name = "flex_attention"
+    returns_weights = False
+    dense_attention = staticmethod(sdpa_dense_attention)
 
-    def sequence(pieces) -> torch.Tensor:  # (B, H, n_i, ...) per segment -> (B, H, length, ...), one copy
-        parts = []
-        for piece, segment_start, segment_end in zip(pieces, (0, *segment_ends), segment_ends):
-            padding_rows = segment_end - segment_start - piece.shape[2]
-            parts += [piece, piece.new_zeros(()).expand(*piece.shape[:2], padding_rows, *piece.shape[3:])]
-        return torch.cat(parts, dim=2)
+    def runs(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
+        """False while gradients are needed on a device where flex_attention has no backward pass."""
+        needs_gradients = torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value))
+        if needs_gradients and query.device.type in FLEX_FORWARD_ONLY_DEVICES:
+            logger.warning_once(
+                f"flex_attention has no backward pass on {query.device.type}: LSG runs its sdpa backend while "
+                "gradients are needed (same results)."
+            )
+            return False
+        if query.device.type != "cuda":
+            logger.warning_once(
+                f"flex_attention runs uncompiled on {query.device.type} and computes every score (O(n^2) memory): "
+                "use attn_implementation='sdpa' off CUDA."
+            )
+        return True
 
-    no_sparse = keys.new_zeros(()).expand(batch, heads, 0, head_dim)
-    sparse_keys, sparse_values = (no_sparse, no_sparse) if sparse is None else (sparse.keys, sparse.values)
-    key_sequence = sequence([global_keys.transpose(1, 2), keys.transpose(1, 2), sparse_keys])  # (B, H, length, D)
-    value_sequence = sequence([global_values.transpose(1, 2), values.transpose(1, 2), sparse_values])
-    sparse_mask = token_mask.new_zeros(batch, 1, 0) if sparse is None else sparse.mask
-    key_valid = sequence([m.expand(-1, heads, -1) for m in (global_mask[:, None], token_mask[:, None], sparse_mask)])
-    # key_valid: (B, H, length) bool
+    def token_attention(self, job: TokenAttention) -> TokenOutput:
+        """The t token queries over the key sequence [globals | tokens | sparse keys] of `KeyLayout`."""
+        pattern, sparse, num_queries = job.pattern, job.sparse, job.num_tokens
+        batch, _, heads, head_dim = job.keys.shape
+        layout = KeyLayout.of(pattern, job.keys.shape[1], TILE)
+        structure = block_structure(pattern, num_queries, TILE, job.queries.device)
+        segment_ends = (layout.token_offset, layout.sparse_offset, layout.length)
 
-    block_mask = _with_mask_mod(structure, lsg_mask_mod(pattern, layout, key_valid, kept))
-    output = _flex_kernel(queries.device)(
-        queries.transpose(1, 2), key_sequence, value_sequence, block_mask=block_mask, scale=scaling
-    )  # (B, H, t, D)
-    seen_rows = layout.token_offset + num_queries
-    seen = key_sequence[:, :, :seen_rows], value_sequence[:, :, :seen_rows], layout.token_offset
-    return output.transpose(1, 2), seen
+        def sequence(pieces) -> torch.Tensor:  # (B, H, n_i, ...) per segment -> (B, H, length, ...), one copy
+            parts = []
+            for piece, segment_start, segment_end in zip(pieces, (0, *segment_ends), segment_ends):
+                padding_rows = segment_end - segment_start - piece.shape[2]
+                parts += [piece, piece.new_zeros(()).expand(*piece.shape[:2], padding_rows, *piece.shape[3:])]
+            return torch.cat(parts, dim=2)
+
+        def no_sparse(x: torch.Tensor) -> torch.Tensor:  # an empty sparse segment shaped like x (B, H, n, ...)
+            return x.new_zeros(()).expand(x.shape[0], x.shape[1], 0, *x.shape[3:])
+
+        token_keys, token_values = job.keys.transpose(1, 2), job.values.transpose(1, 2)  # (B, H, T, D)
+        key_sequence = sequence(
+            [job.global_keys.transpose(1, 2), token_keys, no_sparse(token_keys) if sparse is None else sparse.keys]
+        )  # (B, H, length, D)
+        value_sequence = sequence(
+            [job.global_values.transpose(1, 2), token_values, no_sparse(token_values) if sparse is None else sparse.values]
+        )
+        sparse_mask = job.token_mask.new_zeros(batch, 1, 0) if sparse is None else sparse.mask
+        masks = (job.global_mask[:, None], job.token_mask[:, None], sparse_mask)
+        key_valid = sequence([m.expand(-1, heads, -1) for m in masks])  # (B, H, length) bool
+
+        score_mod = None
+        terms = job.positions
+        if terms is not None:
+            num_global, device = pattern.num_global, job.keys.device
+            token_positions = torch.arange(job.keys.shape[1], device=device).expand(batch, heads, -1)
+            global_positions = global_query_positions(terms, num_global, device).expand(batch, heads, -1)
+            sparse_positions = no_sparse(token_positions) if sparse is None else sparse.positions
+            key_positions = sequence([global_positions, token_positions, sparse_positions])  # (B, H, length)
+            key_rows = None
+            if terms.key_rows is not None:
+                tail = job.keys.shape[1] - num_queries
+                token_rows = F.pad(terms.key_rows[:, :, num_global:], (0, 0, 0, tail))  # (B, H, T, R)
+                sparse_rows = no_sparse(token_rows) if sparse is None else sparse.key_rows
+                key_rows = sequence([terms.key_rows[:, :, :num_global], token_rows, sparse_rows])  # (B, H, length, R)
+            score_mod = position_score_mod(terms, key_positions, key_rows, num_global)
+        block_mask = _with_mask_mod(structure, lsg_mask_mod(pattern, layout, key_valid, job.kept))
+        output = _flex_kernel(job.queries.device)(
+            job.queries[:, :num_queries].transpose(1, 2),
+            key_sequence,
+            value_sequence,
+            score_mod=score_mod,
+            block_mask=block_mask,
+            scale=job.scaling,
+        )  # (B, H, t, D)
+        # the global queries' context: the global segment (its padding rows at -1), then the t tokens
+        seen_rows = layout.token_offset + num_queries
+        global_rows = torch.arange(layout.token_offset, device=key_sequence.device)
+        token_rows = pattern.num_global + torch.arange(num_queries, device=key_sequence.device)
+        index = torch.cat([torch.where(global_rows < pattern.num_global, global_rows, -1), token_rows])
+        context = KeySequence(key_sequence[:, :, :seen_rows], value_sequence[:, :, :seen_rows], index)
+        return TokenOutput(output.transpose(1, 2), None, context)
+
+
+BACKEND = FlexBackend()

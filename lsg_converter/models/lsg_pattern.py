@@ -1,0 +1,583 @@
+"""What every LSG attention backend shares: which keys a token query sees, and the backend contract.
+
+* `KeyPattern`: the keys of each block of token queries, described once (global tokens, local
+  blocks, sparse windows); every backend derives its masks from it.
+* `SparseContext`: the compressed keys and values of the sparse windows (computed by the core).
+* `PositionTerms`: additive relative-position score terms (a bucketed table shared by all queries,
+  as MPNet's; query-side and key-side rows per bucket, as DeBERTa's c2p and p2c), evaluated for the
+  (query, key) pairs a backend evaluates and never as an (L, L) tensor (`relative_scores`).
+* `TokenAttention` / `TokenOutput`: the contract. The core (lsg_attention) hands a backend the token
+  queries and their keys; the backend returns their output, their weights if it computes them, and
+  the key sequence it holds, which the global queries then attend to (`KeySequence`).
+* Block windows (`BlockKeys`): each block's keys gathered in the order [globals | sparse | local],
+  with their mask and position terms, for the backends that batch blocks (sdpa, eager).
+
+A backend file (lsg_sdpa, lsg_eager, lsg_flex) imports this module only.
+This file travels with saved models as remote code: it imports torch only.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+import torch
+import torch.nn.functional as F
+
+
+def uses_sparse_keys(config: Any) -> bool:
+    """Whether the blocks get sparse keys at all (otherwise: local + global only)."""
+    return config.sparsity_type != "none" and config.sparse_block_size > 0 and config.sparsity_factor > 0
+
+
+def right_sparse_window_shift(config: Any) -> int:
+    """Compressed positions by which block i's right sparse window starts before the aligned (i + 2) c.
+
+    0, except for checkpoints of the 2023 reference (``legacy_sparse_window``) with one compressed
+    token per block (``block_size == sparsity_factor``): the reference started that window two
+    compressed tokens early, at i c, over keys the local window already holds, and models trained
+    with it learned that pattern, so it is reproduced for them.
+    """
+    return -2 if config.legacy_sparse_window and config.block_size == config.sparsity_factor else 0
+
+
+# --------------------------------------------------------------------------------------------------
+# The key pattern: which keys each token query sees, described once for every attention kernel
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KeyPattern:
+    """Which keys each token query sees: the one description every kernel derives its masks from.
+
+    Positions count tokens from the first real token (the global tokens are apart); query block i is
+    tokens [i b, (i + 1) b); compressed position p is the p-th key of the sparse context. Block i sees
+
+    * every global token;
+    * the local tokens [(i - blocks_before) b, (i + 1 + blocks_after) b), causal: up to the query;
+    * per sparse window, the compressed positions [i c + start, i c + start + sparse_size), with
+      c = `compressed_per_block` and start = `sparse_left_start`, then `sparse_right_start`.
+
+    The block backends turn this into views of block windows (`BlockKeys`), the flex backend into a
+    mask_mod over element positions (`sees_token`, `sees_compressed`) and the block structure of a
+    BlockMask; a block's keys come in the order [globals | sparse windows | local] (`key_columns`,
+    and its inverses `local_slot`, `sparse_slot`).
+    """
+
+    block_size: int
+    blocks_before: int
+    blocks_after: int
+    compressed_per_block: int
+    sparse_size: int
+    sparse_left_start: int
+    sparse_right_start: int | None
+    causal: bool
+    num_global: int
+
+    @classmethod
+    def of(cls, config: Any, causal: bool = False) -> KeyPattern:
+        """The pattern of an LSG config: previous, own (and next) block, s sparse keys on each side."""
+        block = config.block_size
+        step = block // config.sparsity_factor if uses_sparse_keys(config) else 0
+        size = config.sparse_block_size if step else 0
+        return cls(
+            block_size=block,
+            blocks_before=1,
+            blocks_after=0 if causal else 1,
+            compressed_per_block=step,
+            sparse_size=size,
+            # left: the s positions just before the local window; right: the s just after it (shifted
+            # for the 2023 reference's checkpoints, see `right_sparse_window_shift`)
+            sparse_left_start=-step - size,
+            sparse_right_start=None if causal or not size else 2 * step + right_sparse_window_shift(config),
+            causal=causal,
+            num_global=config.num_global_tokens,
+        )
+
+    @property
+    def local_size(self) -> int:
+        """Local keys per block."""
+        return (self.blocks_before + 1 + self.blocks_after) * self.block_size
+
+    @property
+    def sparse_starts(self) -> tuple[int, ...]:
+        """Start of each sparse window relative to i c, in key order (none without sparse keys)."""
+        if not self.sparse_size:
+            return ()
+        return (self.sparse_left_start,) + (() if self.sparse_right_start is None else (self.sparse_right_start,))
+
+    def local_start(self, block_index):
+        """First token of block `block_index`'s local window."""
+        return (block_index - self.blocks_before) * self.block_size
+
+    def local_end(self, block_index):
+        """End (exclusive) of block `block_index`'s local window."""
+        return (block_index + 1 + self.blocks_after) * self.block_size
+
+    def sees_token(self, query, token):
+        """Whether query token `query` sees token `token` as a local key (int tensors, broadcast)."""
+        offset = token // self.block_size - query // self.block_size
+        seen = (offset >= -self.blocks_before) & (offset <= self.blocks_after)
+        return seen & (token <= query) if self.causal else seen
+
+    def sees_compressed(self, query, position):
+        """Whether query token `query` sees compressed position `position` as a sparse key."""
+        relative = position - query // self.block_size * self.compressed_per_block
+        windows = [(relative >= start) & (relative < start + self.sparse_size) for start in self.sparse_starts]
+        return functools.reduce(operator.or_, windows)
+
+    def local_slot(self, query, token):
+        """Index of `token` among the keys of `query`'s block (see the class docstring for the order)."""
+        sparse_keys = len(self.sparse_starts) * self.sparse_size
+        return self.num_global + sparse_keys + token - self.local_start(query // self.block_size)
+
+    def key_columns(self, block_index: torch.Tensor, num_tokens: int, num_compressed: int) -> torch.Tensor:
+        """Where each key of the blocks `block_index` (n,) lies in the sequence [g globals | num_tokens
+        tokens | num_compressed compressed keys]: (n, keys per block), in the blocks' key order. Keys
+        outside the sequence (the zero padding of the windows) get the column after the last one."""
+        device = block_index.device
+        outside = self.num_global + num_tokens + num_compressed
+        block_index = block_index[:, None]
+        columns = [torch.arange(self.num_global, device=device).expand(len(block_index), -1)]
+        for start in self.sparse_starts:
+            position = block_index * self.compressed_per_block + start + torch.arange(self.sparse_size, device=device)
+            inside = (position >= 0) & (position < num_compressed)
+            columns.append(torch.where(inside, self.num_global + num_tokens + position, outside))
+        token = self.local_start(block_index) + torch.arange(self.local_size, device=device)
+        columns.append(torch.where((token >= 0) & (token < num_tokens), self.num_global + token, outside))
+        return torch.cat(columns, dim=1)
+
+    def sparse_slot(self, query, position):
+        """Index of compressed position `position` among the keys of `query`'s block."""
+        relative = position - query // self.block_size * self.compressed_per_block
+        slot = relative - self.sparse_left_start
+        if self.sparse_right_start is not None:
+            right = relative >= self.sparse_right_start
+            slot = torch.where(right, relative - self.sparse_right_start + self.sparse_size, slot)
+        return self.num_global + slot
+
+
+# --------------------------------------------------------------------------------------------------
+# Relative position terms
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PositionTerms:
+    """Additive score terms of relative positions: query i (position p_i) and key j (position p_j) get
+
+        table[h, bucket(r)] + query_rows[b, h, i, query_bucket(r)] + key_rows[b, h, j, key_bucket(r)],
+
+    r = p_j - p_i, each part optional. Token k of the input is at position k; the global tokens are at
+    `global_position`. Rows are indexed over the layer's sequence of g + t positions (global tokens
+    first); sparse keys get the position and the key rows of their compressor (lsg_sparse: compressed
+    as the values are). Terms are added to the scaled scores, as they are: scale them beforehand.
+
+    Attributes:
+        bucket: relative distance (int64 tensor) -> column of `table`, elementwise torch operations
+            (flex_attention evaluates it inside its score_mod).
+        table: (H, R) scores per head and bucket, shared by every query and key (MPNet's bias), or None.
+        query_rows: (B, H, g + t, R), query i's score for a key in each bucket (DeBERTa's c2p), or None.
+        query_bucket: relative distance -> column of `query_rows` (default: `bucket`).
+        key_rows: (B, H, g + t, R), key j's score for a query in each bucket (DeBERTa's p2c), or None.
+        key_bucket: relative distance -> column of `key_rows` (default: `bucket`).
+        global_position: the position of every global token (0: the first token's, where the global
+            tokens come from: global 0 is the [CLS] / <s> embedding at position 0, so a query sees it
+            with the term it gave that token, and the global queries see the text as it did).
+    """
+
+    bucket: Callable[[torch.Tensor], torch.Tensor]
+    table: torch.Tensor | None = None
+    query_rows: torch.Tensor | None = None
+    query_bucket: Callable[[torch.Tensor], torch.Tensor] | None = None
+    key_rows: torch.Tensor | None = None
+    key_bucket: Callable[[torch.Tensor], torch.Tensor] | None = None
+    global_position: int = 0
+
+    def parts(self) -> list[tuple[str, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]]:
+        """(side, rows, bucket) of each term present: side "table", "query" or "key"."""
+        parts = [
+            ("table", self.table, self.bucket),
+            ("query", self.query_rows, self.query_bucket or self.bucket),
+            ("key", self.key_rows, self.key_bucket or self.bucket),
+        ]
+        return [part for part in parts if part[1] is not None]
+
+
+def relative_scores(
+    terms: PositionTerms,
+    query_positions: torch.Tensor,
+    key_positions: torch.Tensor,
+    query_rows: torch.Tensor | None = None,
+    key_rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The position terms of a group of queries over their keys: (..., H, q, K).
+
+    query_positions: (..., 1 or H, q, 1) and key_positions: (..., 1 or H, 1, K), int64 tensors that
+    broadcast together; query_rows: (..., H, q, R), the `PositionTerms.query_rows` of these queries;
+    key_rows: (..., H, K, R), the `PositionTerms.key_rows` of these keys (each given where the term is).
+    """
+    relative = key_positions - query_positions  # (..., 1 or H, q, K)
+    total = None
+    for side, rows, bucket in terms.parts():
+        index = bucket(relative)
+        if side == "table":
+            heads, buckets = rows.shape
+            shape = torch.broadcast_shapes(index.shape[:-3] + (heads,) + index.shape[-2:-1] + (buckets,))
+            score = rows[:, None, :].expand(shape).gather(-1, index.expand(*shape[:-1], index.shape[-1]))
+        elif side == "query":
+            score = query_rows.gather(-1, index.expand(*query_rows.shape[:-1], index.shape[-1]))
+        else:  # key rows are indexed by key: gather over (K, q), then back to (q, K)
+            index = index.transpose(-1, -2)
+            score = key_rows.gather(-1, index.expand(*key_rows.shape[:-1], index.shape[-1])).transpose(-1, -2)
+        total = score if total is None else total + score
+    return total
+
+
+def global_query_positions(terms: PositionTerms, num_global: int, device: torch.device) -> torch.Tensor:
+    """(g,) int64: the position of each global token."""
+    return torch.full((num_global,), terms.global_position, dtype=torch.long, device=device)
+
+
+def sequence_positions(terms: PositionTerms, num_global: int, num_tokens: int, device: torch.device) -> torch.Tensor:
+    """(g + num_tokens,) int64: the positions of the layer's sequence, global tokens first."""
+    tokens = torch.arange(num_tokens, device=device)
+    return torch.cat([global_query_positions(terms, num_global, device), tokens])
+
+
+def dense_position_scores(terms: PositionTerms, query_index: torch.Tensor, key_index: torch.Tensor, num_global: int):
+    """Position terms of queries over keys, both named by their index in the sequence of g + t:
+    (B or 1, H, q, k). For the few global queries and for inputs shorter than two blocks."""
+    length = max(int(query_index.max()) + 1, int(key_index.max()) + 1)
+    positions = sequence_positions(terms, num_global, length - num_global, query_index.device)
+    query_rows = terms.query_rows[:, :, query_index] if terms.query_rows is not None else None
+    key_rows = terms.key_rows[:, :, key_index] if terms.key_rows is not None else None
+    return relative_scores(terms, positions[query_index][:, None], positions[key_index][None, :], query_rows, key_rows)
+
+
+# --------------------------------------------------------------------------------------------------
+# The contract between the core and its backends
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SparseContext:
+    """The compressed keys of the sparse windows (T / f of them), and what travels with them."""
+
+    keys: torch.Tensor  # (B, H, T / f, D)
+    values: torch.Tensor  # (B, H, T / f, D)
+    mask: torch.Tensor  # (B, 1 or H, T / f) bool, True = may be attended
+    positions: torch.Tensor | None = None  # (B, H, T / f) int64, with position terms
+    key_rows: torch.Tensor | None = None  # (B, H, T / f, R), with key-side position terms
+    token_weights: torch.Tensor | None = None  # (B, H, T / f, T): each key's share of every token's value
+
+
+@dataclass
+class TokenAttention:
+    """What the core hands a backend: the t token queries and every key they may see.
+
+    queries, keys, values: (B, T, H, D), the tokens padded at the end to T = nb b (padding masked);
+    token_mask: (B, T) bool; global_keys, global_values: (B, g, H, D), global_mask: (B, g) bool;
+    sparse: the sparse context, or None without sparse keys; kept: the keys DropKey leaves each block
+    in training, (B, nb, H, 1 or b, K) bool in the order of `KeyPattern.key_columns` (drawn once, by
+    the core, see `block_dropout`), None otherwise; positions: the position terms, or None.
+    """
+
+    queries: torch.Tensor
+    keys: torch.Tensor
+    values: torch.Tensor
+    token_mask: torch.Tensor
+    global_keys: torch.Tensor
+    global_values: torch.Tensor
+    global_mask: torch.Tensor
+    sparse: SparseContext | None
+    pattern: KeyPattern
+    scaling: float
+    num_tokens: int
+    kept: torch.Tensor | None = None
+    positions: PositionTerms | None = None
+
+    @property
+    def num_blocks(self) -> int:
+        return self.keys.shape[1] // self.pattern.block_size
+
+
+@dataclass
+class KeySequence:
+    """A backend's keys and values as one sequence, (B, H, n, D) each, with `index` (n,) int64: the
+    position of each row in the layer's sequence of g + t (-1 for a row of padding)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    index: torch.Tensor
+
+
+@dataclass
+class TokenOutput:
+    """What a backend returns: output (B, t, H, D); weights (B, H, t, t), the token queries' weights
+    over the tokens (the global columns left out, on the output's autograd path, see
+    `weighted_values`), or None where the backend does not compute them; global_context, the keys the global queries attend to
+    as the backend holds them, or None for the layer's keys and values as they were given."""
+
+    output: torch.Tensor
+    weights: torch.Tensor | None
+    global_context: KeySequence | None
+
+
+class Backend(Protocol):
+    """An attention backend of LSG (lsg_sdpa, lsg_eager, lsg_flex)."""
+
+    name: str
+    returns_weights: bool  # its token_attention returns weights (the core then asks for `SparseContext.token_weights`)
+
+    def runs(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
+        """Whether it can run this call (otherwise the core runs sdpa)."""
+
+    def token_attention(self, job: TokenAttention) -> TokenOutput:
+        """The attention of the token queries."""
+
+    def dense_attention(
+        self, query, key, value, allowed: torch.Tensor, scaling: float, scores: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Plain attention of query (..., H, q, D) over key, value (..., H, k, D): allowed, bool, and
+        scores, additive (position terms), broadcast to (..., H, q, k). Returns the output (..., H, q, D)
+        and the weights (..., H, q, k) or None."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Masks and dropout
+# --------------------------------------------------------------------------------------------------
+
+
+def pad_rows(x: torch.Tensor, before: int, after: int, value: float | bool = 0) -> torch.Tensor:
+    """Pad dim 1 of x (B, L, ...) with `before` and `after` rows of `value`."""
+    return F.pad(x, (0, 0) * (x.dim() - 2) + (before, after), value=value)
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype, scores: torch.Tensor | None = None) -> torch.Tensor:
+    """Bool mask (and position terms) -> `scores` (or 0) where allowed, finfo.min elsewhere. Finite, so
+    a query whose keys are all masked gets no NaN."""
+    kept = torch.zeros((), dtype=dtype, device=allowed.device) if scores is None else scores.to(dtype)
+    return torch.where(allowed, kept, torch.finfo(dtype).min)
+
+
+def drop_keys(allowed: torch.Tensor, groups_shape: torch.Size, num_keys: int, dropout: float) -> torch.Tensor:
+    """Attention dropout as DropKey (Li et al., CVPR 2023) at group granularity: in each group of
+    queries (a block, per head) every key is hidden with probability `dropout` before the softmax.
+    The mask stays O(n) and SDPA keeps its fused kernels. A query that would lose every key keeps
+    them all: it must never fall back onto masked keys."""
+    kept = allowed & (torch.rand(*groups_shape, 1, num_keys, device=allowed.device) >= dropout)
+    return torch.where(kept.any(dim=-1, keepdim=True), kept, allowed)
+
+
+def sdpa_dense_attention(query, key, value, allowed, scaling, scores) -> tuple[torch.Tensor, None]:
+    """`Backend.dense_attention` through SDPA (no weights): the sdpa and flex_attention backends'."""
+    mask = additive_mask(allowed, query.dtype, scores)
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling), None
+
+
+def weighted_values(
+    weights: torch.Tensor, value: torch.Tensor, num_global: int, global_rows: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """weights (B, H, q, g + k) over value (B, H, g + k, D), whose first `global_rows` rows (0 or g) are
+    the global queries': the output (B, H, q, D) and the token block of the weights, (B, H, q -
+    global_rows, k), rebuilt into the matrix the output is computed from, so that it lies on the
+    autograd path (``attentions[i].retain_grad()`` gets a gradient)."""
+    token_block = weights[:, :, global_rows:, num_global:]
+    if num_global:
+        token_rows = torch.cat([weights[:, :, global_rows:, :num_global], token_block], dim=-1)
+        weights = torch.cat([weights[:, :, :global_rows], token_rows], dim=2)
+    return weights @ value, token_block
+
+
+def causal_mask(num_queries: int, num_keys: int, device: torch.device) -> torch.Tensor:
+    """(q, k) bool: query i (the last q of k positions) sees keys up to its own position."""
+    return torch.arange(num_keys, device=device) <= torch.arange(num_keys - num_queries, num_keys, device=device)[:, None]
+
+
+def explicit_softmax(scores: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The softmax of every explicit LSG attention: in float32 at least (half precision inputs too), as
+    transformers' eager attention runs it, then cast to `dtype`."""
+    return scores.softmax(dim=-1, dtype=torch.promote_types(dtype, torch.float32)).to(dtype)
+
+
+# --------------------------------------------------------------------------------------------------
+# Block windows: each block's keys in the order [globals | sparse windows | local]
+# --------------------------------------------------------------------------------------------------
+
+
+def _sliding(x: torch.Tensor, size: int, step: int, count: int, start: int = 0) -> list[torch.Tensor]:
+    """Window i = rows [start + i step, start + i step + size) of x (B, L, ...), for i < count.
+
+    Returns views to concatenate on dim 2 into (B, count, size, ...): when the window is a few whole
+    steps, the step-blocked tensor shifted once per step (its backward is a few slices); otherwise
+    one `unfold` view.
+    """
+    steps = size // step
+    if size % step == 0 and steps <= 4:
+        end = start + (count + steps - 1) * step
+        rows = x if (start, end) == (0, x.shape[1]) else x[:, start:end]
+        blocked = rows.unflatten(1, (-1, step))  # (B, count + steps - 1, step, ...)
+        return [blocked[:, j : j + count] for j in range(steps)]
+    return [x[:, start:].unfold(1, size, step)[:, :count].movedim(-1, 2)]
+
+
+def local_windows(pattern: KeyPattern, x: torch.Tensor, num_blocks: int, fill=0) -> list[torch.Tensor]:
+    """(B, T, ...) -> pieces (B, nb, ., ...) of each block's local rows, `fill` outside the sequence."""
+    block = pattern.block_size
+    padded = pad_rows(x, pattern.blocks_before * block, pattern.blocks_after * block, fill)
+    return _sliding(padded, pattern.local_size, block, num_blocks)
+
+
+def sparse_windows(pattern: KeyPattern, x: torch.Tensor, num_blocks: int, fill=0) -> list[torch.Tensor]:
+    """(B, T / f, ...) -> pieces (B, nb, ., ...) of each block's sparse windows, `fill` outside the sequence."""
+    step, size, starts = pattern.compressed_per_block, pattern.sparse_size, pattern.sparse_starts
+    before, after = max(0, -min(starts)), max(0, max(starts) + size - step)
+    padded = pad_rows(x, before, after, fill)
+    return [piece for start in starts for piece in _sliding(padded, size, step, num_blocks, start=before + start)]
+
+
+def block_keys(pattern: KeyPattern, global_rows, sparse_rows, token_rows, num_blocks: int, fill=0) -> list[torch.Tensor]:
+    """Each block's keys (or anything given per key) as pieces (B, nb, K_i, ...) in key order.
+
+    global_rows: (B, g, ...) or None without global tokens; sparse_rows: (B, T / f, ...) or None
+    without sparse keys; token_rows: (B, T, ...). The pieces are views where they can be (the global
+    rows expanded over the blocks); `fill` stands for the keys outside the sequence.
+    """
+    pieces = local_windows(pattern, token_rows, num_blocks, fill)
+    if sparse_rows is not None:
+        pieces = sparse_windows(pattern, sparse_rows, num_blocks, fill) + pieces
+    if global_rows is not None and global_rows.shape[1]:
+        pieces.insert(0, global_rows[:, None].expand(-1, num_blocks, *global_rows.shape[1:]))
+    return pieces
+
+
+def _local_causal_mask(pattern: KeyPattern, device: torch.device) -> torch.Tensor:
+    """(b, local_size) bool: which local keys each row of a block sees (its window starts at token 0)."""
+    rows = torch.arange(pattern.block_size, device=device)[:, None] + pattern.blocks_before * pattern.block_size
+    return pattern.sees_token(rows, torch.arange(pattern.local_size, device=device))
+
+
+def block_mask(job: TokenAttention) -> torch.Tensor:
+    """Which keys of its window each block may attend to: (B, nb, 1 or H, 1 or b, K) bool, in key order."""
+    pattern, num_blocks = job.pattern, job.num_blocks
+    local_mask = torch.cat(local_windows(pattern, job.token_mask, num_blocks, False), dim=2)[:, :, None, None, :]
+    if pattern.causal:
+        local_mask = local_mask & _local_causal_mask(pattern, job.token_mask.device)  # (B, nb, 1, b, 2b)
+    masks = [local_mask]
+    if job.sparse is not None:
+        sparse_mask = torch.cat(sparse_windows(pattern, job.sparse.mask.transpose(1, 2), num_blocks, False), dim=2)
+        masks.insert(0, sparse_mask.transpose(2, 3)[:, :, :, None, :])  # (B, nb, 1 or H, 1, s or 2s)
+    if job.global_mask.shape[1]:
+        masks.insert(0, job.global_mask[:, None, None, None, :].expand(-1, num_blocks, -1, -1, -1))
+    mask_heads = max(m.shape[2] for m in masks)
+    mask_rows = max(m.shape[3] for m in masks)
+    return torch.cat([m.expand(-1, -1, mask_heads, mask_rows, -1) for m in masks], dim=-1)
+
+
+def block_dropout(job: TokenAttention, heads: int, dropout: float) -> torch.Tensor:
+    """The keys DropKey leaves each block: (B, nb, H, 1 or b, K) bool (see `drop_keys`)."""
+    allowed = block_mask(job)
+    batch, num_blocks = allowed.shape[:2]
+    kept = drop_keys(allowed.flatten(0, 1), (batch * num_blocks, heads), allowed.shape[-1], dropout)
+    return kept.unflatten(0, (batch, num_blocks))
+
+
+def block_position_scores(job: TokenAttention) -> torch.Tensor:
+    """The position terms of each block's queries over its keys: (B or 1, nb, H, b, K), key order.
+
+    Local keys sit at the same distances from the rows of every block: without query or key rows
+    their piece is computed once, for block 1 (whose window lies inside the sequence), and broadcast.
+    """
+    terms, pattern, num_blocks, sparse = job.positions, job.pattern, job.num_blocks, job.sparse
+    block, num_global, device = pattern.block_size, pattern.num_global, job.keys.device
+    padded_tokens = num_blocks * block
+    tail = padded_tokens - job.num_tokens
+
+    def token_rows(rows: torch.Tensor) -> torch.Tensor:  # (B, H, g + t, R) -> the tokens' (B, T, H, R)
+        return pad_rows(rows[:, :, num_global:].transpose(1, 2), 0, tail)
+
+    def windows(pieces: list[torch.Tensor]) -> torch.Tensor:  # pieces (B, nb, K_i, H, ...) -> (B, nb, H, K, ...)
+        return torch.cat(pieces, dim=2).transpose(2, 3)
+
+    query_positions = torch.arange(padded_tokens, device=device).view(1, num_blocks, 1, block, 1)
+    query_rows = None
+    if terms.query_rows is not None:
+        query_rows = token_rows(terms.query_rows).unflatten(1, (num_blocks, block)).transpose(2, 3)  # (B, nb, H, b, R)
+    with_key_rows = terms.key_rows is not None
+
+    # keys of each kind: positions (B or 1, nb, 1 or H, 1, K_i), key rows (B, nb, H, K_i, R)
+    token_positions = torch.arange(padded_tokens, device=device).view(1, padded_tokens, 1)
+    local_positions = windows(local_windows(pattern, token_positions, num_blocks))[:, :, :, None, :]
+    local_key_rows = windows(local_windows(pattern, token_rows(terms.key_rows), num_blocks)) if with_key_rows else None
+    if query_rows is None and local_key_rows is None:
+        local = relative_scores(terms, query_positions[:, 1:2], local_positions[:, 1:2])  # (1, 1, H, b, local)
+    else:
+        local = relative_scores(terms, query_positions, local_positions, query_rows, local_key_rows)
+    pieces = [local]
+    if sparse is not None:
+        sparse_positions = windows(sparse_windows(pattern, sparse.positions.transpose(1, 2), num_blocks))
+        sparse_key_rows = None
+        if with_key_rows:
+            sparse_key_rows = windows(sparse_windows(pattern, sparse.key_rows.transpose(1, 2), num_blocks))
+        pieces.insert(
+            0, relative_scores(terms, query_positions, sparse_positions[:, :, :, None, :], query_rows, sparse_key_rows)
+        )
+    if num_global:
+        global_positions = global_query_positions(terms, num_global, device).view(1, 1, 1, 1, num_global)
+        global_key_rows = None
+        if with_key_rows:
+            global_key_rows = terms.key_rows[:, None, :, :num_global].expand(-1, num_blocks, -1, -1, -1)  # (B, nb, H, g, R)
+        pieces.insert(0, relative_scores(terms, query_positions, global_positions, query_rows, global_key_rows))
+    batch = max(piece.shape[0] for piece in pieces)
+    heads = max(piece.shape[2] for piece in pieces)
+    return torch.cat([piece.expand(batch, num_blocks, heads, block, -1) for piece in pieces], dim=-1)
+
+
+@dataclass
+class BlockKeys:
+    """Each block's keys gathered for the block backends (sdpa, eager).
+
+    queries: (B, nb, b, H, D); keys, values: (B, nb, K, H, D) in the order of `KeyPattern.key_columns`
+    (values None where not asked for); allowed: (B, nb, 1 or H, 1 or b, K) bool (DropKey applied);
+    scores: the position terms, (B or 1, nb, H, b, K), or None.
+    """
+
+    queries: torch.Tensor
+    keys: torch.Tensor
+    values: torch.Tensor | None
+    allowed: torch.Tensor
+    scores: torch.Tensor | None
+
+    @classmethod
+    def of(cls, job: TokenAttention, with_values: bool = True) -> BlockKeys:
+        pattern, num_blocks, sparse = job.pattern, job.num_blocks, job.sparse
+
+        def gathered(global_rows, sparse_rows, token_rows):  # one copy: (B, nb, K, H, D)
+            return torch.cat(block_keys(pattern, global_rows, sparse_rows, token_rows, num_blocks), dim=2)
+
+        keys = gathered(job.global_keys, None if sparse is None else sparse.keys.transpose(1, 2), job.keys)
+        values = None
+        if with_values:
+            values = gathered(job.global_values, None if sparse is None else sparse.values.transpose(1, 2), job.values)
+        return cls(
+            queries=job.queries.unflatten(1, (num_blocks, pattern.block_size)),
+            keys=keys,
+            values=values,
+            allowed=block_mask(job) if job.kept is None else job.kept,
+            scores=None if job.positions is None else block_position_scores(job),
+        )
+
+    def folded(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, nb, K, H, D) -> (B * nb, H, K, D), a view: SDPA's fused kernels take 4D inputs."""
+        return x.flatten(0, 1).transpose(1, 2)
+
+    def folded_mask(self, dtype: torch.dtype) -> torch.Tensor:
+        """The additive mask of the folded blocks, position terms included: (B * nb, 1 or H, 1 or b, K)."""
+        if self.scores is None:
+            return additive_mask(self.allowed.flatten(0, 1), dtype)
+        batch = max(self.allowed.shape[0], self.scores.shape[0])
+        allowed = self.allowed.expand(batch, *self.allowed.shape[1:]).flatten(0, 1)
+        return additive_mask(allowed, dtype, self.scores.expand(batch, *self.scores.shape[1:]).flatten(0, 1))

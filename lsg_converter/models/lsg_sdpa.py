@@ -1,0 +1,45 @@
+"""The ``sdpa`` backend of LSG attention: blocks batched through `scaled_dot_product_attention`.
+
+Each block of b token queries gets its keys gathered once (`lsg_pattern.BlockKeys`: views where they
+can be, one copy), and the blocks run as one batch of 4D inputs, (B * nb, H, b, D), so that SDPA's
+fused kernels run forward and backward (5D inputs, and its own dropout, fall back to the O(n^2) math
+kernel: dropout is DropKey, drawn by the core). Position terms join the additive mask. The default
+backend without CUDA.
+
+This file travels with saved models as remote code: it imports torch only.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .lsg_pattern import BlockKeys, TokenAttention, TokenOutput, sdpa_dense_attention
+
+
+class SdpaBackend:
+    """Token queries block by block through SDPA; the global queries through one SDPA call."""
+
+    name = "sdpa"
+    returns_weights = False
+
+    def runs(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
+        return True
+
+    def token_attention(self, job: TokenAttention) -> TokenOutput:
+        blocks = BlockKeys.of(job)
+        batch, num_blocks, rows, heads, head_dim = blocks.queries.shape
+        output = F.scaled_dot_product_attention(
+            blocks.folded(blocks.queries),
+            blocks.folded(blocks.keys),
+            blocks.folded(blocks.values),
+            attn_mask=blocks.folded_mask(job.queries.dtype),
+            scale=job.scaling,
+        )  # (B * nb, H, b, D)
+        output = output.transpose(1, 2).reshape(batch, num_blocks * rows, heads, head_dim)[:, : job.num_tokens]
+        return TokenOutput(output, None, None)
+
+    dense_attention = staticmethod(sdpa_dense_attention)
+
+
+BACKEND = SdpaBackend()

@@ -1,0 +1,223 @@
+"""The sparse context of LSG attention: the token sequence compressed f-fold into sparse keys.
+
+Each compressor (`SPARSE_COMPRESSORS`, one per sparsity type) turns the keys of the (padded) token
+sequence, (B, H, T, D), into T / f sparse keys, and compresses any number of per-token columns the
+same way: the values, and, where the model has position terms, the token positions and key-side
+position rows. Every compressor is linear in those columns, with weights that depend on the keys,
+the first query and the mask only, so
+
+* a position compresses to the selected token's (norm, stride, block_stride), the masked mean of its
+  window (pooling: the window's centre) or the weighted mean (bos_pooling, lsh), rounded to the
+  nearest token;
+* compressing the identity matrix gives each sparse key's share of every token's value, which the
+  eager backend uses to spread a sparse key's weight over the tokens.
+
+This file travels with saved models as remote code: it imports torch only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from .lsg_pattern import SparseContext
+
+SPARSITY_TYPES = ("none", "norm", "pooling", "stride", "block_stride", "bos_pooling", "lsh")
+
+Columns = list[torch.Tensor]  # per-token columns, (B, H, T, width) each
+Compressed = tuple[torch.Tensor, Columns, torch.Tensor]  # keys (B, H, T / f, D), columns, mask (B, 1 or H, T / f)
+
+
+def _selection_chunk(config: Any) -> int:
+    """Chunk in which norm and lsh select/hash: min(b, s), or b where that would not tile the blocks."""
+    chunk = min(config.block_size, config.sparse_block_size)
+    if config.block_size % chunk or chunk % config.sparsity_factor:
+        return config.block_size
+    return chunk
+
+
+def _gather_tokens(keys, columns: Columns, mask, token_index) -> Compressed:
+    """Pick tokens per head. token_index: (B or 1, H, L) positions in the token sequence."""
+    batch, heads = keys.shape[:2]
+    token_index = token_index.expand(batch, heads, -1)
+
+    def rows(x):  # (B, H, T, width) -> (B, H, L, width)
+        return x.gather(2, token_index.unsqueeze(-1).expand(-1, -1, -1, x.shape[-1]))
+
+    selected_mask = mask[:, None, :].expand(-1, heads, -1).gather(2, token_index)
+    return rows(keys), [rows(column) for column in columns], selected_mask
+
+
+def sparse_by_norm(queries, keys, columns: Columns, mask, config, scaling) -> Compressed:
+    """In each chunk, keep the chunk / f keys of largest L2 norm (padding has norm 0)."""
+    chunk = _selection_chunk(config)
+    kept = chunk // config.sparsity_factor
+    batch, heads, length, _ = keys.shape
+    with torch.no_grad():
+        key_norms = keys.norm(dim=-1) * mask[:, None, :]  # (B, H, T)
+        key_norms = key_norms.view(batch, heads, length // chunk, chunk)
+        local_index = key_norms.topk(kept, dim=-1, sorted=False).indices  # (B, H, T / chunk, kept)
+        chunk_start = torch.arange(0, length, chunk, device=keys.device).view(1, 1, -1, 1)
+        token_index = (local_index + chunk_start).flatten(2)  # (B, H, T / f)
+    return _gather_tokens(keys, columns, mask, token_index)
+
+
+def sparse_by_pooling(queries, keys, columns: Columns, mask, config, scaling) -> Compressed:
+    """Masked mean of each window of f consecutive keys (and columns)."""
+    factor = config.sparsity_factor
+    batch, length = mask.shape
+    window_mask = mask.view(batch, 1, length // factor, factor, 1).to(keys.dtype)
+    counts = window_mask.sum(dim=-2)  # (B, 1, T / f, 1)
+    denominator = counts.clamp(min=1)
+
+    def pooled(x):  # (B, H, T, width) -> (B, H, T / f, width)
+        return (x.unflatten(2, (-1, factor)) * window_mask).sum(dim=-2) / denominator
+
+    return pooled(keys), [pooled(column) for column in columns], counts.squeeze(-1) > 0
+
+
+def sparse_by_stride(queries, keys, columns: Columns, mask, config, scaling) -> Compressed:
+    """Head j keeps tokens k * f + (j mod f)."""
+    factor = config.sparsity_factor
+    heads, length = keys.shape[1], keys.shape[2]
+    head_offset = (torch.arange(heads, device=keys.device) % factor).view(1, heads, 1)
+    token_index = torch.arange(0, length, factor, device=keys.device).view(1, 1, -1) + head_offset
+    return _gather_tokens(keys, columns, mask, token_index)
+
+
+def sparse_by_block_stride(queries, keys, columns: Columns, mask, config, scaling) -> Compressed:
+    """Head j keeps, in every block, the b / f consecutive tokens from offset (j * b / f) mod b."""
+    block, factor = config.block_size, config.sparsity_factor
+    kept = block // factor
+    heads, length = keys.shape[1], keys.shape[2]
+    offsets = torch.arange(kept, device=keys.device).view(1, -1) + torch.arange(heads, device=keys.device).view(-1, 1) * kept
+    block_start = torch.arange(0, length, block, device=keys.device).view(-1, 1, 1)
+    token_index = (offsets % block + block_start).permute(1, 0, 2).reshape(1, heads, -1)  # (1, H, T / f)
+    return _gather_tokens(keys, columns, mask, token_index)
+
+
+def sparse_by_bos_pooling(queries, keys, columns: Columns, mask, config, scaling) -> Compressed:
+    """In each window of f tokens, mean weighted by softmax(q_first . k * scaling), q_first = first real token.
+
+    A window of padding only is masked (the 2023 reference left it unmasked, so its rows depended on
+    the padding after them: see the README's compatibility notes)."""
+    factor = config.sparsity_factor
+    window_keys = keys.unflatten(2, (-1, factor))  # (B, H, T / f, f, D)
+    window_mask = mask.view(mask.shape[0], 1, -1, factor)
+    first_query = queries[:, :, :1, None, :]  # (B, H, 1, 1, D)
+    scores = (window_keys * first_query).sum(dim=-1) * scaling  # (B, H, T / f, f)
+    scores = scores.masked_fill(~window_mask, torch.finfo(scores.dtype).min)
+    weights = scores.softmax(dim=-1).unsqueeze(-1)
+
+    def weighted(x):  # (B, H, T, width) -> (B, H, T / f, width)
+        return (weights * x.unflatten(2, (-1, factor))).sum(dim=-2)
+
+    return weighted(keys), [weighted(column) for column in columns], window_mask.any(dim=-1)
+
+
+def lsh_hyperplanes(
+    shape: tuple[int, ...], generator: torch.Generator, dtype: torch.dtype, device: torch.device | str
+) -> torch.Tensor:
+    """Random hyperplanes drawn on the CPU from `generator` (a CPU generator), then moved to `device`:
+    a CUDA generator draws other numbers for the same seed, so every device gets the same buckets."""
+    return torch.randn(shape, generator=generator, dtype=dtype).to(device)
+
+
+def _lsh_round(keys, columns: Columns, weights, buckets: int, generator: torch.Generator):
+    """Hash each chunk's items with random hyperplanes into `buckets` buckets and sum each bucket.
+
+    keys: (B, H, C, items, D); columns: (B, H, C, items, width) each; weights: (B, H, C, items, 1)
+    token counts (0 = padding).
+    """
+    batch, heads, chunks, _, head_dim = keys.shape
+    with torch.no_grad():
+        if buckets > 1:
+            planes = lsh_hyperplanes((1, heads, 1, head_dim, buckets // 2), generator, keys.dtype, keys.device)
+            projections = (F.normalize(keys, dim=-1) * weights.clamp(0, 1)) @ planes
+            bucket = torch.cat([projections, -projections], dim=-1).argmax(dim=-1, keepdim=True)
+        else:
+            bucket = torch.zeros_like(weights, dtype=torch.long)
+
+    def bucket_sums(x):  # (B, H, C, items, width) -> (B, H, C, buckets, width)
+        width = x.shape[-1]
+        return x.new_zeros(batch, heads, chunks, buckets, width).scatter_add(-2, bucket.expand(-1, -1, -1, -1, width), x)
+
+    return bucket_sums(keys), [bucket_sums(column) for column in columns], bucket_sums(weights)
+
+
+def sparse_by_lsh(queries, keys, columns: Columns, mask, config, scaling) -> Compressed:
+    """Average keys that hash together: chunks of min(b, s), pre-rounds into `chunk` buckets, then chunk / f."""
+    chunk = _selection_chunk(config)
+    batch, heads = keys.shape[:2]
+    weights = mask.view(batch, 1, -1, chunk, 1).to(keys.dtype).expand(-1, heads, -1, -1, -1)
+    chunk_keys = keys.unflatten(2, (-1, chunk)) * weights  # (B, H, T / chunk, chunk, D)
+    chunk_columns = [column.unflatten(2, (-1, chunk)) * weights for column in columns]
+    generator = torch.Generator().manual_seed(config.lsh_seed)
+    for _ in range(config.lsh_num_pre_rounds):
+        chunk_keys, chunk_columns, weights = _lsh_round(chunk_keys, chunk_columns, weights, chunk, generator)
+    buckets = chunk // config.sparsity_factor
+    chunk_keys, chunk_columns, weights = _lsh_round(chunk_keys, chunk_columns, weights, buckets, generator)
+    # bucket means; an empty bucket (weight 0) keeps its zero sum instead of 0 / 0
+    counts = weights.clamp(min=1)
+    return (
+        (chunk_keys / counts).flatten(2, 3),
+        [(column / counts).flatten(2, 3) for column in chunk_columns],
+        (weights > 0).view(batch, heads, -1),
+    )
+
+
+def sparse_every_token(queries, keys, columns: Columns, mask, config, scaling) -> Compressed:
+    """sparsity_factor == 1: every token is a sparse token."""
+    return keys, list(columns), mask[:, None, :]
+
+
+SPARSE_COMPRESSORS: dict[str, Callable[..., Compressed]] = {
+    "norm": sparse_by_norm,
+    "pooling": sparse_by_pooling,
+    "stride": sparse_by_stride,
+    "block_stride": sparse_by_block_stride,
+    "bos_pooling": sparse_by_bos_pooling,
+    "lsh": sparse_by_lsh,
+}
+
+
+def sparse_context(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    config: Any,
+    scaling: float,
+    key_rows: torch.Tensor | None = None,
+    with_positions: bool = False,
+    with_token_weights: bool = False,
+) -> SparseContext:
+    """The sparse context of the tokens: queries, keys, values (B, H, T, D), mask (B, T) bool.
+
+    Compressed with the keys: key_rows (B, H, T, R), the key-side position rows, where given; the token
+    positions with `with_positions`; the identity (each sparse key's share of every token's value,
+    `SparseContext.token_weights`) with `with_token_weights`.
+    """
+    compress = sparse_every_token if config.sparsity_factor == 1 else SPARSE_COMPRESSORS[config.sparsity_type]
+    batch, heads, length, _ = keys.shape
+    columns = {"values": values}
+    if with_positions:  # in float32: exact for every position a model reads
+        positions = torch.arange(length, dtype=torch.float32, device=keys.device)
+        columns["positions"] = positions.view(1, 1, length, 1).expand(batch, heads, -1, -1)
+    if key_rows is not None:
+        columns["key_rows"] = key_rows
+    if with_token_weights:
+        columns["token_weights"] = torch.eye(length, dtype=values.dtype, device=keys.device).expand(batch, heads, -1, -1)
+    sparse_keys, compressed, sparse_mask = compress(queries, keys, list(columns.values()), mask, config, scaling)
+    compressed = dict(zip(columns, compressed))
+    positions = compressed.get("positions")
+    return SparseContext(
+        keys=sparse_keys,
+        values=compressed["values"],
+        mask=sparse_mask,
+        positions=None if positions is None else torch.floor(positions.squeeze(-1) + 0.5).long(),
+        key_rows=compressed.get("key_rows"),
+        token_weights=compressed.get("token_weights"),
+    )
