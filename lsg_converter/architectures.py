@@ -123,7 +123,7 @@ class Architecture:
 
     @property
     def position_offset(self) -> int:
-        """`position_offset_of` the bare model of the architecture's default configuration (built on the meta device)."""
+        """`position_offset_of` the bare model of the default configuration (built on the meta device)."""
         with torch.device("meta"):
             model = self.lsg_class(self.base_head)(self.config_class()())
         return self.position_offset_of(model)

@@ -1,4 +1,5 @@
-"""Where a source is: a folder on disk or a Hub id, its configuration, its license; and the one translation of Hub errors.
+"""Where a source is (a folder on disk or a Hub id), its configuration and its license; and the one
+translation of Hub errors.
 
 Every call to the Hub goes through `hub_errors`, which turns what huggingface_hub and its HTTP client
 raise into one-line `HubError`s. A source that exists on disk is never looked up on the Hub.
