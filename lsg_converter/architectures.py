@@ -119,7 +119,7 @@ class Architecture:
         which are kept once: the rows of its first position table beyond `max_length_of` (2 for RoBERTa's
         padding rows and BART's offset, 0 for the others)."""
         first_table = next(iter(self.position_tables_in(model.base_model).values()))
-        return first_table.num_embeddings - max_length_of(model)
+        return first_table.weight.shape[0] - max_length_of(model)
 
     @property
     def position_offset(self) -> int:
