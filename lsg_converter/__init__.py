@@ -7,8 +7,10 @@ Importing the package registers the LSG configs and models with transformers' Au
 saved LSG checkpoints also load without ``trust_remote_code`` while the package is installed.
 """
 
+from ._version import __version__
 from .architectures import ARCHITECTURES, register_auto_classes
-from .converter import LSGConverter, save_converted
+from .card import model_card
+from .converter import LSGConverter
 from .errors import (
     CorruptCheckpointError,
     HubError,
@@ -20,7 +22,8 @@ from .errors import (
     UnsafeCheckpointError,
     UnsupportedModelError,
 )
-from .hub import model_card, push_converted
+from .push import push_converted
+from .saving import save_converted
 from .models.lsg_attention import SPARSITY_TYPES
 from .models.configuration_lsg_bert import LSGBertConfig
 from .models.modeling_lsg_bert import (  # classes created from the config's list of heads
@@ -116,8 +119,6 @@ from .models.modeling_lsg_pegasus import (  # classes created from the config's 
     LSGPegasusForConditionalGeneration,
     LSGPegasusModel,
 )
-
-__version__ = "0.2.0"
 
 register_auto_classes()
 

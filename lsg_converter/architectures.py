@@ -14,36 +14,42 @@ import transformers
 from torch import nn
 
 from .errors import UnsupportedModelError
-from .models.lsg_model import lsg_auto_classes
+from .models.lsg_model import InputLengthCheck, lsg_auto_classes
 
-# Heads that generate left to right: converted with config.is_decoder = True (causal LSG).
-CAUSAL_HEAD_SUFFIXES = ("LMHeadModel", "ForCausalLM")
+# The Auto class of the heads that generate left to right: converted with config.is_decoder = True (causal LSG).
+CAUSAL_AUTO_CLASS = "AutoModelForCausalLM"
+# Head converted when the source names none: the first of these the architecture has (the head that
+# holds the whole pretrained model: BERT's masked LM and next sentence, BART's generator, ...).
+DEFAULT_HEAD_SUFFIXES = ("ForPreTraining", "ForConditionalGeneration", "ForMaskedLM")
+
+
+def max_length_of(model: nn.Module) -> int:
+    """Tokens an LSG model reads: the positions its table holds, computed as the model computes it for
+    its own input check (`lsg_model.InputLengthCheck`: max_position_embeddings, less RoBERTa's padding rows)."""
+    return InputLengthCheck(model.config, model.lsg_positions_after_padding, "input").max_length
 
 
 @dataclass(frozen=True)
 class Architecture:
-    """How one source model type becomes LSG.
+    """How one source model type becomes LSG: what the converter needs beyond what the LSG classes say.
+
+    The heads, their Auto classes, the default head, the token embeddings and the rows in front of
+    the learned positions are read from the classes under `models/` (see the properties below).
 
     Attributes:
         model_type: the source's ``config.model_type`` ("bert"); the converted model's is "lsg-bert",
             its files ``models/configuration_lsg_bert.py`` and ``models/modeling_lsg_bert.py``
             (dashes become underscores: "xlm-roberta" -> ``modeling_lsg_xlm_roberta.py``).
-        default_head: head used when the source config names none.
-        word_embeddings: token embedding module, relative to the base model.
         position_tables: position embedding modules, relative to the base model; the first one gives
             the global tokens their positions. A decoder-only head of an encoder-decoder architecture
             holds only the decoder's (see `position_tables_in`).
-        position_offset: rows in front of the learned positions kept once (2 for RoBERTa and BART).
         sinusoidal_positions: the position tables are fixed sinusoids (Pegasus): the converter
             regenerates them at the new length instead of tiling them.
         token_type_table: token type embedding module added to the global tokens, if any.
     """
 
     model_type: str
-    default_head: str
-    word_embeddings: str = "embeddings.word_embeddings"
     position_tables: tuple[str, ...] = ("embeddings.position_embeddings",)
-    position_offset: int = 0
     sinusoidal_positions: bool = False
     token_type_table: str | None = None
 
@@ -74,9 +80,25 @@ class Architecture:
         return f"{self.config_class().lsg_base_name()}Model"
 
     @property
+    def default_head(self) -> str:
+        """Source name of the head converted when the source names none: the first of
+        `DEFAULT_HEAD_SUFFIXES` the config class lists ("BertForPreTraining", "RobertaForMaskedLM")."""
+        base_name = self.config_class().lsg_base_name()
+        return next(f"{base_name}{suffix}" for suffix in DEFAULT_HEAD_SUFFIXES if f"{base_name}{suffix}" in self.heads)
+
+    @property
     def heads(self) -> dict[str, str]:
         """Source head class name -> LSG head class name ("BertForMaskedLM" -> "LSGBertForMaskedLM")."""
         return {name.removeprefix("LSG"): name for name in lsg_auto_classes(self.config_class()).values()}
+
+    @property
+    def auto_classes(self) -> dict[str, str]:
+        """LSG head class name -> its transformers Auto class ("LSGBertForMaskedLM" -> "AutoModelForMaskedLM")."""
+        return {name: auto_class for auto_class, name in lsg_auto_classes(self.config_class()).items()}
+
+    def is_causal(self, head: str) -> bool:
+        """Whether the head (a source name or an LSG one) generates left to right (LMHeadModel, ForCausalLM)."""
+        return self.auto_classes.get(self.heads.get(head, head)) == CAUSAL_AUTO_CLASS
 
     def lsg_class(self, head: str) -> type:
         """LSG class for a source head name ("BertForMaskedLM") or an LSG one ("LSGBertForMaskedLM")."""
@@ -92,45 +114,44 @@ class Architecture:
         modules = dict(base.named_modules())
         return {name: modules[name] for name in self.position_tables if name in modules}
 
-    def position_rows(self, base: nn.Module) -> torch.Tensor:
-        """The rows of `base`'s first position table after the offset rows, detached: (positions, E).
+    def position_offset_of(self, model: nn.Module) -> int:
+        """Rows in front of the learned positions of an LSG model's tables, which no token reaches and
+        which are kept once: the rows of its first position table beyond `max_length_of` (2 for RoBERTa's
+        padding rows and BART's offset, 0 for the others)."""
+        first_table = next(iter(self.position_tables_in(model.base_model).values()))
+        return first_table.weight.shape[0] - max_length_of(model)
+
+    @property
+    def position_offset(self) -> int:
+        """`position_offset_of` the bare model of the default configuration (built on the meta device)."""
+        with torch.device("meta"):
+            model = self.lsg_class(self.base_head)(self.config_class()())
+        return self.position_offset_of(model)
+
+    def position_rows(self, model: nn.Module) -> torch.Tensor:
+        """The rows of an LSG model's first position table after the offset rows, detached: (positions, E).
 
         Their count is the length the model reads (512 for BERT and RoBERTa)."""
-        table = next(iter(self.position_tables_in(base).values()))
-        return table.weight.detach()[self.position_offset :]
+        table = next(iter(self.position_tables_in(model.base_model).values()))
+        return table.weight.detach()[self.position_offset_of(model) :]
 
+
+ENCODER_DECODER_POSITIONS = ("encoder.embed_positions", "decoder.embed_positions")
+TOKEN_TYPES = "embeddings.token_type_embeddings"
 
 ARCHITECTURES: dict[str, Architecture] = {
     arch.model_type: arch
     for arch in (
-        Architecture("bert", "BertForPreTraining", token_type_table="embeddings.token_type_embeddings"),
-        Architecture("roberta", "RobertaForMaskedLM", position_offset=2),
-        Architecture("distilbert", "DistilBertForMaskedLM"),
-        Architecture("albert", "AlbertForPreTraining", token_type_table="embeddings.token_type_embeddings"),
-        Architecture("electra", "ElectraForPreTraining", token_type_table="embeddings.token_type_embeddings"),
-        Architecture("camembert", "CamembertForMaskedLM", position_offset=2),
-        Architecture("xlm-roberta", "XLMRobertaForMaskedLM", position_offset=2),
-        Architecture(
-            "bart",
-            "BartForConditionalGeneration",
-            word_embeddings="shared",
-            position_tables=("encoder.embed_positions", "decoder.embed_positions"),
-            position_offset=2,
-        ),
-        Architecture(  # BARThez checkpoints are mBART ones: model_type "mbart"
-            "mbart",
-            "MBartForConditionalGeneration",
-            word_embeddings="shared",
-            position_tables=("encoder.embed_positions", "decoder.embed_positions"),
-            position_offset=2,
-        ),
-        Architecture(
-            "pegasus",
-            "PegasusForConditionalGeneration",
-            word_embeddings="shared",
-            position_tables=("encoder.embed_positions", "decoder.embed_positions"),
-            sinusoidal_positions=True,
-        ),
+        Architecture("bert", token_type_table=TOKEN_TYPES),
+        Architecture("roberta"),
+        Architecture("distilbert"),
+        Architecture("albert", token_type_table=TOKEN_TYPES),
+        Architecture("electra", token_type_table=TOKEN_TYPES),
+        Architecture("camembert"),
+        Architecture("xlm-roberta"),
+        Architecture("bart", position_tables=ENCODER_DECODER_POSITIONS),
+        Architecture("mbart", position_tables=ENCODER_DECODER_POSITIONS),  # BARThez checkpoints are mBART ones
+        Architecture("pegasus", position_tables=ENCODER_DECODER_POSITIONS, sinusoidal_positions=True),
     )
 }
 

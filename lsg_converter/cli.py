@@ -65,7 +65,7 @@ def _positive_int(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The `lsg-convert` parser. Each option's dest is the name of the Python parameter it sets
     (--max-len sets max_sequence_length), which `flag_spelling` relies on."""
-    from .converter import POSITION_TILINGS
+    from .positions import POSITION_TILINGS
     from .models.lsg_attention import SPARSITY_TYPES
 
     parser = _Parser(
@@ -153,9 +153,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from . import LSGConverter, LSGError, model_card, push_converted, save_converted
-    from .converter import check_output_folder
-    from .hub import check_can_push, default_folder_name, source_license
+    from .card import default_folder_name
+    from .push import check_can_push
+    from .saving import check_output_folder
     from .sbert import pipeline_of
+    from .sources import source_license
 
     lsg_kwargs = {
         key: value
@@ -259,7 +261,8 @@ def recorded_command(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     """The command the model card records, built from the parsed options, never from the typed text:
     the options given (those that differ from their default) in the parser's order, the source and
     --save-path named by their folder's name, no credential (--token) and no display setting."""
-    from .hub import saved_folder_name, source_name
+    from .card import saved_folder_name
+    from .sources import source_name
 
     words = [parser.prog, source_name(args.source)]
     for action in parser._actions:

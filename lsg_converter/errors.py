@@ -1,12 +1,24 @@
-"""The library's exceptions. Each message says what to do; the CLI prints it on one line.
+"""The library's exceptions and the helpers that write their messages. Each message says what to do;
+the CLI prints it on one line.
 
 `exit_code` is the status `lsg-convert` exits with when the error stops it.
 """
+
+from __future__ import annotations
+
+from typing import Iterable
 
 
 def one_line(error: BaseException | str, limit: int | None = None) -> str:
     """The text of `error` on one line (white space folded), cut to `limit` characters."""
     return " ".join(str(error).split())[:limit]
+
+
+def listed(names: Iterable[str], shown: int = 8) -> str:
+    """'a, b, c' or 'a, b, ... and 5 more'."""
+    names = list(names)
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 class LSGError(Exception):

@@ -25,7 +25,7 @@ from transformers import PreTrainedModel
 from transformers.utils import cached_file, logging
 
 from .errors import CorruptCheckpointError, one_line
-from .hub import hub_errors, local_source
+from .sources import hub_errors, local_source
 
 logger = logging.get_logger(__name__)
 
@@ -146,7 +146,7 @@ def _is_module_entry(module: Any) -> bool:
 
 
 def _resolve(source: str, local_folder: Path | None, name: str, token: str | bool | None) -> Path | None:
-    """`name` in `local_folder` (the source on disk, see `hub.local_source`), else in the Hub repository
+    """`name` in `local_folder` (the source on disk, see `sources.local_source`), else in the Hub repository
     `source` (None when it has none)."""
     if local_folder is not None:
         path = local_folder / name

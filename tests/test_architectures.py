@@ -18,7 +18,7 @@ from helpers import (
     save_tiny_source,
 )
 from lsg_converter import ARCHITECTURES, LSGConverter, save_converted
-from lsg_converter.converter import tiled_position_rows
+from lsg_converter.positions import tiled_position_rows
 
 import transformers
 

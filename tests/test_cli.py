@@ -29,7 +29,7 @@ from helpers import (
 )
 from lsg_converter import ARCHITECTURES, LSGConverter, OutputExistsError, model_card, save_converted
 from lsg_converter.cli import build_parser, flag_spelling, main
-from lsg_converter.converter import check_output_folder
+from lsg_converter.saving import check_output_folder
 
 ERROR_PREFIX = "lsg-convert: error:"
 

@@ -328,7 +328,7 @@ def test_an_abbreviated_flag_is_refused_without_echoing_its_value(tiny_bert_dir,
 
 def test_a_hub_sources_license_comes_from_the_hubs_record_in_one_request(tmp_path):
     script = """
-        from lsg_converter.hub import source_license
+        from lsg_converter.sources import source_license
         print("LICENSE", source_license("someone/model"))
         """
     with RecordingHub({"/api/models/someone/model": {"id": "someone/model", "cardData": {"license": "mit"}}}) as hub:
@@ -392,7 +392,7 @@ def test_the_python_api_never_asks_the_hub_about_a_local_folder(local_layout):
     script = f"""
         import os
         from lsg_converter import LSGConverter, model_card, save_converted
-        from lsg_converter.hub import source_license
+        from lsg_converter.sources import source_license
         for index, (cwd, source) in enumerate({runs!r}):
             os.chdir(cwd)
             model, tokenizer = LSGConverter(max_sequence_length=256).convert_from_pretrained(source)

@@ -1,0 +1,102 @@
+"""The converter's initial global tokens: the source's [CLS] and [MASK] embeddings plus source positions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging
+
+from .architectures import Architecture
+from .models.lsg_model import MAX_GLOBAL_TOKENS
+
+logger = logging.get_logger(__name__)
+
+
+def fill_global_tokens(
+    model: PreTrainedModel,
+    arch: Architecture,
+    tokenizer: PreTrainedTokenizerBase | None,
+    *,
+    keep_first: bool,
+    random_init: bool,
+    positional_stride: int,
+    use_token_ids: bool,
+) -> None:
+    """Fill `model`'s table of global tokens, in place: global 0 = [CLS]/<s> + position 0; global k =
+    [MASK] + a strided source position (+ type 0). See LSGConverter for the settings (`random_init`:
+    its random_global_init, `positional_stride`: its global_positional_stride); `keep_first` leaves
+    global 0 as it is."""
+    words = model.get_input_embeddings().weight.detach()
+    positions = _strided_positions(arch.position_rows(model), positional_stride)
+    first_id, mask_id = _global_token_ids(tokenizer, model.config)
+    if random_init:
+        word_part = torch.distributions.MultivariateNormal(words.mean(0).float(), torch.cov(words.T.float()))
+        word_part = word_part.sample((MAX_GLOBAL_TOKENS,)).to(words.dtype)
+    else:
+        word_part = words[mask_id].expand(MAX_GLOBAL_TOKENS, -1).clone()
+    word_part[0] = words[first_id]
+    global_tokens = word_part + positions
+    if use_token_ids and arch.token_type_table is not None:
+        global_tokens += model.base_model.get_submodule(arch.token_type_table).weight.detach()[0]
+    weight = model.lsg_global_embeddings.weight
+    with torch.no_grad():
+        start = 1 if keep_first else 0
+        weight[start:] = global_tokens[start:].to(weight.dtype)
+
+
+def _global_token_ids(tokenizer: PreTrainedTokenizerBase | None, config: Any) -> tuple[int, int]:
+    """(word of global token 0: bos or cls, word of global tokens k > 0: mask).
+
+    Taken from the tokenizer when its ids belong to the model's vocabulary, else from the config, with
+    a warning that names what is missing (no tokenizer, a tokenizer of another vocabulary, no mask id).
+    """
+    problem = "no tokenizer" if tokenizer is None else _foreign_tokenizer(tokenizer, config)
+    ids = config if problem else tokenizer
+    first_name = next((name for name in ("bos_token_id", "cls_token_id") if getattr(ids, name, None) is not None), None)
+    first_id = 0 if first_name is None else getattr(ids, first_name)
+    mask_id = getattr(ids, "mask_token_id", None)
+    if config.num_global_tokens and (problem or first_name is None or mask_id is None):
+        origin = f"the config's ids ({problem})" if problem else "the tokenizer's ids"
+        first = f"{first_name} {first_id}" if first_name else "token 0 (no bos_token_id or cls_token_id)"
+        others = f"mask_token_id {mask_id}" if mask_id is not None else f"token {first_id} (no mask_token_id)"
+        logger.warning(f"Global tokens use {origin}: {first} for global token 0, {others} for the others.")
+    return first_id, first_id if mask_id is None else mask_id
+
+
+def _foreign_tokenizer(tokenizer: PreTrainedTokenizerBase, config: Any) -> str | None:
+    """Why `tokenizer`'s ids do not belong to the model of `config` (None when they may): a special
+    token id that differs from the config's, or a bos/cls/mask id beyond the embedding table."""
+    name = type(tokenizer).__name__
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        theirs, ours = getattr(tokenizer, key, None), getattr(config, key, None)
+        if theirs is not None and ours is not None and theirs != ours:
+            return f"the source's {name} has {key} {theirs}, the model {ours}"
+    vocab_size = getattr(config, "vocab_size", None) or 0
+    for key in ("bos_token_id", "cls_token_id", "mask_token_id"):
+        theirs = getattr(tokenizer, key, None)
+        if theirs is not None and vocab_size and theirs >= vocab_size:
+            return f"the source's {name} has {key} {theirs}, beyond the model's {vocab_size} embeddings"
+    return None
+
+
+def _strided_positions(table: torch.Tensor, stride: int) -> torch.Tensor:
+    """512 position vectors for the global tokens: global k gets a source position `stride` apart.
+
+    The table is brought to 512 rows (cropped to a multiple of 512 and subsampled, or completed with
+    draws from its per-dimension normal), then read column-major with `stride` rows per column:
+    global 0 -> position 0, global 1 -> position stride, ..., as the 2023 reference does.
+    """
+    rows, width = table.shape
+    if rows % MAX_GLOBAL_TOKENS:
+        if rows > MAX_GLOBAL_TOKENS:
+            table = table[: MAX_GLOBAL_TOKENS * (rows // MAX_GLOBAL_TOKENS)]
+        else:
+            mean, std = table.mean(0, keepdim=True), table.std(0, keepdim=True)
+            fill = torch.normal(mean.expand(MAX_GLOBAL_TOKENS - rows, -1), std.expand(MAX_GLOBAL_TOKENS - rows, -1))
+            table = torch.cat([table, fill.to(table.dtype)])
+    factor = table.shape[0] // MAX_GLOBAL_TOKENS
+    table = table[::factor]  # (512, E)
+    step = max(stride // factor, 1)
+    return table.reshape(-1, step, width).transpose(0, 1).reshape(-1, width)

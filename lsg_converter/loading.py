@@ -1,0 +1,152 @@
+"""Loading from a source: the LSG class with the source's weights, the tokenizer, and one report of
+what the load initialised, kept or dropped (transformers' own load report hidden)."""
+
+from __future__ import annotations
+
+import logging as pylogging
+import pickle
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from safetensors import SafetensorError
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import cached_file, logging
+
+from .checkpoint import read_tensors
+from .errors import CorruptCheckpointError, listed, one_line
+
+logger = logging.get_logger(__name__)
+
+# tokenizer_config.json keys that transformers copies from tokenizer.json's truncation and padding
+TOKENIZER_LENGTH_SETTINGS = ("max_length", "stride", "truncation_strategy", "pad_to_multiple_of")
+
+
+def load_model(
+    lsg_class: type, source: str, config: Any, token: str | bool | None, device_map: str | None = None
+) -> tuple[PreTrainedModel, dict[str, Any]]:
+    """`lsg_class` loaded from `source` with `config`, and transformers' loading info (missing and
+    unexpected keys). The load report is not logged: `report_loading` says what matters."""
+    try:
+        with _load_report_hidden():
+            return lsg_class.from_pretrained(
+                source, config=config, token=token, device_map=device_map, output_loading_info=True
+            )
+    except (SafetensorError, pickle.UnpicklingError, EOFError, RuntimeError, OSError, ValueError) as error:
+        raise CorruptCheckpointError(
+            f"Cannot read the weights of {source!r} ({one_line(error, 200)}): the file is truncated "
+            "or corrupt, or does not match its config.json; download or save the model again."
+        ) from error
+
+
+def load_tokenizer(source: str, token: str | bool | None) -> PreTrainedTokenizerBase | None:
+    """The source's tokenizer; None, with a warning, when it has none or it cannot be read."""
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, token=token)
+    except (OSError, ValueError, TypeError) as error:
+        logger.warning(f"No tokenizer could be loaded from {source} ({one_line(error, 200)}): none is returned.")
+        return None
+    # transformers 5 also builds a tokenizer (of special tokens only) where there are no tokenizer files
+    file_names = {"tokenizer_config.json", "tokenizer.json", *getattr(tokenizer, "vocab_files_names", {}).values()}
+    resolved = (
+        cached_file(
+            source, name, token=token,
+            _raise_exceptions_for_missing_entries=False, _raise_exceptions_for_connection_errors=False,
+        )
+        for name in file_names
+    )
+    if not any(resolved):
+        logger.warning(f"{source} has no tokenizer files ({', '.join(sorted(file_names))}): no tokenizer is returned.")
+        return None
+    return tokenizer
+
+
+def drop_source_lengths(tokenizer: PreTrainedTokenizerBase) -> None:
+    """Forget the truncation and padding the source's tokenizer.json sets (all-MiniLM-L6-v2: 128 tokens),
+    so that the converted tokenizer cuts and pads only when asked, up to model_max_length."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        backend.no_truncation()
+        backend.no_padding()
+    for key in TOKENIZER_LENGTH_SETTINGS:
+        tokenizer.init_kwargs.pop(key, None)
+
+
+def new_weights(loading_info: dict[str, Any]) -> list[str]:
+    """The weights a load initialised afresh, but the global token table (the converter fills it)."""
+    return sorted(key for key in loading_info["missing_keys"] if "global_embeddings." not in key)
+
+
+def kept_weights(files: list[Path], unexpected: set[str], lsg_class: type) -> dict[str, dict[str, Any]]:
+    """{name: {shape, dtype}} of the source tensors `lsg_class` does not hold, to keep under their names.
+
+    Names that transformers renamed on loading (legacy LayerNorm gamma/beta) are not in the files:
+    a warning names them as dropped."""
+    tensors = read_tensors(files, unexpected)
+    dropped = sorted(unexpected - set(tensors))
+    if dropped:
+        logger.warning(
+            f"{lsg_class.__name__} does not use the source tensors {listed(dropped)}, stored under other names: "
+            "they are not kept."
+        )
+    return {
+        name: {"shape": list(tensor.shape), "dtype": str(tensor.dtype).removeprefix("torch.")}
+        for name, tensor in sorted(tensors.items())
+    }
+
+
+def report_loading(model: PreTrainedModel, loading_info: dict[str, Any], kept: dict[str, Any]) -> None:
+    """One line for the newly initialised weights, one for the kept source tensors, one for any dropped."""
+    name = type(model).__name__
+    new = new_weights(loading_info)
+    if new:
+        logger.warning(
+            f"{name} is a new head for this source: {listed(new)} are newly initialised (random); train them before use."
+        )
+    if kept:
+        logger.warning(f"{name} does not use {listed(kept)} of the source: kept in the model under their own names.")
+    unused = sorted(loading_info["unexpected_keys"])
+    if unused:
+        logger.warning(f"{name} drops the source tensors {listed(unused)}.")
+
+
+class _TransformersMessagesFilter(pylogging.Filter):
+    """Drops transformers' load report (the converter reports what it found itself), or every message."""
+
+    def __init__(self, everything: bool) -> None:
+        super().__init__()
+        self.everything = everything
+
+    def filter(self, record: pylogging.LogRecord) -> bool:
+        return not self.everything and "LOAD REPORT" not in record.getMessage()
+
+
+@contextmanager
+def _filtered_loading_messages(everything: bool) -> Iterator[None]:
+    loggers = [logging.get_logger(name) for name in ("transformers.modeling_utils", "transformers.core_model_loading")]
+    messages_filter = _TransformersMessagesFilter(everything)
+    for loading_logger in loggers:
+        loading_logger.addFilter(messages_filter)
+    try:
+        yield
+    finally:
+        for loading_logger in loggers:
+            loading_logger.removeFilter(messages_filter)
+
+
+def _load_report_hidden() -> Any:
+    """Hide transformers' load report: `report_loading` names the new, kept and dropped weights."""
+    return _filtered_loading_messages(everything=False)
+
+
+@contextmanager
+def loading_messages_hidden() -> Iterator[None]:
+    """Hide every loading message and the progress bar: the dry runs that choose the head."""
+    bar_was_enabled = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        with _filtered_loading_messages(everything=True):
+            yield
+    finally:
+        if bar_was_enabled:
+            logging.enable_progress_bar()

@@ -1,0 +1,79 @@
+"""The LSG config of a conversion: the source's keys, the LSG defaults and the settings asked for,
+with every setting name checked (a misspelling is named with the closest valid one)."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import inspect
+from typing import Any, Iterable
+
+import transformers
+from transformers import PretrainedConfig
+
+from .architectures import Architecture
+from .errors import InvalidSettingsError, UnknownSettingError
+from .models.lsg_model import POOLER_KEY, is_reference_config
+
+# LSG settings a conversion uses unless told otherwise; block_size is derived from the source (see
+# `positions.window_block_size`), the other keys keep the config defaults (those of the 2023 reference).
+CONVERSION_DEFAULTS: dict[str, Any] = {"sparsity_type": "none", "num_global_tokens": 1}
+
+
+def pooler_setting(arch: Architecture, names: set[str]) -> dict[str, bool]:
+    """{add_pooling_layer: whether the source's weights hold a pooler}, for architectures whose bare
+    model has an optional pooler (BERT, RoBERTa, ALBERT, ...); {} for the others."""
+    base_class = getattr(transformers, arch.base_head)
+    if POOLER_KEY not in inspect.signature(base_class.__init__).parameters:
+        return {}
+    prefix = f"{base_class.base_model_prefix}."
+    return {POOLER_KEY: any(name.removeprefix(prefix).startswith("pooler.") for name in names)}
+
+
+def check_setting_names(arch: Architecture, source_config: Any, lsg_kwargs: dict[str, Any]) -> None:
+    """UnknownSettingError for a keyword that is neither an LSG setting nor a key of the source's config."""
+    valid = {
+        *source_config.to_dict(),
+        *(field.name for field in dataclasses.fields(source_config)),
+        *(name for name, value in vars(PretrainedConfig).items() if isinstance(value, property) and value.fset),
+        *arch.config_class().lsg_defaults,
+    }
+    valid = {name for name in valid if not name.startswith("_")}
+    for name, value in lsg_kwargs.items():
+        if name not in valid:
+            about = f"no LSG setting or key of the source's {type(source_config).__name__}"
+            raise unknown_setting_error("convert_from_pretrained()", name, value, valid, about)
+
+
+def unknown_setting_error(where: str, name: str, value: Any, valid: Iterable[str], nothing: str) -> UnknownSettingError:
+    """'<where> got an unknown setting name=value: did you mean <closest>=?' (one line); `nothing` says
+    what has no such name when no valid name is close ("no argument of LSGConverter()")."""
+    closest = difflib.get_close_matches(name, sorted(valid), n=1, cutoff=0.5)
+    hint = f"did you mean {closest[0]}=?" if closest else f"{nothing} is called that."
+    return UnknownSettingError(f"{where} got an unknown setting {name}={value!r}: {hint}")
+
+
+def is_lsg_config(config: Any) -> bool:
+    """Ours (model_type lsg-*) or the 2023 reference's (model_type bert + LSG keys)."""
+    return config.model_type.startswith("lsg-") or is_reference_config(config.to_dict())
+
+
+def build_lsg_config(arch: Architecture, source_config: Any, lsg_class: type, settings: dict[str, Any]) -> Any:
+    """The LSG config of `lsg_class`: the source's keys, the LSG defaults (unless the source is LSG
+    already), then `settings`. InvalidSettingsError if they cannot work (see validate_lsg_settings)."""
+    head_name = lsg_class.__name__
+    values = source_config.to_dict()
+    for key in ("transformers_version", "_name_or_path"):  # model_type and auto_map: the LSG config resets them
+        values.pop(key, None)
+    config_class = arch.config_class()
+    if not is_lsg_config(source_config):
+        values.update(config_class.lsg_defaults)
+        values.update(CONVERSION_DEFAULTS)
+    if arch.is_causal(head_name):
+        values["is_decoder"] = True
+    values.update(settings)
+    values["architectures"] = [head_name]
+    try:
+        return config_class(**values)
+    except (ValueError, TypeError) as error:
+        raise InvalidSettingsError(str(error)) from error

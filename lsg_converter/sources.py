@@ -1,0 +1,179 @@
+"""Where a source is (a folder on disk or a Hub id), its configuration and its license; and the one
+translation of Hub errors.
+
+Every call to the Hub goes through `hub_errors`, which turns what huggingface_hub and its HTTP client
+raise into one-line `HubError`s. A source that exists on disk is never looked up on the Hub.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx2 as httpx  # the HTTP client of huggingface_hub 2.x
+from huggingface_hub import HfApi, ModelCard, constants, is_offline_mode, try_to_load_from_cache
+from huggingface_hub.errors import HFValidationError, HfHubHTTPError, OfflineModeIsEnabled, RepositoryNotFoundError
+from huggingface_hub.hf_api import ModelInfo
+from huggingface_hub.utils import validate_repo_id
+from transformers import AutoConfig
+from transformers.utils import logging
+
+from .architectures import find_architecture
+from .errors import CorruptCheckpointError, HubError, SourceNotFoundError, one_line
+
+logger = logging.get_logger(__name__)
+
+# What huggingface_hub raises when the Hub cannot be reached or answers with an error: its own
+# HfHubHTTPError and the errors of its HTTP client (both httpx.HTTPError), OfflineModeIsEnabled (a
+# ConnectionError), and the standard library's connection errors and timeouts.
+HUB_ERRORS = (httpx.HTTPError, ConnectionError, TimeoutError)
+
+
+@contextmanager
+def hub_errors(action: str, advice: str) -> Iterator[None]:
+    """Turn a Hub failure inside the block into a one-line HubError (exit code 7).
+
+    Args:
+        action: what was tried, completing "Cannot ..." (e.g. "push to 'me/model'").
+        advice: what to do, ending the message (e.g. "check the network and token=").
+    """
+    try:
+        yield
+    except HUB_ERRORS as error:
+        response = getattr(error, "response", None)
+        if isinstance(error, OfflineModeIsEnabled):
+            reason = "HF_HUB_OFFLINE=1 is set"
+        elif response is not None:
+            reason = f"the Hub answered HTTP {response.status_code} ({one_line(error, 200)})"
+        else:
+            reason = f"the Hub at {constants.ENDPOINT} is unreachable ({type(error).__name__}: {one_line(error, 200)})"
+        raise HubError(f"Cannot {action}: {reason}; {advice}.") from error
+
+
+def local_source(source: str | os.PathLike) -> Path | None:
+    """The folder or file `source` names on disk, None when nothing is there (then it may be a Hub id)."""
+    path = Path(source).expanduser()
+    return path if path.exists() else None
+
+
+def is_hub_id(source: str) -> bool:
+    """Whether `source` is spelt like a Hub model id ("name" or "owner/name"), not like a path."""
+    if source.startswith((".", "/", "~")) or os.sep in source.replace("/", ""):
+        return False
+    try:
+        validate_repo_id(source)
+    except HFValidationError:
+        return False
+    return True
+
+
+def source_name(source: str) -> str:
+    """How a card or a recorded command names a source: a local folder by its name alone (never its
+    path), a Hub id as it is."""
+    folder = local_source(source)
+    return folder.resolve().name if folder else source
+
+
+def hub_model_info(repo_id: str, token: str | bool | None = None) -> ModelInfo:
+    """The Hub's record of model `repo_id` (a valid Hub id, see `is_hub_id`), in one request: no
+    retries, HF_HUB_ETAG_TIMEOUT seconds at most (10 by default; the Hub's metadata timeout).
+
+    Raises:
+        SourceNotFoundError: the Hub has no model `repo_id` (or a private one the token cannot see).
+        HubError: the Hub is unreachable or refuses the request.
+    """
+    cached = isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    advice = "set HF_HUB_OFFLINE=1 to convert the copy in the Hugging Face cache" if cached else "give a folder that exists"
+    with hub_errors(f"look up {repo_id!r} on the Hub (no folder of that name here)", advice):
+        try:
+            return HfApi(token=token).model_info(repo_id, timeout=constants.HF_HUB_ETAG_TIMEOUT)
+        except HfHubHTTPError as error:
+            if isinstance(error, RepositoryNotFoundError) or error.response.status_code == 404:
+                raise SourceNotFoundError(
+                    f"No folder {repo_id!r} here, and no model {repo_id!r} on the Hub: check the name, "
+                    "or pass token= for a private model."
+                ) from error
+            raise
+
+
+def source_license(source: str, token: str | bool | None = None) -> str | None:
+    """The license the source's model card declares, None when unknown.
+
+    A local source: its README.md, read from disk. A Hub id: the Hub's record of it (one request), or
+    its README.md in the Hugging Face cache when HF_HUB_OFFLINE=1 is set.
+    """
+    folder = local_source(source)
+    if folder is not None:
+        readme = folder / "README.md"
+    elif not is_hub_id(source):
+        return None
+    elif is_offline_mode():
+        cached = try_to_load_from_cache(source, "README.md")
+        readme = Path(cached) if isinstance(cached, str) else None
+    else:
+        try:
+            card_data = hub_model_info(source, token).card_data
+        except (HubError, SourceNotFoundError) as error:
+            logger.warning(f"No license is recorded in the model card: {one_line(error)}")
+            return None
+        return card_data.license if card_data else None
+    if readme is None or not readme.is_file():
+        return None
+    try:
+        return ModelCard.load(readme, ignore_metadata_errors=True).data.license
+    except (OSError, ValueError):
+        return None
+
+
+def load_source_config(source: str, token: str | bool | None) -> Any:
+    """The source's config. A source that exists on disk is read from disk and nothing else; any other
+    is a Hub id, looked up on the Hub first (one quick request) unless HF_HUB_OFFLINE=1 is set, then
+    read through the Hugging Face cache."""
+    folder = local_source(source)
+    if folder is not None:
+        return _load_local_config(source, folder)
+    if not is_hub_id(source):
+        raise SourceNotFoundError(f"No folder at {source!r}: give an existing model folder or a Hub model id.")
+    offline = is_offline_mode()
+    if not offline:
+        hub_model_info(source, token)  # not on the Hub: SourceNotFoundError; Hub unreachable: HubError
+    try:
+        with hub_errors(f"download the configuration of {source!r}", "check the network and try again"):
+            return AutoConfig.from_pretrained(source, token=token)
+    except (OSError, ValueError) as error:
+        if offline:
+            raise SourceNotFoundError(
+                f"No folder {source!r} here, and no copy of it in the Hugging Face cache (HF_HUB_OFFLINE=1 is "
+                "set, so the Hub is not asked): give an existing model folder, or unset HF_HUB_OFFLINE to download it."
+            ) from error
+        raise SourceNotFoundError(
+            f"The Hub's {source!r} holds no model configuration ({one_line(error, 200)}): give a model's Hub id or folder."
+        ) from error
+
+
+def _load_local_config(source: str, folder: Path) -> Any:
+    """The config of the model saved in `folder`; SourceNotFoundError when the folder holds no model."""
+    config_file = folder / "config.json"
+    if not folder.is_dir():
+        raise SourceNotFoundError(f"{source} is a file: give the folder the model was saved to.")
+    if not config_file.is_file():
+        raise SourceNotFoundError(
+            f"{source} holds no model (no config.json): give the folder a model was saved to, or a Hub model id."
+        )
+    try:
+        values = json.loads(config_file.read_text(encoding="utf-8"))
+        model_type = values.get("model_type") if isinstance(values, dict) else None
+        if not model_type or not isinstance(model_type, str):
+            raise SourceNotFoundError(
+                f"{source} holds no model: its config.json describes none (it was not written by "
+                "save_pretrained); give the folder a model was saved to."
+            )
+        find_architecture(model_type)  # an unsupported model is refused as such, not as unreadable
+        return AutoConfig.from_pretrained(source)
+    except (OSError, ValueError) as error:
+        raise CorruptCheckpointError(
+            f"Cannot read {source}/config.json ({one_line(error, 200)}): fix or restore the file."
+        ) from error
