@@ -43,7 +43,8 @@ from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import logging
 
-from . import lsg_eager, lsg_flex, lsg_sdpa
+from .lsg_eager import EagerBackend
+from .lsg_flex import FLEX_ATTENTION_AVAILABLE, FlexBackend
 from .lsg_pattern import (
     Backend,
     KeyPattern,
@@ -61,6 +62,7 @@ from .lsg_pattern import (
     uses_sparse_keys,  # noqa: F401  (part of this module's API)
     weighted_values,
 )
+from .lsg_sdpa import SdpaBackend
 from .lsg_sparse import SPARSITY_TYPES, sparse_context  # noqa: F401  (SPARSITY_TYPES: part of this module's API)
 
 logger = logging.get_logger(__name__)
@@ -68,14 +70,15 @@ logger = logging.get_logger(__name__)
 LSG_ATTENTION = "lsg"  # prefix of the attentions registered with transformers, one per backend
 # attn_implementation value -> the backend of its token queries. Each is registered with transformers
 # as f"{LSG_ATTENTION}_{name}".
-BACKENDS: dict[str, Backend] = {"eager": lsg_eager.BACKEND, "sdpa": lsg_sdpa.BACKEND, "flex_attention": lsg_flex.BACKEND}
+# (Imported by name: transformers copies a model's remote code by following `from .module import` lines.)
+BACKENDS: dict[str, Backend] = {"eager": EagerBackend(), "sdpa": SdpaBackend(), "flex_attention": FlexBackend()}
 LSG_BACKENDS = tuple(BACKENDS)
 
 
 def default_backend() -> str:
     """The backend of a model whose attn_implementation is left unset: flex_attention where CUDA is
     available and torch has it, sdpa elsewhere."""
-    return "flex_attention" if lsg_flex.FLEX_ATTENTION_AVAILABLE and torch.cuda.is_available() else "sdpa"
+    return "flex_attention" if FLEX_ATTENTION_AVAILABLE and torch.cuda.is_available() else "sdpa"
 
 
 def lsg_backend(attn_implementation: str | None) -> str:
@@ -89,7 +92,7 @@ def lsg_backend(attn_implementation: str | None) -> str:
             f'Specified `attn_implementation="{attn_implementation}"` is not supported by LSG models: use one of '
             f"{choices}, or leave it unset (flex_attention where CUDA is available, sdpa elsewhere)."
         )
-    if attn_implementation == "flex_attention" and not lsg_flex.FLEX_ATTENTION_AVAILABLE:
+    if attn_implementation == "flex_attention" and not FLEX_ATTENTION_AVAILABLE:
         raise ValueError(
             f"attn_implementation='flex_attention' needs torch >= 2.5.1 (installed: {torch.__version__}): "
             "upgrade torch or use attn_implementation='sdpa'."

@@ -78,6 +78,3 @@ class EagerBackend:
         logits = (query @ key.transpose(-1, -2)) * scaling + additive_mask(allowed, query.dtype, scores)
         weights = explicit_softmax(logits, query.dtype)
         return weights @ value, weights
-
-
-BACKEND = EagerBackend()

@@ -293,6 +293,3 @@ class FlexBackend:
         index = torch.cat([torch.where(global_rows < pattern.num_global, global_rows, -1), token_rows])
         context = KeySequence(key_sequence[:, :, :seen_rows], value_sequence[:, :, :seen_rows], index)
         return TokenOutput(output.transpose(1, 2), None, context)
-
-
-BACKEND = FlexBackend()

@@ -40,6 +40,3 @@ class SdpaBackend:
         return TokenOutput(output, None, None)
 
     dense_attention = staticmethod(sdpa_dense_attention)
-
-
-BACKEND = SdpaBackend()
