@@ -23,7 +23,7 @@ from .errors import (
 from .hub import model_card, push_converted
 from .models.lsg_attention import SPARSITY_TYPES
 from .models.configuration_lsg_bert import LSGBertConfig
-from .models.modeling_lsg_bert import (  # classes created from the config's list of heads
+from .models.modeling_lsg_bert import (  # one class per head the config lists
     LSGBertForMaskedLM,
     LSGBertForMultipleChoice,
     LSGBertForNextSentencePrediction,
@@ -35,7 +35,7 @@ from .models.modeling_lsg_bert import (  # classes created from the config's lis
     LSGBertModel,
 )
 from .models.configuration_lsg_roberta import LSGRobertaConfig
-from .models.modeling_lsg_roberta import (  # classes created from the config's list of heads
+from .models.modeling_lsg_roberta import (  # one class per head the config lists
     LSGRobertaForCausalLM,
     LSGRobertaForMaskedLM,
     LSGRobertaForMultipleChoice,
@@ -45,7 +45,7 @@ from .models.modeling_lsg_roberta import (  # classes created from the config's 
     LSGRobertaModel,
 )
 from .models.configuration_lsg_distilbert import LSGDistilBertConfig
-from .models.modeling_lsg_distilbert import (  # classes created from the config's list of heads
+from .models.modeling_lsg_distilbert import (  # one class per head the config lists
     LSGDistilBertForMaskedLM,
     LSGDistilBertForMultipleChoice,
     LSGDistilBertForQuestionAnswering,
@@ -54,7 +54,7 @@ from .models.modeling_lsg_distilbert import (  # classes created from the config
     LSGDistilBertModel,
 )
 from .models.configuration_lsg_albert import LSGAlbertConfig
-from .models.modeling_lsg_albert import (  # classes created from the config's list of heads
+from .models.modeling_lsg_albert import (  # one class per head the config lists
     LSGAlbertForMaskedLM,
     LSGAlbertForMultipleChoice,
     LSGAlbertForPreTraining,
@@ -64,7 +64,7 @@ from .models.modeling_lsg_albert import (  # classes created from the config's l
     LSGAlbertModel,
 )
 from .models.configuration_lsg_electra import LSGElectraConfig
-from .models.modeling_lsg_electra import (  # classes created from the config's list of heads
+from .models.modeling_lsg_electra import (  # one class per head the config lists
     LSGElectraForCausalLM,
     LSGElectraForMaskedLM,
     LSGElectraForMultipleChoice,
@@ -75,7 +75,7 @@ from .models.modeling_lsg_electra import (  # classes created from the config's 
     LSGElectraModel,
 )
 from .models.configuration_lsg_camembert import LSGCamembertConfig
-from .models.modeling_lsg_camembert import (  # classes created from the config's list of heads
+from .models.modeling_lsg_camembert import (  # one class per head the config lists
     LSGCamembertForCausalLM,
     LSGCamembertForMaskedLM,
     LSGCamembertForMultipleChoice,
@@ -85,7 +85,7 @@ from .models.modeling_lsg_camembert import (  # classes created from the config'
     LSGCamembertModel,
 )
 from .models.configuration_lsg_xlm_roberta import LSGXLMRobertaConfig
-from .models.modeling_lsg_xlm_roberta import (  # classes created from the config's list of heads
+from .models.modeling_lsg_xlm_roberta import (  # one class per head the config lists
     LSGXLMRobertaForCausalLM,
     LSGXLMRobertaForMaskedLM,
     LSGXLMRobertaForMultipleChoice,
@@ -95,7 +95,7 @@ from .models.modeling_lsg_xlm_roberta import (  # classes created from the confi
     LSGXLMRobertaModel,
 )
 from .models.configuration_lsg_bart import LSGBartConfig
-from .models.modeling_lsg_bart import (  # classes created from the config's list of heads
+from .models.modeling_lsg_bart import (  # one class per head the config lists
     LSGBartForCausalLM,
     LSGBartForConditionalGeneration,
     LSGBartForQuestionAnswering,
@@ -103,7 +103,7 @@ from .models.modeling_lsg_bart import (  # classes created from the config's lis
     LSGBartModel,
 )
 from .models.configuration_lsg_mbart import LSGMBartConfig
-from .models.modeling_lsg_mbart import (  # classes created from the config's list of heads
+from .models.modeling_lsg_mbart import (  # one class per head the config lists
     LSGMBartForCausalLM,
     LSGMBartForConditionalGeneration,
     LSGMBartForQuestionAnswering,
@@ -111,7 +111,7 @@ from .models.modeling_lsg_mbart import (  # classes created from the config's li
     LSGMBartModel,
 )
 from .models.configuration_lsg_pegasus import LSGPegasusConfig
-from .models.modeling_lsg_pegasus import (  # classes created from the config's list of heads
+from .models.modeling_lsg_pegasus import (  # one class per head the config lists
     LSGPegasusForCausalLM,
     LSGPegasusForConditionalGeneration,
     LSGPegasusModel,
