@@ -393,13 +393,23 @@ class LSGModelMixin:
             decoder.register_forward_pre_hook(check, with_kwargs=True)
         if self.config.lsg_dense_decoder:
             return
-        embeddings = base.get_submodule(self.lsg_embeddings)
-        global_tokens = GlobalTokens(embeddings.global_embeddings, self.config)
         encoder = base.get_submodule(self.lsg_encoder)
         recorder = encoder if isinstance(encoder, PreTrainedModel) else base
-        self.lsg_attention.apply(recorder, self.config)
+        self.lsg_attention.apply(recorder, self.config)  # before from_pretrained loads the weights
+        global_tokens = self._hook_global_tokens(base, encoder, recorder)
         if getattr(self.config, "pass_global_tokens_to_decoder", False) and decoder is not None:
             self._pass_global_tokens(decoder, global_tokens)
+        steps = RecorderSteps(recorder, global_tokens, is_encoder=encoder is recorder)
+        if recorder is self:
+            self.lsg_forward_steps = steps
+        else:
+            steps.hook_into(recorder)
+
+    def _hook_global_tokens(self, base: nn.Module, encoder: nn.Module, recorder: nn.Module) -> GlobalTokens:
+        """Hook the global tokens in (see `GlobalTokens`): decided and length-checked at the embeddings,
+        prepended before `lsg_prepend_before`, split from the recorded layers' states, dropped by the encoder."""
+        embeddings = base.get_submodule(self.lsg_embeddings)
+        global_tokens = GlobalTokens(embeddings.global_embeddings, self.config)
         embeddings.register_forward_pre_hook(global_tokens.before_embeddings, with_kwargs=True)
         check = InputLengthCheck(self.config, self.lsg_positions_after_padding, "input")
         embeddings.register_forward_pre_hook(check, with_kwargs=True)
@@ -409,11 +419,7 @@ class LSGModelMixin:
             layer.register_forward_hook(global_tokens.layer_output)
         if encoder is not recorder:
             encoder.register_forward_hook(global_tokens.drop)
-        steps = RecorderSteps(recorder, global_tokens, is_encoder=encoder is recorder)
-        if recorder is self:
-            self.lsg_forward_steps = steps
-        else:
-            steps.hook_into(recorder)
+        return global_tokens
 
     def _pass_global_tokens(self, decoder: nn.Module, global_tokens: GlobalTokens) -> None:
         """Let the decoder's cross-attention see the encoder's global states (``pass_global_tokens_to_decoder``):
