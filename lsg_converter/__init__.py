@@ -24,9 +24,9 @@ from .errors import (
 )
 from .push import push_converted
 from .saving import save_converted
-from .models.lsg_attention import SPARSITY_TYPES
+from .models.lsg_sparse import SPARSITY_TYPES
 from .models.configuration_lsg_bert import LSGBertConfig
-from .models.modeling_lsg_bert import (  # classes created from the config's list of heads
+from .models.modeling_lsg_bert import (  # one class per head the config lists
     LSGBertForMaskedLM,
     LSGBertForMultipleChoice,
     LSGBertForNextSentencePrediction,
@@ -38,7 +38,7 @@ from .models.modeling_lsg_bert import (  # classes created from the config's lis
     LSGBertModel,
 )
 from .models.configuration_lsg_roberta import LSGRobertaConfig
-from .models.modeling_lsg_roberta import (  # classes created from the config's list of heads
+from .models.modeling_lsg_roberta import (  # one class per head the config lists
     LSGRobertaForCausalLM,
     LSGRobertaForMaskedLM,
     LSGRobertaForMultipleChoice,
@@ -48,7 +48,7 @@ from .models.modeling_lsg_roberta import (  # classes created from the config's 
     LSGRobertaModel,
 )
 from .models.configuration_lsg_distilbert import LSGDistilBertConfig
-from .models.modeling_lsg_distilbert import (  # classes created from the config's list of heads
+from .models.modeling_lsg_distilbert import (  # one class per head the config lists
     LSGDistilBertForMaskedLM,
     LSGDistilBertForMultipleChoice,
     LSGDistilBertForQuestionAnswering,
@@ -57,7 +57,7 @@ from .models.modeling_lsg_distilbert import (  # classes created from the config
     LSGDistilBertModel,
 )
 from .models.configuration_lsg_albert import LSGAlbertConfig
-from .models.modeling_lsg_albert import (  # classes created from the config's list of heads
+from .models.modeling_lsg_albert import (  # one class per head the config lists
     LSGAlbertForMaskedLM,
     LSGAlbertForMultipleChoice,
     LSGAlbertForPreTraining,
@@ -67,7 +67,7 @@ from .models.modeling_lsg_albert import (  # classes created from the config's l
     LSGAlbertModel,
 )
 from .models.configuration_lsg_electra import LSGElectraConfig
-from .models.modeling_lsg_electra import (  # classes created from the config's list of heads
+from .models.modeling_lsg_electra import (  # one class per head the config lists
     LSGElectraForCausalLM,
     LSGElectraForMaskedLM,
     LSGElectraForMultipleChoice,
@@ -78,7 +78,7 @@ from .models.modeling_lsg_electra import (  # classes created from the config's 
     LSGElectraModel,
 )
 from .models.configuration_lsg_camembert import LSGCamembertConfig
-from .models.modeling_lsg_camembert import (  # classes created from the config's list of heads
+from .models.modeling_lsg_camembert import (  # one class per head the config lists
     LSGCamembertForCausalLM,
     LSGCamembertForMaskedLM,
     LSGCamembertForMultipleChoice,
@@ -88,7 +88,7 @@ from .models.modeling_lsg_camembert import (  # classes created from the config'
     LSGCamembertModel,
 )
 from .models.configuration_lsg_xlm_roberta import LSGXLMRobertaConfig
-from .models.modeling_lsg_xlm_roberta import (  # classes created from the config's list of heads
+from .models.modeling_lsg_xlm_roberta import (  # one class per head the config lists
     LSGXLMRobertaForCausalLM,
     LSGXLMRobertaForMaskedLM,
     LSGXLMRobertaForMultipleChoice,
@@ -98,7 +98,7 @@ from .models.modeling_lsg_xlm_roberta import (  # classes created from the confi
     LSGXLMRobertaModel,
 )
 from .models.configuration_lsg_bart import LSGBartConfig
-from .models.modeling_lsg_bart import (  # classes created from the config's list of heads
+from .models.modeling_lsg_bart import (  # one class per head the config lists
     LSGBartForCausalLM,
     LSGBartForConditionalGeneration,
     LSGBartForQuestionAnswering,
@@ -106,7 +106,7 @@ from .models.modeling_lsg_bart import (  # classes created from the config's lis
     LSGBartModel,
 )
 from .models.configuration_lsg_mbart import LSGMBartConfig
-from .models.modeling_lsg_mbart import (  # classes created from the config's list of heads
+from .models.modeling_lsg_mbart import (  # one class per head the config lists
     LSGMBartForCausalLM,
     LSGMBartForConditionalGeneration,
     LSGMBartForQuestionAnswering,
@@ -114,7 +114,7 @@ from .models.modeling_lsg_mbart import (  # classes created from the config's li
     LSGMBartModel,
 )
 from .models.configuration_lsg_pegasus import LSGPegasusConfig
-from .models.modeling_lsg_pegasus import (  # classes created from the config's list of heads
+from .models.modeling_lsg_pegasus import (  # one class per head the config lists
     LSGPegasusForCausalLM,
     LSGPegasusForConditionalGeneration,
     LSGPegasusModel,

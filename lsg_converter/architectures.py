@@ -14,7 +14,7 @@ import transformers
 from torch import nn
 
 from .errors import UnsupportedModelError
-from .models.lsg_model import InputLengthCheck, lsg_auto_classes
+from .models.lsg_model import lsg_auto_classes, max_input_length
 
 # The Auto class of the heads that generate left to right: converted with config.is_decoder = True (causal LSG).
 CAUSAL_AUTO_CLASS = "AutoModelForCausalLM"
@@ -24,9 +24,8 @@ DEFAULT_HEAD_SUFFIXES = ("ForPreTraining", "ForConditionalGeneration", "ForMaske
 
 
 def max_length_of(model: nn.Module) -> int:
-    """Tokens an LSG model reads: the positions its table holds, computed as the model computes it for
-    its own input check (`lsg_model.InputLengthCheck`: max_position_embeddings, less RoBERTa's padding rows)."""
-    return InputLengthCheck(model.config, model.lsg_positions_after_padding, "input").max_length
+    """Tokens an LSG model reads, as the model computes it for its own input check (`lsg_model.max_input_length`)."""
+    return max_input_length(model.config, model.lsg_positions_after_padding)
 
 
 @dataclass(frozen=True)

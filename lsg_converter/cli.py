@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The `lsg-convert` parser. Each option's dest is the name of the Python parameter it sets
     (--max-len sets max_sequence_length), which `flag_spelling` relies on."""
     from .positions import POSITION_TILINGS
-    from .models.lsg_attention import SPARSITY_TYPES
+    from .models.lsg_sparse import SPARSITY_TYPES
 
     parser = _Parser(
         prog="lsg-convert",

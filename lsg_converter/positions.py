@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from .architectures import Architecture
-from .models.lsg_attention import uses_sparse_keys
+from .models.lsg_pattern import uses_sparse_keys
 
 # How the learned positions reach the new length (see LSGConverter).
 POSITION_TILINGS = ("body", "table")

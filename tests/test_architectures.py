@@ -1,5 +1,7 @@
 """Every architecture of the table end to end: heads equal their source, reference checkpoints, remote code."""
 
+import ast
+import inspect
 import json
 
 import pytest
@@ -18,6 +20,7 @@ from helpers import (
     save_tiny_source,
 )
 from lsg_converter import ARCHITECTURES, LSGConverter, save_converted
+from lsg_converter.models.lsg_model import lsg_auto_classes
 from lsg_converter.positions import tiled_position_rows
 
 import transformers
@@ -146,6 +149,22 @@ def test_saved_folder_loads_as_remote_code_without_lsg_converter(arch, tmp_path)
     )
     assert result.returncode == 0, result.stderr
     assert float(result.stdout.split("MAX_DIFF")[1]) <= 1e-5
+    assert {path.name for path in folder.glob("*.py")} == set(model.config.remote_code_files())
+
+
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+def test_each_head_the_config_lists_is_a_class_statement_of_the_architecture_file_and_none_else(arch):
+    """grep and editors find ``class LSGBertForMaskedLM(LSGBertMixin, BertForMaskedLM)``; each is saved as remote code."""
+    module = ARCHITECTURES[arch].modeling_module()
+    config_class = ARCHITECTURES[arch].config_class()
+    mixin = f"LSG{config_class.lsg_base_name()}Mixin"
+    statements = [node for node in ast.parse(inspect.getsource(module)).body if isinstance(node, ast.ClassDef)]
+    heads = {node.name: [base.id for base in node.bases] for node in statements if node.name != mixin}
+    auto_classes = lsg_auto_classes(config_class)
+
+    assert sorted(heads) == sorted(auto_classes.values())
+    assert all(bases == [mixin, name.removeprefix("LSG")] for name, bases in heads.items())
+    assert {getattr(module, name)._auto_class: name for name in heads} == auto_classes
 
 
 @pytest.mark.parametrize("arch", list(ARCHITECTURES))

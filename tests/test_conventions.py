@@ -403,3 +403,86 @@ def test_the_model_exports_with_torch_export_and_gives_its_outputs(arch):
         exported = main_output(arch, program.module()(**inputs))
 
     torch.testing.assert_close(exported, expected, atol=1e-5, rtol=1e-5)
+
+
+# The models whose recorder is the model itself (LSGBertModel: steps in its forward), a module inside it
+# (the bert of LSGBertForMaskedLM: steps as its hooks) and an encoder holding its own embeddings (BART's).
+RECORDERS = [("bert", "Model"), ("bert", "ForMaskedLM"), ("bart", "Model")]
+
+
+def first_layer(model):
+    """The first layer the recorder records as a hidden state."""
+    return next(module for name, module in model.named_modules() if name.endswith(("encoder.layer.0", "encoder.layers.0")))
+
+
+def main_rows(output):
+    """What a model returns first (last_hidden_state or logits) and its hidden states."""
+    hidden_states = output.encoder_hidden_states if "encoder_hidden_states" in output else output.hidden_states
+    return output[0], hidden_states
+
+
+@pytest.mark.parametrize("arch, head", RECORDERS)
+def test_a_forward_pass_that_raised_leaves_the_next_one_as_a_fresh_model_runs_it(arch, head):
+    model = tiny_lsg(arch, head)
+    with torch.no_grad():
+        expected = main_rows(model(**batch(arch), output_hidden_states=True))
+
+    def fail(module, args, output):
+        raise RuntimeError("failed inside the forward pass")
+
+    handle = first_layer(model).register_forward_hook(fail)
+    with pytest.raises(RuntimeError, match="failed inside"), torch.no_grad():
+        model(**batch(arch), output_hidden_states=True, return_dict=False)
+    handle.remove()
+    with torch.no_grad():
+        output = main_rows(model(**batch(arch), output_hidden_states=True))
+
+    torch.testing.assert_close(output, expected, atol=0, rtol=0)
+
+
+def test_a_forward_pass_that_raised_leaves_no_call_open():
+    model = tiny_lsg("bert")
+    long_input = torch.ones(1, model.config.max_position_embeddings + 1, dtype=torch.long)
+
+    with pytest.raises(ValueError, match="more than"), torch.no_grad():
+        model(input_ids=long_input, output_hidden_states=True)
+
+    assert model.lsg_forward_steps.global_tokens.calls == []
+
+
+def test_an_input_refused_by_the_encoder_leaves_the_next_forward_pass_as_it_was():
+    """BART's encoder holds its embeddings: the length check refuses the input in the encoder's own pre-hooks."""
+    model = tiny_lsg("bart")
+    with torch.no_grad():
+        expected = main_rows(model(**batch("bart"), output_hidden_states=True))
+    long_input = torch.ones(1, model.config.max_position_embeddings + 1, dtype=torch.long)
+
+    with pytest.raises(ValueError, match="more than"), torch.no_grad():
+        model(input_ids=long_input, decoder_input_ids=long_input[:, :3], output_hidden_states=True)
+    with torch.no_grad():
+        output = main_rows(model(**batch("bart"), output_hidden_states=True))
+
+    torch.testing.assert_close(output, expected, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("arch, head", RECORDERS)
+def test_a_forward_pass_run_from_inside_another_leaves_the_outer_one_its_own_state(arch, head):
+    """A hook that runs the model on other inputs, without hidden states, in the middle of a pass that returns them."""
+    model = tiny_lsg(arch, head)
+    with torch.no_grad():
+        expected = main_rows(model(**batch(arch), output_hidden_states=True))
+    other = {name: tensor[:1, :11] for name, tensor in batch(arch).items()}
+    nested = []
+
+    def run_nested(module, args, output):
+        if not nested:  # the nested pass runs this hook too
+            nested.append("running")
+            nested[0] = model(**other, return_dict=False)
+
+    handle = first_layer(model).register_forward_hook(run_nested)
+    with torch.no_grad():
+        output = main_rows(model(**batch(arch), output_hidden_states=True))
+    handle.remove()
+
+    torch.testing.assert_close(output, expected, atol=0, rtol=0)
+    assert isinstance(nested[0], tuple) and nested[0][0].shape[:2] == (1, 5 if arch == "bart" else 11)

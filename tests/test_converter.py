@@ -730,26 +730,13 @@ def test_save_converted_writes_lsg_model_type_and_auto_map(saved_folder):
 
 def test_save_converted_writes_remote_code_weights_and_tokenizer(saved_folder):
     names = {p.name for p in saved_folder.iterdir()}
-    expected = {
-        "config.json",
-        "modeling_lsg_bert.py",
-        "configuration_lsg_bert.py",
-        "lsg_attention.py",
-        "lsg_eager.py",
-        "lsg_flex.py",
-        "lsg_model.py",
-        "model.safetensors",
-        "tokenizer_config.json",
-    }
+    expected = {"config.json", *LSGBertConfig.remote_code_files(), "model.safetensors", "tokenizer_config.json"}
     assert expected <= names
     assert {"tokenizer.json", "vocab.txt"} & names, "no tokenizer vocabulary saved"
 
 
 def test_saved_remote_code_imports_nothing_from_lsg_converter(saved_folder):
-    remote_code = (
-        "modeling_lsg_bert.py", "configuration_lsg_bert.py", "lsg_attention.py", "lsg_eager.py", "lsg_flex.py", "lsg_model.py",
-    )
-    for name in remote_code:
+    for name in LSGBertConfig.remote_code_files():
         assert "lsg_converter" not in (saved_folder / name).read_text().replace('"lsg_converter', ""), name
 
 

@@ -31,15 +31,13 @@ from helpers import (
     run_without_lsg_converter,
     timed_cli_command,
 )
-from lsg_converter import LSGConverter, model_card, push_converted
+from lsg_converter import LSGBertConfig, LSGConverter, model_card, push_converted
 from lsg_converter.cli import main
 
 REPO_ID = "me/tiny-bert-lsg-512"
 TOKEN = "hf_" + "tEsT" * 8 + "xy"  # spelt like a real token: hf_ and 34 letters
 OFFLINE_SECONDS = 15  # the longest an offline or refused Hub may keep a command waiting
-REMOTE_CODE = {
-    "configuration_lsg_bert.py", "modeling_lsg_bert.py", "lsg_model.py", "lsg_attention.py", "lsg_eager.py", "lsg_flex.py",
-}
+REMOTE_CODE = set(LSGBertConfig.remote_code_files())
 
 
 class FakeHub:

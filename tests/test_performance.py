@@ -10,7 +10,8 @@ import torch
 import helpers
 from helpers import OpRecorder, padding_mask
 from lsg_converter import LSGBertConfig, LSGBertForMaskedLM
-from lsg_converter.models.lsg_attention import SPARSITY_TYPES, lsg_self_attention
+from lsg_converter.models.lsg_attention import lsg_self_attention
+from lsg_converter.models.lsg_sparse import SPARSITY_TYPES
 
 HEADS, HEAD_DIM, BLOCK, SPARSE, GLOBALS = 4, 8, 16, 16, 2
 FUSED_FORWARD = "_scaled_dot_product_flash_attention_for_cpu"

@@ -59,11 +59,10 @@ from .lsg_pattern import (
     pad_rows,
     relative_scores,
     sdpa_dense_attention,
-    uses_sparse_keys,  # noqa: F401  (part of this module's API)
     weighted_values,
 )
 from .lsg_sdpa import SdpaBackend
-from .lsg_sparse import SPARSITY_TYPES, sparse_context  # noqa: F401  (SPARSITY_TYPES: part of this module's API)
+from .lsg_sparse import sparse_context
 
 logger = logging.get_logger(__name__)
 
@@ -403,7 +402,7 @@ def _padding_mask(attention_mask: torch.Tensor | None, num_keys: int, config: An
     """The mask a model hands its LSG layers -> (B, g + t) bool, True for the keys that may be attended.
 
     It arrives as the user's (B, t) mask, 2D or as the (B, 1, 1, t) view the model passes through
-    transformers' mask creation (see lsg_model.padding_mask_view); the model prepended g global tokens
+    transformers' mask creation (see lsg_recorder.padding_mask_view); the model prepended g global tokens
     after it was made. A cached decoding step's mask already counts the global tokens (t = g + past + q).
     """
     if attention_mask is None:

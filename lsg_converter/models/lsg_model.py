@@ -3,11 +3,11 @@
 * `LSGConfigMixin` adds the LSG keys to a configuration class and fills its ``auto_map``.
 * `LSGModelMixin` adds the global-token table to a model and hooks it in: the global tokens are
   prepended before the embedding normalisation (or, without one, the first encoder layer) and
-  dropped again at the encoder output; the hidden states returned leave them out too (`GlobalTokens`).
-  Its self-attention layers read the model's config through `AttentionLayerConfig`, which sends them
-  to the LSG attention of the chosen backend, and get an O(n) padding mask (`padding_mask_view`).
-* `define_lsg_heads` creates an architecture's head classes (``LSGBertForMaskedLM`` = the mixin +
-  ``BertForMaskedLM``) from the list of heads in its config class.
+  dropped again at the encoder output; the hidden states returned leave them out too
+  (lsg_global_tokens). Its self-attention layers reach the LSG attention of the chosen backend as its
+  ``lsg_attention`` says (lsg_attention_layers) and get an O(n) padding mask (lsg_recorder).
+* Each architecture file states its heads as classes (``class LSGBertForMaskedLM(LSGBertMixin,
+  BertForMaskedLM)``), one per head its config lists; the mixin registers them for remote-code saving.
 
 An architecture file only names its modules; the attention itself lives in `lsg_attention`.
 This file travels with saved models as remote code: it imports torch and transformers only.
@@ -15,23 +15,36 @@ This file travels with saved models as remote code: it imports torch and transfo
 
 from __future__ import annotations
 
-import functools
 import inspect
-from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from .lsg_attention import (
-    SPARSITY_TYPES,
-    lsg_backend,
-    registered_attention,
-    registered_cross_attention,
-    uses_sparse_keys,
-)
+from .lsg_attention import lsg_backend, registered_cross_attention
+from .lsg_pattern import uses_sparse_keys
+from .lsg_sparse import SPARSITY_TYPES
+from .lsg_attention_layers import AttentionLayerConfig, AttentionReach, DispatchedAttention, recorded_modules
+from .lsg_global_tokens import GlobalTokens
+from .lsg_recorder import ArgumentRewrite, RecorderForward, RecorderSteps
 
+# The files a saved model carries as remote code ("{stem}": its model_type with "_" for "-", as
+# "lsg_bert"): the architecture's pair and every file of this folder they import (see `remote_code_files`).
+REMOTE_CODE_FILES = (
+    "configuration_{stem}.py",
+    "modeling_{stem}.py",
+    "lsg_model.py",
+    "lsg_attention_layers.py",
+    "lsg_global_tokens.py",
+    "lsg_recorder.py",
+    "lsg_attention.py",
+    "lsg_pattern.py",
+    "lsg_sparse.py",
+    "lsg_sdpa.py",
+    "lsg_eager.py",
+    "lsg_flex.py",
+)
 MAX_GLOBAL_TOKENS = 512  # rows of the global embedding table, as in the 2023 reference checkpoints
 POOLER_KEY = "add_pooling_layer"  # config key: whether the base model holds a pooler (see LSGModelMixin)
 KEPT_WEIGHTS_KEY = "kept_source_weights"  # config key: source tensors held under their own names
@@ -124,6 +137,7 @@ class LSGConfigMixin:
         if "__init__" not in cls.__dict__:
             cls.__init__ = LSGConfigMixin.__init__
         super().__init_subclass__(**kwargs)
+        cls.register_for_auto_class()  # save_pretrained copies its file beside the weights
 
     def __init__(self, **kwargs: Any) -> None:
         defaults = {**self.lsg_defaults, "legacy_sparse_window": is_reference_config(kwargs)}
@@ -146,9 +160,19 @@ class LSGConfigMixin:
         return cls.__name__.removeprefix("LSG").removesuffix("Config")
 
     @classmethod
+    def lsg_file_stem(cls) -> str:
+        """What the architecture's file names end with ("lsg_bert" for model_type "lsg-bert")."""
+        return cls.model_type.replace("-", "_")
+
+    @classmethod
+    def remote_code_files(cls) -> tuple[str, ...]:
+        """The files `save_pretrained` writes beside the weights as remote code (`REMOTE_CODE_FILES`)."""
+        return tuple(name.format(stem=cls.lsg_file_stem()) for name in REMOTE_CODE_FILES)
+
+    @classmethod
     def lsg_auto_map(cls) -> dict[str, str]:
         """Auto class -> "file.Class" for the config and every head, as saved in config.json."""
-        stem = cls.model_type.replace("-", "_")
+        stem = cls.lsg_file_stem()
         auto_map = {"AutoConfig": f"configuration_{stem}.{cls.__name__}"}
         for suffix in cls.lsg_heads:
             auto_class = AUTO_CLASS_OF_HEAD.get(suffix, f"AutoModel{suffix}")
@@ -255,258 +279,15 @@ def validate_lsg_settings(config: Any, max_length: int | None = None) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# Global tokens in a model
+# Model
 # --------------------------------------------------------------------------------------------------
 
 
-class GlobalTokens:
-    """The hooks that put the global tokens in front of the sequence and take them out again.
-
-    Every layer carries ``g`` global states followed by the ``t`` token states. What the model
-    returns holds the tokens only, as the source model's outputs do: ``last_hidden_state`` and every
-    entry of ``hidden_states`` are ``(B, t, E)``, ``hidden_states[-1] == last_hidden_state``. With
-    ``pool_with_global`` the first token's row is global token 0's state, in every one of them.
-
-    Encoder-decoder models with ``pass_global_tokens_to_decoder`` are the one exception: their
-    ``encoder_last_hidden_state`` keeps the ``g`` global states in front (the decoder attends to them;
-    checkpoints of the 2023 reference depend on it) and pools nothing, while ``encoder_hidden_states``
-    hold the tokens only, so ``encoder_hidden_states[-1] == encoder_last_hidden_state[:, g:]``.
-
-    transformers records ``hidden_states`` with forward hooks on the layers of the model whose
-    forward is decorated with ``capture_outputs`` (the "recorder": the base model, or the encoder of
-    an encoder-decoder model). While a forward pass records them, the hooks here take each layer's
-    token rows out of its input and output and rebuild the layer states from those rows, so that the
-    rows returned lie on the autograd path (``hidden_states[i].retain_grad()`` gets a gradient); at
-    the end they replace the recorded states, which still hold the global tokens.
-
-    A causal decoder that continues from its cache (``past_key_values_length > 0``) already holds the
-    global tokens there: that forward pass prepends nothing, drops nothing, and counts its positions
-    from the first real token.
-    """
-
-    def __init__(self, table: nn.Embedding, config: Any) -> None:
-        self.table = table
-        self.config = config
-        self.prepended = False
-        self.recording = False  # this forward pass returns hidden_states
-        self.returns_tuple = False  # its caller asked for return_dict=False
-        self.token_states: list[torch.Tensor] = []  # (B, t, E) per hidden state recorded so far
-
-    @property
-    def pools(self) -> bool:
-        """Whether the first token's output is global token 0's (pool_with_global, in an encoder whose
-        output drops the global tokens; a causal decoder's global 0 does not see the text)."""
-        config = self.config
-        passes_global_tokens = getattr(config, "pass_global_tokens_to_decoder", False)
-        return config.pool_with_global and not getattr(config, "is_decoder", False) and not passes_global_tokens
-
-    @property
-    def splits_states(self) -> bool:
-        """Whether this forward pass carries global tokens that the returned hidden states leave out."""
-        return self.recording and self.prepended and self.config.num_global_tokens > 0
-
-    def token_rows(self, states: torch.Tensor) -> torch.Tensor:
-        """(B, g + t, E) -> (B, t, E): the tokens' states, the first one global 0's if `pools`."""
-        num_global = self.config.num_global_tokens
-        if self.pools:
-            return torch.cat([states[:, :1], states[:, num_global + 1 :]], dim=1)
-        return states[:, num_global:]
-
-    def split_states(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, g + t, E) -> (token rows (B, t, E), the same states rebuilt from those rows (B, g + t, E))."""
-        num_global = self.config.num_global_tokens
-        rows = self.token_rows(states)
-        if self.pools:  # rows[:, 0] is global 0; the first token's own row sits among the others
-            rebuilt = torch.cat([rows[:, :1], states[:, 1 : num_global + 1], rows[:, 1:]], dim=1)
-        else:
-            rebuilt = torch.cat([states[:, :num_global], rows], dim=1)
-        return rows, rebuilt
-
-    def begin(self, recorder: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:
-        """Before the recorder's forward (see `RecorderForward`): note whether hidden states are asked for (as
-        ``capture_outputs`` decides it) and have it return a ModelOutput, turned into a tuple in `finish`."""
-        self.recording = bool(kwargs.get("output_hidden_states", getattr(self.config, "output_hidden_states", False)))
-        self.returns_tuple = kwargs.get("return_dict", getattr(self.config, "return_dict", True)) is False
-        self.token_states = []
-        return args, {**kwargs, "return_dict": True}
-
-    def before_embeddings(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:
-        """Forward pre-hook of the embedding module: decide whether this pass carries global tokens."""
-        past_length = kwargs.get("past_key_values_length") or 0
-        self.prepended = not past_length
-        if past_length:
-            kwargs = {**kwargs, "past_key_values_length": past_length - self.config.num_global_tokens}
-        return args, kwargs
-
-    def prepend(self, module: nn.Module, args: tuple) -> tuple:
-        """Forward pre-hook of the module the global tokens join before: (B, t, E) -> (B, g + t, E)."""
-        if not self.prepended:
-            return args
-        embeddings = args[0]
-        global_tokens = self.table.weight[: self.config.num_global_tokens].to(embeddings.dtype)
-        global_tokens = global_tokens.unsqueeze(0).expand(embeddings.shape[0], -1, -1)
-        return (torch.cat([global_tokens, embeddings], dim=1), *args[1:])
-
-    def layer_input(self, layer: nn.Module, args: tuple) -> tuple | None:
-        """Forward pre-hook of every recorded layer: the first layer's input is hidden state 0."""
-        if not self.splits_states or self.token_states:
-            return None
-        rows, states = self.split_states(args[0])
-        self.token_states.append(rows)
-        return (states, *args[1:])
-
-    def layer_output(self, layer: nn.Module, args: tuple, output: Any) -> Any:
-        """Forward hook of every recorded layer: its output is the next hidden state."""
-        if not self.splits_states:
-            return output
-        if isinstance(output, tuple):
-            rows, states = self.split_states(output[0])
-            output = (states, *output[1:])
-        else:
-            rows, output = self.split_states(output)
-        self.token_states.append(rows)
-        return output
-
-    def drop(self, encoder: nn.Module, args: tuple, output: Any) -> Any:
-        """Forward hook of the encoder (or step of `RecorderForward` where it is the recorder):
-        (B, g + t, E) -> (B, t, E), after pool_with_global (see `pools`).
-
-        Encoder-decoder models with ``pass_global_tokens_to_decoder`` keep the global states: the
-        decoder attends to them. The last hidden state recorded is the encoder output's token rows.
-        """
-        if not self.prepended or not self.config.num_global_tokens:
-            return output
-        if getattr(self.config, "pass_global_tokens_to_decoder", False):
-            if self.splits_states:
-                self.token_states[-1], output.last_hidden_state = self.split_states(output.last_hidden_state)
-            return output
-        output.last_hidden_state = self.token_rows(output.last_hidden_state)
-        if self.splits_states:
-            self.token_states[-1] = output.last_hidden_state
-        return output
-
-    def covered_encoder_mask(self, arguments: dict[str, Any]) -> torch.Tensor | None:
-        """The decoder's ``encoder_attention_mask`` (``pass_global_tokens_to_decoder``, see
-        `ArgumentRewrite`): the encoder output it attends to holds the g global states in front, so a
-        (B, t) mask gets g columns of 1s in front; None where there is nothing to cover."""
-        mask, states = arguments.get("encoder_attention_mask"), arguments.get("encoder_hidden_states")
-        num_global = self.config.num_global_tokens
-        if mask is None or states is None or mask.dim() != 2 or mask.shape[1] != states.shape[1] - num_global:
-            return None
-        return torch.cat([mask.new_ones(mask.shape[0], num_global), mask], dim=1)
-
-    def finish(self, recorder: nn.Module, args: tuple, output: Any) -> Any:
-        """After the recorder's forward (see `RecorderForward`): its hidden_states become the token rows (None stays None:
-        ``output_hidden_states`` may select some layers only)."""
-        if self.splits_states and output.hidden_states is not None:
-            output.hidden_states = tuple(
-                None if recorded is None else rows for recorded, rows in zip(output.hidden_states, self.token_states)
-            )
-        self.recording, self.token_states = False, []
-        return output.to_tuple() if self.returns_tuple else output
-
-
-class AttentionLayerConfig:
-    """The config as the LSG self-attention layers of a model read it: the model's config, attribute for
-    attribute (reads and writes go to it), except ``_attn_implementation``, which names the registered
-    LSG attention of the model's backend (``"lsg_sdpa"`` while the config reads ``"sdpa"``; `registered`
-    names it, `lsg_attention.registered_cross_attention` for a decoder's cross-attention layers).
-
-    transformers' attention layers dispatch on ``self.config._attn_implementation``: this is how they
-    reach LSG attention while the model's config reads the value the user chose, and how
-    ``set_attn_implementation`` on the model reaches them.
-    """
-
-    def __init__(self, config: Any, registered: Callable[[str], str] = registered_attention) -> None:
-        object.__setattr__(self, "config", config)
-        object.__setattr__(self, "registered", registered)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name == "config":  # copy and pickle probe the class, not the config
-            raise AttributeError(name)
-        return getattr(self.config, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self.config, name, value)
-
-    @property
-    def _attn_implementation(self) -> str:
-        return self.registered(lsg_backend(self.config._attn_implementation))
-
-
-class ArgumentRewrite:
-    """Forward pre-hook (or step before a forward) that replaces the argument `name` of a module's
-    forward by what `rewrite` makes of the call's arguments (a dict by name); None leaves the call as
-    it is. The value goes where the caller put the argument (or in as a keyword); the forward's
-    signature is read once."""
-
-    def __init__(self, module: nn.Module, name: str, rewrite: Callable[[dict[str, Any]], Any]) -> None:
-        self.signature = inspect.signature(module.forward)
-        self.name, self.rewrite = name, rewrite
-        self.position = list(self.signature.parameters).index(name)
-
-    def __call__(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict] | None:
-        value = self.rewrite(self.signature.bind_partial(*args, **kwargs).arguments)
-        if value is None:
-            return None
-        if self.position < len(args):
-            return (*args[: self.position], value, *args[self.position + 1 :]), kwargs
-        return args, {**kwargs, self.name: value}
-
-
-def padding_mask_view(arguments: dict[str, Any]) -> torch.Tensor | None:
-    """The ``attention_mask`` of the module that builds a model's attention masks (its recorder, see
-    `RecorderForward`): the padding mask as a (B, 1, 1, t) bool view, which transformers' mask
-    creation passes through as it is, so the LSG layers get an O(n) mask whatever the backend (for
-    "sdpa" or "eager" transformers would build a (B, 1, t, t) matrix). Without a mask, one of 1s
-    (counting the cache of a decoding step) stands for it. None (the call unchanged) for a mask of the
-    user's own making, which the LSG layers accept or refuse saying why, or without any input."""
-    mask = arguments.get("attention_mask")
-    if mask is None:
-        tokens = next((arguments[name] for name in ("input_ids", "inputs_embeds") if arguments.get(name) is not None), None)
-        if tokens is None:
-            return None
-        cache = arguments.get("past_key_values")
-        length = tokens.shape[1] + (cache.get_seq_length() if cache is not None else 0)
-        mask = torch.ones(tokens.shape[0], length, dtype=torch.bool, device=tokens.device)
-    elif mask.dim() != 2:
-        return None
-    return mask.bool()[:, None, None, :]
-
-
-class RecorderForward:
-    """The forward of a model's recorder (see `LSGModelMixin`) with the LSG steps around it: the O(n)
-    padding mask (`padding_mask_view`), then the recording of the hidden states begun and finished
-    (`GlobalTokens.begin`, `GlobalTokens.finish`); where the recorder is the encoder (BART's), the
-    global tokens are dropped from its output in between (`GlobalTokens.drop`).
-
-    `install` replaces ``forward`` on the recorder instance instead of hooking its call, so that code
-    calling ``model.forward(...)`` directly (sentence-transformers does) gets these steps too.
-    """
-
-    def __init__(self, recorder: nn.Module, global_tokens: GlobalTokens, is_encoder: bool) -> None:
-        self.recorder = recorder
-        self.forward = recorder.forward  # the bound method: a deep copy of the model calls its own copy
-        self.padding_mask = ArgumentRewrite(recorder, "attention_mask", padding_mask_view)
-        self.global_tokens = global_tokens
-        self.is_encoder = is_encoder
-
-    @classmethod
-    def install(cls, recorder: nn.Module, global_tokens: GlobalTokens, is_encoder: bool) -> None:
-        """Make ``recorder.forward`` a functools.partial of `__call__` (torch.export reads the code of a
-        module's forward: a function, or a partial of one) whose signature is the recorder's own."""
-        steps = cls(recorder, global_tokens, is_encoder)
-        forward = functools.partial(cls.__call__, steps)
-        forward.__wrapped__ = steps.forward  # what inspect.signature (transformers, Trainer) reads
-        recorder.forward = forward
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        args, kwargs = self.padding_mask(self.recorder, args, kwargs) or (args, kwargs)
-        args, kwargs = self.global_tokens.begin(self.recorder, args, kwargs)
-        output = self.forward(*args, **kwargs)
-        if self.is_encoder:
-            output = self.global_tokens.drop(self.recorder, args, output)
-        return self.global_tokens.finish(self.recorder, args, output)
+def max_input_length(config: Any, positions_after_padding: bool) -> int:
+    """Tokens a model reads: the rows of its position table (max_position_embeddings), less the
+    padding rows that positions start after in RoBERTa's convention (`positions_after_padding`)."""
+    padding_rows = config.pad_token_id + 1 if positions_after_padding else 0
+    return config.max_position_embeddings - padding_rows
 
 
 class InputLengthCheck:
@@ -525,9 +306,8 @@ class InputLengthCheck:
 
     @property
     def max_length(self) -> int:
-        """Tokens the position table holds: max_position_embeddings, less RoBERTa's padding rows."""
-        padding_rows = self.config.pad_token_id + 1 if self.positions_after_padding else 0
-        return self.config.max_position_embeddings - padding_rows
+        """Tokens the position table holds (`max_input_length`)."""
+        return max_input_length(self.config, self.positions_after_padding)
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
         candidates = (kwargs.get("input_ids"), kwargs.get("inputs_embeds"), *args)
@@ -557,9 +337,13 @@ class LSGModelMixin:
         lsg_encoder: module whose output drops the global tokens again,
         lsg_decoder: the decoder of an encoder-decoder model (skipped where the base has none),
         lsg_positions_after_padding: positions start after the padding id (RoBERTa's convention), so
-            the table holds ``pad_token_id + 1`` rows that no token reaches.
+            the table holds ``pad_token_id + 1`` rows that no token reaches,
+        lsg_attention: how LSG reaches the self-attention layers (lsg_attention_layers): by transformers'
+            dispatch (`DispatchedAttention`, the default) or by swapping modules (`SwappedAttention`).
     The hidden states are recorded (see `GlobalTokens`) by the encoder if it is a Hugging Face model
     of its own (BART's), otherwise by the base model, on the layers its ``_can_record_outputs`` names.
+    The LSG steps around the recorder's forward (`RecorderSteps`) run in the model's `forward` where
+    the model is its own recorder (LSGBertModel), as hooks of the recorder where it is a module inside.
 
     The decoder-only head of an encoder-decoder architecture (`LSGConfigMixin.lsg_dense_decoder`)
     has no encoder: it gets no global tokens and stays the dense source model.
@@ -571,6 +355,9 @@ class LSGModelMixin:
             class does not use (a ColBERT projection), held as buffers under their own names so that
             they are saved and loaded with the model.
     Every model refuses an input longer than its position table (`InputLengthCheck`).
+
+    A class that joins the mixin to a Hugging Face model class is a head: named ``LSG<Base><suffix>``
+    for a suffix its ``config_class`` lists, it is registered for remote-code saving (`__init_subclass__`).
     """
 
     # the attention implementations LSG attention has a backend for (transformers reads these flags)
@@ -584,6 +371,22 @@ class LSGModelMixin:
     lsg_encoder: str = "encoder"
     lsg_decoder: str = "decoder"
     lsg_positions_after_padding: bool = False
+    lsg_attention: AttentionReach = DispatchedAttention()
+
+    forward = RecorderForward()
+    lsg_forward_steps: RecorderSteps | None = None  # where the model is its own recorder (see `forward`)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Register a head for remote-code saving under its Auto class (``save_pretrained`` then copies the
+        architecture's files beside the weights); any other subclass of a head is not registered."""
+        super().__init_subclass__(**kwargs)
+        if not issubclass(cls, PreTrainedModel):
+            return
+        auto_class = {name: auto_class for auto_class, name in lsg_auto_classes(cls.config_class).items()}.get(cls.__name__)
+        if auto_class is None:
+            cls._auto_class = None
+        else:
+            cls.register_for_auto_class(auto_class)
 
     def __init__(self, config, *args: Any, **kwargs: Any) -> None:
         holds_pooler = getattr(config, POOLER_KEY, None)
@@ -595,36 +398,48 @@ class LSGModelMixin:
             self._add_missing_pooler(base)
         for name, spec in (getattr(config, KEPT_WEIGHTS_KEY, None) or {}).items():
             self._hold_kept_weight(name, spec)
-        children = dict(base.named_children())
-        if self.lsg_decoder in children:
+        decoder = dict(base.named_children()).get(self.lsg_decoder)
+        if decoder is not None:
             check = InputLengthCheck(self.config, self.lsg_positions_after_padding, "decoder input")
-            children[self.lsg_decoder].register_forward_pre_hook(check, with_kwargs=True)
+            decoder.register_forward_pre_hook(check, with_kwargs=True)
         if self.config.lsg_dense_decoder:
             return
-        embeddings = base.get_submodule(self.lsg_embeddings)
-        global_tokens = GlobalTokens(embeddings.global_embeddings, self.config)
         encoder = base.get_submodule(self.lsg_encoder)
         recorder = encoder if isinstance(encoder, PreTrainedModel) else base
-        self_attention_config = AttentionLayerConfig(self.config)
-        for module in _recorded_modules(recorder, "attentions"):
-            module.config = self_attention_config
-        if getattr(self.config, "pass_global_tokens_to_decoder", False) and self.lsg_decoder in children:
-            decoder = children[self.lsg_decoder]
-            cover = ArgumentRewrite(decoder, "encoder_attention_mask", global_tokens.covered_encoder_mask)
-            decoder.register_forward_pre_hook(cover, with_kwargs=True)
-            cross_attention_config = AttentionLayerConfig(self.config, registered_cross_attention)
-            for module in _recorded_modules(decoder, "cross_attentions"):
-                module.config = cross_attention_config
+        self.lsg_attention.apply(recorder, self.config)  # before from_pretrained loads the weights
+        global_tokens = self._hook_global_tokens(base, encoder, recorder)
+        if getattr(self.config, "pass_global_tokens_to_decoder", False) and decoder is not None:
+            self._pass_global_tokens(decoder, global_tokens)
+        steps = RecorderSteps(recorder, global_tokens, is_encoder=encoder is recorder)
+        if recorder is self:
+            self.lsg_forward_steps = steps
+        else:
+            steps.hook_into(recorder)
+
+    def _hook_global_tokens(self, base: nn.Module, encoder: nn.Module, recorder: nn.Module) -> GlobalTokens:
+        """Hook the global tokens in (see `GlobalTokens`): decided and length-checked at the embeddings,
+        prepended before `lsg_prepend_before`, split from the recorded layers' states, dropped by the encoder."""
+        embeddings = base.get_submodule(self.lsg_embeddings)
+        global_tokens = GlobalTokens(embeddings.global_embeddings, self.config)
         embeddings.register_forward_pre_hook(global_tokens.before_embeddings, with_kwargs=True)
         check = InputLengthCheck(self.config, self.lsg_positions_after_padding, "input")
         embeddings.register_forward_pre_hook(check, with_kwargs=True)
         base.get_submodule(self.lsg_prepend_before).register_forward_pre_hook(global_tokens.prepend)
-        for layer in _recorded_modules(recorder, "hidden_states"):
+        for layer in recorded_modules(recorder, "hidden_states"):
             layer.register_forward_pre_hook(global_tokens.layer_input)
             layer.register_forward_hook(global_tokens.layer_output)
         if encoder is not recorder:
             encoder.register_forward_hook(global_tokens.drop)
-        RecorderForward.install(recorder, global_tokens, is_encoder=encoder is recorder)
+        return global_tokens
+
+    def _pass_global_tokens(self, decoder: nn.Module, global_tokens: GlobalTokens) -> None:
+        """Let the decoder's cross-attention see the encoder's global states (``pass_global_tokens_to_decoder``):
+        its encoder mask covers them, its cross-attention layers dispatch to the global-state attention."""
+        cover = ArgumentRewrite(decoder, "encoder_attention_mask", global_tokens.covered_encoder_mask)
+        decoder.register_forward_pre_hook(cover, with_kwargs=True)
+        cross_attention_config = AttentionLayerConfig(self.config, registered_cross_attention)
+        for module in recorded_modules(decoder, "cross_attentions"):
+            module.config = cross_attention_config
 
     def post_init(self) -> None:
         """Add the table of global tokens before transformers initialises the weights (the Hugging Face
@@ -682,16 +497,8 @@ class LSGModelMixin:
         owner.register_buffer(leaf, torch.zeros(spec["shape"], dtype=getattr(torch, spec["dtype"])))
 
 
-def _recorded_modules(recorder: nn.Module, output: str) -> list[nn.Module]:
-    """The modules whose outputs `recorder` records as `output` ("hidden_states", "attentions", ...)."""
-    recorded = recorder.can_record_outputs[output]  # a module class, or an OutputRecorder naming one
-    module_class = getattr(recorded, "target_class", recorded)
-    name_part = getattr(recorded, "layer_name", None) or ""
-    return [module for name, module in recorder.named_modules() if isinstance(module, module_class) and name_part in name]
-
-
 # --------------------------------------------------------------------------------------------------
-# Head classes and Auto registration
+# Auto registration
 # --------------------------------------------------------------------------------------------------
 
 
@@ -702,23 +509,3 @@ def lsg_auto_classes(config_class: type) -> dict[str, str]:
         for auto_class, path in config_class.lsg_auto_map().items()
         if auto_class != "AutoConfig"
     }
-
-
-def define_lsg_heads(mixin: type, source_module: ModuleType, namespace: dict[str, Any]) -> None:
-    """Create ``LSG<Head>`` = `mixin` + ``<Head>`` of `source_module` for every head of ``mixin.config_class``.
-
-    The classes are put into `namespace` (the architecture file's globals) and marked for remote-code
-    saving, so that `save_pretrained` copies the architecture's files (and these) next to the weights.
-    """
-    config_class = mixin.config_class
-    config_class.register_for_auto_class()
-    for auto_class, name in lsg_auto_classes(config_class).items():
-        parent = getattr(source_module, name.removeprefix("LSG"))
-        attributes = {
-            "__module__": namespace["__name__"],
-            "__qualname__": name,
-            "__doc__": f"{parent.__name__} with LSG attention (Local + Sparse + Global) and global tokens.",
-        }
-        head = type(name, (mixin, parent), attributes)
-        head.register_for_auto_class(auto_class)
-        namespace[name] = head

@@ -1,15 +1,23 @@
 """LSG-ALBERT: the ALBERT heads of transformers with LSG attention and global tokens.
 
-Each head ``LSGAlbert<Head>`` is the mixin below plus ``Albert<Head>``; the heads are listed in
+Each head ``LSGAlbert<Head>`` is the mixin below plus ``Albert<Head>``, one class per head listed in
 LSGAlbertConfig. The global tokens live in the factorised embedding space (``embedding_size`` wide):
 they are prepended before `embeddings.LayerNorm` and mapped to ``hidden_size`` by the encoder's
 `embedding_hidden_mapping_in` with the other tokens. The shared layers all run the one LSG attention.
 """
 
-from transformers.models.albert import modeling_albert
+from transformers.models.albert.modeling_albert import (
+    AlbertForMaskedLM,
+    AlbertForMultipleChoice,
+    AlbertForPreTraining,
+    AlbertForQuestionAnswering,
+    AlbertForSequenceClassification,
+    AlbertForTokenClassification,
+    AlbertModel,
+)
 
 from .configuration_lsg_albert import LSGAlbertConfig
-from .lsg_model import LSGModelMixin, define_lsg_heads
+from .lsg_model import LSGModelMixin
 
 
 class LSGAlbertMixin(LSGModelMixin):
@@ -18,4 +26,29 @@ class LSGAlbertMixin(LSGModelMixin):
     config_class = LSGAlbertConfig
 
 
-define_lsg_heads(LSGAlbertMixin, modeling_albert, globals())
+class LSGAlbertModel(LSGAlbertMixin, AlbertModel):
+    """AlbertModel with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGAlbertForMaskedLM(LSGAlbertMixin, AlbertForMaskedLM):
+    """AlbertForMaskedLM with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGAlbertForSequenceClassification(LSGAlbertMixin, AlbertForSequenceClassification):
+    """AlbertForSequenceClassification with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGAlbertForTokenClassification(LSGAlbertMixin, AlbertForTokenClassification):
+    """AlbertForTokenClassification with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGAlbertForQuestionAnswering(LSGAlbertMixin, AlbertForQuestionAnswering):
+    """AlbertForQuestionAnswering with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGAlbertForMultipleChoice(LSGAlbertMixin, AlbertForMultipleChoice):
+    """AlbertForMultipleChoice with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGAlbertForPreTraining(LSGAlbertMixin, AlbertForPreTraining):
+    """AlbertForPreTraining with LSG attention (Local + Sparse + Global) and global tokens."""

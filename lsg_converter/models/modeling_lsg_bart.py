@@ -1,6 +1,6 @@
 """LSG-BART: the BART heads of transformers with an LSG encoder.
 
-Each head ``LSGBart<Head>`` is the mixin below plus ``Bart<Head>``; the heads are listed in LSGBartConfig.
+Each head ``LSGBart<Head>`` is the mixin below plus ``Bart<Head>``, one class per head listed in LSGBartConfig.
 The decoder's self- and cross-attention stay dense (transformers' implementation of the model's
 ``attn_implementation``) with the KV cache; with ``pass_global_tokens_to_decoder`` the encoder output
 keeps its global tokens in front and the cross-attention mask is extended over them (see
@@ -8,10 +8,16 @@ keeps its global tokens in front and the cross-attention mask is extended over t
 pretrained decoder alone: dense, with a longer position table.
 """
 
-from transformers.models.bart import modeling_bart
+from transformers.models.bart.modeling_bart import (
+    BartForCausalLM,
+    BartForConditionalGeneration,
+    BartForQuestionAnswering,
+    BartForSequenceClassification,
+    BartModel,
+)
 
 from .configuration_lsg_bart import LSGBartConfig
-from .lsg_model import LSGModelMixin, define_lsg_heads
+from .lsg_model import LSGModelMixin
 
 
 class LSGBartMixin(LSGModelMixin):
@@ -22,4 +28,21 @@ class LSGBartMixin(LSGModelMixin):
     lsg_prepend_before = "encoder.layernorm_embedding"
 
 
-define_lsg_heads(LSGBartMixin, modeling_bart, globals())
+class LSGBartModel(LSGBartMixin, BartModel):
+    """BartModel with an LSG encoder (Local + Sparse + Global attention, global tokens)."""
+
+
+class LSGBartForConditionalGeneration(LSGBartMixin, BartForConditionalGeneration):
+    """BartForConditionalGeneration with an LSG encoder (Local + Sparse + Global attention, global tokens)."""
+
+
+class LSGBartForCausalLM(LSGBartMixin, BartForCausalLM):
+    """BartForCausalLM: the pretrained decoder alone, dense, with a longer position table."""
+
+
+class LSGBartForSequenceClassification(LSGBartMixin, BartForSequenceClassification):
+    """BartForSequenceClassification with an LSG encoder (Local + Sparse + Global attention, global tokens)."""
+
+
+class LSGBartForQuestionAnswering(LSGBartMixin, BartForQuestionAnswering):
+    """BartForQuestionAnswering with an LSG encoder (Local + Sparse + Global attention, global tokens)."""

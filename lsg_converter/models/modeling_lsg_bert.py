@@ -1,12 +1,22 @@
 """LSG-BERT: the BERT heads of transformers with LSG attention and global tokens.
 
-Each head ``LSGBert<Head>`` is the mixin below plus ``Bert<Head>``; the heads are listed in LSGBertConfig.
+Each head ``LSGBert<Head>`` is the mixin below plus ``Bert<Head>``, one class per head listed in LSGBertConfig.
 """
 
-from transformers.models.bert import modeling_bert
+from transformers.models.bert.modeling_bert import (
+    BertForMaskedLM,
+    BertForMultipleChoice,
+    BertForNextSentencePrediction,
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    BertLMHeadModel,
+    BertModel,
+)
 
 from .configuration_lsg_bert import LSGBertConfig
-from .lsg_model import LSGModelMixin, define_lsg_heads
+from .lsg_model import LSGModelMixin
 
 
 class LSGBertMixin(LSGModelMixin):
@@ -15,4 +25,37 @@ class LSGBertMixin(LSGModelMixin):
     config_class = LSGBertConfig
 
 
-define_lsg_heads(LSGBertMixin, modeling_bert, globals())
+class LSGBertModel(LSGBertMixin, BertModel):
+    """BertModel with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGBertForMaskedLM(LSGBertMixin, BertForMaskedLM):
+    """BertForMaskedLM with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGBertForSequenceClassification(LSGBertMixin, BertForSequenceClassification):
+    """BertForSequenceClassification with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGBertForTokenClassification(LSGBertMixin, BertForTokenClassification):
+    """BertForTokenClassification with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGBertForQuestionAnswering(LSGBertMixin, BertForQuestionAnswering):
+    """BertForQuestionAnswering with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGBertForMultipleChoice(LSGBertMixin, BertForMultipleChoice):
+    """BertForMultipleChoice with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGBertForPreTraining(LSGBertMixin, BertForPreTraining):
+    """BertForPreTraining with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGBertForNextSentencePrediction(LSGBertMixin, BertForNextSentencePrediction):
+    """BertForNextSentencePrediction with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGBertLMHeadModel(LSGBertMixin, BertLMHeadModel):
+    """BertLMHeadModel with LSG attention (Local + Sparse + Global) and global tokens."""

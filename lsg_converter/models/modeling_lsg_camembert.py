@@ -1,13 +1,21 @@
 """LSG-CamemBERT: the CamemBERT heads of transformers with LSG attention and global tokens.
 
-Each head ``LSGCamembert<Head>`` is the mixin below plus ``Camembert<Head>``; the heads are listed in
+Each head ``LSGCamembert<Head>`` is the mixin below plus ``Camembert<Head>``, one class per head listed in
 LSGCamembertConfig. Positions keep RoBERTa's padding_idx convention (2 offset rows).
 """
 
-from transformers.models.camembert import modeling_camembert
+from transformers.models.camembert.modeling_camembert import (
+    CamembertForCausalLM,
+    CamembertForMaskedLM,
+    CamembertForMultipleChoice,
+    CamembertForQuestionAnswering,
+    CamembertForSequenceClassification,
+    CamembertForTokenClassification,
+    CamembertModel,
+)
 
 from .configuration_lsg_camembert import LSGCamembertConfig
-from .lsg_model import LSGModelMixin, define_lsg_heads
+from .lsg_model import LSGModelMixin
 
 
 class LSGCamembertMixin(LSGModelMixin):
@@ -17,4 +25,29 @@ class LSGCamembertMixin(LSGModelMixin):
     lsg_positions_after_padding = True
 
 
-define_lsg_heads(LSGCamembertMixin, modeling_camembert, globals())
+class LSGCamembertModel(LSGCamembertMixin, CamembertModel):
+    """CamembertModel with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGCamembertForMaskedLM(LSGCamembertMixin, CamembertForMaskedLM):
+    """CamembertForMaskedLM with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGCamembertForSequenceClassification(LSGCamembertMixin, CamembertForSequenceClassification):
+    """CamembertForSequenceClassification with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGCamembertForTokenClassification(LSGCamembertMixin, CamembertForTokenClassification):
+    """CamembertForTokenClassification with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGCamembertForQuestionAnswering(LSGCamembertMixin, CamembertForQuestionAnswering):
+    """CamembertForQuestionAnswering with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGCamembertForMultipleChoice(LSGCamembertMixin, CamembertForMultipleChoice):
+    """CamembertForMultipleChoice with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGCamembertForCausalLM(LSGCamembertMixin, CamembertForCausalLM):
+    """CamembertForCausalLM with LSG attention (Local + Sparse + Global) and global tokens."""

@@ -1,13 +1,20 @@
 """LSG-DistilBERT: the DistilBERT heads of transformers with LSG attention and global tokens.
 
-Each head ``LSGDistilBert<Head>`` is the mixin below plus ``DistilBert<Head>``; the heads are listed in
+Each head ``LSGDistilBert<Head>`` is the mixin below plus ``DistilBert<Head>``, one class per head listed in
 LSGDistilBertConfig. ``inputs_embeds`` works like ``input_ids``: the global tokens join at the norm.
 """
 
-from transformers.models.distilbert import modeling_distilbert
+from transformers.models.distilbert.modeling_distilbert import (
+    DistilBertForMaskedLM,
+    DistilBertForMultipleChoice,
+    DistilBertForQuestionAnswering,
+    DistilBertForSequenceClassification,
+    DistilBertForTokenClassification,
+    DistilBertModel,
+)
 
 from .configuration_lsg_distilbert import LSGDistilBertConfig
-from .lsg_model import LSGModelMixin, define_lsg_heads
+from .lsg_model import LSGModelMixin
 
 
 class LSGDistilBertMixin(LSGModelMixin):
@@ -17,4 +24,25 @@ class LSGDistilBertMixin(LSGModelMixin):
     lsg_encoder = "transformer"
 
 
-define_lsg_heads(LSGDistilBertMixin, modeling_distilbert, globals())
+class LSGDistilBertModel(LSGDistilBertMixin, DistilBertModel):
+    """DistilBertModel with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGDistilBertForMaskedLM(LSGDistilBertMixin, DistilBertForMaskedLM):
+    """DistilBertForMaskedLM with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGDistilBertForSequenceClassification(LSGDistilBertMixin, DistilBertForSequenceClassification):
+    """DistilBertForSequenceClassification with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGDistilBertForTokenClassification(LSGDistilBertMixin, DistilBertForTokenClassification):
+    """DistilBertForTokenClassification with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGDistilBertForQuestionAnswering(LSGDistilBertMixin, DistilBertForQuestionAnswering):
+    """DistilBertForQuestionAnswering with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGDistilBertForMultipleChoice(LSGDistilBertMixin, DistilBertForMultipleChoice):
+    """DistilBertForMultipleChoice with LSG attention (Local + Sparse + Global) and global tokens."""

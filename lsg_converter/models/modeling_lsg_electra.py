@@ -1,15 +1,24 @@
 """LSG-ELECTRA: the ELECTRA heads of transformers with LSG attention and global tokens.
 
-Each head ``LSGElectra<Head>`` is the mixin below plus ``Electra<Head>``; the heads are listed in
+Each head ``LSGElectra<Head>`` is the mixin below plus ``Electra<Head>``, one class per head listed in
 LSGElectraConfig. The global tokens live in the embedding space (``embedding_size`` wide): they are
 prepended before `embeddings.LayerNorm`, then `embeddings_project` (present when ``embedding_size``
 differs from ``hidden_size``) maps them to ``hidden_size`` with the other tokens.
 """
 
-from transformers.models.electra import modeling_electra
+from transformers.models.electra.modeling_electra import (
+    ElectraForCausalLM,
+    ElectraForMaskedLM,
+    ElectraForMultipleChoice,
+    ElectraForPreTraining,
+    ElectraForQuestionAnswering,
+    ElectraForSequenceClassification,
+    ElectraForTokenClassification,
+    ElectraModel,
+)
 
 from .configuration_lsg_electra import LSGElectraConfig
-from .lsg_model import LSGModelMixin, define_lsg_heads
+from .lsg_model import LSGModelMixin
 
 
 class LSGElectraMixin(LSGModelMixin):
@@ -18,4 +27,33 @@ class LSGElectraMixin(LSGModelMixin):
     config_class = LSGElectraConfig
 
 
-define_lsg_heads(LSGElectraMixin, modeling_electra, globals())
+class LSGElectraModel(LSGElectraMixin, ElectraModel):
+    """ElectraModel with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGElectraForMaskedLM(LSGElectraMixin, ElectraForMaskedLM):
+    """ElectraForMaskedLM with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGElectraForSequenceClassification(LSGElectraMixin, ElectraForSequenceClassification):
+    """ElectraForSequenceClassification with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGElectraForTokenClassification(LSGElectraMixin, ElectraForTokenClassification):
+    """ElectraForTokenClassification with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGElectraForQuestionAnswering(LSGElectraMixin, ElectraForQuestionAnswering):
+    """ElectraForQuestionAnswering with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGElectraForMultipleChoice(LSGElectraMixin, ElectraForMultipleChoice):
+    """ElectraForMultipleChoice with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGElectraForPreTraining(LSGElectraMixin, ElectraForPreTraining):
+    """ElectraForPreTraining with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGElectraForCausalLM(LSGElectraMixin, ElectraForCausalLM):
+    """ElectraForCausalLM with LSG attention (Local + Sparse + Global) and global tokens."""

@@ -1,14 +1,20 @@
 """LSG-mBART (and BARThez): the mBART heads of transformers with an LSG encoder.
 
-Each head ``LSGMBart<Head>`` is the mixin below plus ``MBart<Head>``; the heads are listed in
+Each head ``LSGMBart<Head>`` is the mixin below plus ``MBart<Head>``, one class per head listed in
 LSGMBartConfig. As in BART, the decoder's self- and cross-attention stay dense with the KV
 cache, and ``LSGMBartForCausalLM`` is the pretrained decoder alone, dense, with a longer position table.
 """
 
-from transformers.models.mbart import modeling_mbart
+from transformers.models.mbart.modeling_mbart import (
+    MBartForCausalLM,
+    MBartForConditionalGeneration,
+    MBartForQuestionAnswering,
+    MBartForSequenceClassification,
+    MBartModel,
+)
 
 from .configuration_lsg_mbart import LSGMBartConfig
-from .lsg_model import LSGModelMixin, define_lsg_heads
+from .lsg_model import LSGModelMixin
 
 
 class LSGMBartMixin(LSGModelMixin):
@@ -19,4 +25,21 @@ class LSGMBartMixin(LSGModelMixin):
     lsg_prepend_before = "encoder.layernorm_embedding"
 
 
-define_lsg_heads(LSGMBartMixin, modeling_mbart, globals())
+class LSGMBartModel(LSGMBartMixin, MBartModel):
+    """MBartModel with an LSG encoder (Local + Sparse + Global attention, global tokens)."""
+
+
+class LSGMBartForConditionalGeneration(LSGMBartMixin, MBartForConditionalGeneration):
+    """MBartForConditionalGeneration with an LSG encoder (Local + Sparse + Global attention, global tokens)."""
+
+
+class LSGMBartForCausalLM(LSGMBartMixin, MBartForCausalLM):
+    """MBartForCausalLM: the pretrained decoder alone, dense, with a longer position table."""
+
+
+class LSGMBartForSequenceClassification(LSGMBartMixin, MBartForSequenceClassification):
+    """MBartForSequenceClassification with an LSG encoder (Local + Sparse + Global attention, global tokens)."""
+
+
+class LSGMBartForQuestionAnswering(LSGMBartMixin, MBartForQuestionAnswering):
+    """MBartForQuestionAnswering with an LSG encoder (Local + Sparse + Global attention, global tokens)."""

@@ -1,14 +1,18 @@
 """LSG-Pegasus: the Pegasus heads of transformers with an LSG encoder.
 
-Each head ``LSGPegasus<Head>`` is the mixin below plus ``Pegasus<Head>``; the heads are listed in
+Each head ``LSGPegasus<Head>`` is the mixin below plus ``Pegasus<Head>``, one class per head listed in
 LSGPegasusConfig. The decoder stays dense with the KV cache; ``LSGPegasusForCausalLM`` is the
 pretrained decoder alone. Positions are sinusoidal: the converter regenerates them at the new length.
 """
 
-from transformers.models.pegasus import modeling_pegasus
+from transformers.models.pegasus.modeling_pegasus import (
+    PegasusForCausalLM,
+    PegasusForConditionalGeneration,
+    PegasusModel,
+)
 
 from .configuration_lsg_pegasus import LSGPegasusConfig
-from .lsg_model import LSGModelMixin, define_lsg_heads
+from .lsg_model import LSGModelMixin
 
 
 class LSGPegasusMixin(LSGModelMixin):
@@ -21,4 +25,13 @@ class LSGPegasusMixin(LSGModelMixin):
     lsg_prepend_before = "encoder.layers.0"
 
 
-define_lsg_heads(LSGPegasusMixin, modeling_pegasus, globals())
+class LSGPegasusModel(LSGPegasusMixin, PegasusModel):
+    """PegasusModel with an LSG encoder (Local + Sparse + Global attention, global tokens)."""
+
+
+class LSGPegasusForConditionalGeneration(LSGPegasusMixin, PegasusForConditionalGeneration):
+    """PegasusForConditionalGeneration with an LSG encoder (Local + Sparse + Global attention, global tokens)."""
+
+
+class LSGPegasusForCausalLM(LSGPegasusMixin, PegasusForCausalLM):
+    """PegasusForCausalLM: the pretrained decoder alone, dense, with a longer position table."""

@@ -1,13 +1,21 @@
 """LSG-RoBERTa: the RoBERTa heads of transformers with LSG attention and global tokens.
 
-Each head ``LSGRoberta<Head>`` is the mixin below plus ``Roberta<Head>``; the heads are listed in
+Each head ``LSGRoberta<Head>`` is the mixin below plus ``Roberta<Head>``, one class per head listed in
 LSGRobertaConfig. Positions keep RoBERTa's padding_idx convention (2 offset rows).
 """
 
-from transformers.models.roberta import modeling_roberta
+from transformers.models.roberta.modeling_roberta import (
+    RobertaForCausalLM,
+    RobertaForMaskedLM,
+    RobertaForMultipleChoice,
+    RobertaForQuestionAnswering,
+    RobertaForSequenceClassification,
+    RobertaForTokenClassification,
+    RobertaModel,
+)
 
 from .configuration_lsg_roberta import LSGRobertaConfig
-from .lsg_model import LSGModelMixin, define_lsg_heads
+from .lsg_model import LSGModelMixin
 
 
 class LSGRobertaMixin(LSGModelMixin):
@@ -17,4 +25,29 @@ class LSGRobertaMixin(LSGModelMixin):
     lsg_positions_after_padding = True
 
 
-define_lsg_heads(LSGRobertaMixin, modeling_roberta, globals())
+class LSGRobertaModel(LSGRobertaMixin, RobertaModel):
+    """RobertaModel with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGRobertaForMaskedLM(LSGRobertaMixin, RobertaForMaskedLM):
+    """RobertaForMaskedLM with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGRobertaForSequenceClassification(LSGRobertaMixin, RobertaForSequenceClassification):
+    """RobertaForSequenceClassification with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGRobertaForTokenClassification(LSGRobertaMixin, RobertaForTokenClassification):
+    """RobertaForTokenClassification with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGRobertaForQuestionAnswering(LSGRobertaMixin, RobertaForQuestionAnswering):
+    """RobertaForQuestionAnswering with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGRobertaForMultipleChoice(LSGRobertaMixin, RobertaForMultipleChoice):
+    """RobertaForMultipleChoice with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGRobertaForCausalLM(LSGRobertaMixin, RobertaForCausalLM):
+    """RobertaForCausalLM with LSG attention (Local + Sparse + Global) and global tokens."""

@@ -1,13 +1,21 @@
 """LSG-XLM-RoBERTa: the XLM-RoBERTa heads of transformers with LSG attention and global tokens.
 
-Each head ``LSGXLMRoberta<Head>`` is the mixin below plus ``XLMRoberta<Head>``; the heads are listed in
+Each head ``LSGXLMRoberta<Head>`` is the mixin below plus ``XLMRoberta<Head>``, one class per head listed in
 LSGXLMRobertaConfig. Positions keep RoBERTa's padding_idx convention (2 offset rows).
 """
 
-from transformers.models.xlm_roberta import modeling_xlm_roberta
+from transformers.models.xlm_roberta.modeling_xlm_roberta import (
+    XLMRobertaForCausalLM,
+    XLMRobertaForMaskedLM,
+    XLMRobertaForMultipleChoice,
+    XLMRobertaForQuestionAnswering,
+    XLMRobertaForSequenceClassification,
+    XLMRobertaForTokenClassification,
+    XLMRobertaModel,
+)
 
 from .configuration_lsg_xlm_roberta import LSGXLMRobertaConfig
-from .lsg_model import LSGModelMixin, define_lsg_heads
+from .lsg_model import LSGModelMixin
 
 
 class LSGXLMRobertaMixin(LSGModelMixin):
@@ -17,4 +25,29 @@ class LSGXLMRobertaMixin(LSGModelMixin):
     lsg_positions_after_padding = True
 
 
-define_lsg_heads(LSGXLMRobertaMixin, modeling_xlm_roberta, globals())
+class LSGXLMRobertaModel(LSGXLMRobertaMixin, XLMRobertaModel):
+    """XLMRobertaModel with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGXLMRobertaForMaskedLM(LSGXLMRobertaMixin, XLMRobertaForMaskedLM):
+    """XLMRobertaForMaskedLM with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGXLMRobertaForSequenceClassification(LSGXLMRobertaMixin, XLMRobertaForSequenceClassification):
+    """XLMRobertaForSequenceClassification with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGXLMRobertaForTokenClassification(LSGXLMRobertaMixin, XLMRobertaForTokenClassification):
+    """XLMRobertaForTokenClassification with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGXLMRobertaForQuestionAnswering(LSGXLMRobertaMixin, XLMRobertaForQuestionAnswering):
+    """XLMRobertaForQuestionAnswering with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGXLMRobertaForMultipleChoice(LSGXLMRobertaMixin, XLMRobertaForMultipleChoice):
+    """XLMRobertaForMultipleChoice with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGXLMRobertaForCausalLM(LSGXLMRobertaMixin, XLMRobertaForCausalLM):
+    """XLMRobertaForCausalLM with LSG attention (Local + Sparse + Global) and global tokens."""

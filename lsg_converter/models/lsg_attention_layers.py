@@ -1,0 +1,99 @@
+"""How LSG reaches the self-attention layers of a model: by transformers' dispatch, or by a module swap.
+
+An architecture states it once, in its mixin's ``lsg_attention`` (see lsg_model.LSGModelMixin):
+
+* `DispatchedAttention` (the default): the layers call transformers' attention interface
+  (``ALL_ATTENTION_FUNCTIONS``) with ``self.config._attn_implementation`` (BERT, BART, ...); an
+  `AttentionLayerConfig` in place of their config makes them call the registered LSG attention.
+* `SwappedAttention`: the layers compute attention by hand (MPNet, DeBERTa-v2): every module of the
+  named class is replaced, before the weights load, by a module built from it that keeps its
+  parameters under their names (checkpoints load as they are) and calls
+  `lsg_attention.lsg_attention_forward` itself.
+
+This file travels with saved models as remote code: it imports torch and transformers only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+from torch import nn
+
+from .lsg_attention import lsg_backend, registered_attention
+
+
+class AttentionReach(Protocol):
+    """How LSG reaches the self-attention layers under a model's recorder (see `recorded_modules`)."""
+
+    def apply(self, recorder: nn.Module, config: Any) -> None:
+        """Make the self-attention layers under `recorder` run LSG attention for the model's `config`."""
+
+
+@dataclass(frozen=True)
+class DispatchedAttention:
+    """The layers that `recorder` records as ``attentions`` reach LSG attention by transformers' dispatch:
+    they read their config through an `AttentionLayerConfig`."""
+
+    def apply(self, recorder: nn.Module, config: Any) -> None:
+        layer_config = AttentionLayerConfig(config)
+        for module in recorded_modules(recorder, "attentions"):
+            module.config = layer_config
+
+
+@dataclass(frozen=True)
+class SwappedAttention:
+    """Every `source` module under the recorder is replaced by ``replacement(source_module, config)``.
+
+    The replacement takes the source module's place (same name) and its parameters (same names, so a
+    checkpoint of the source architecture loads as it is); it computes queries, keys and values
+    itself, calls `lsg_attention.lsg_attention_forward` with the backend that
+    `lsg_attention.lsg_backend` gives for ``config._attn_implementation`` (read at each call, so
+    ``set_attn_implementation`` reaches it), and returns what the source module returned.
+    """
+
+    source: type[nn.Module]
+    replacement: Callable[[nn.Module, Any], nn.Module]
+
+    def apply(self, recorder: nn.Module, config: Any) -> None:
+        swapped = [name for name, module in recorder.named_modules() if isinstance(module, self.source)]
+        for name in swapped:
+            recorder.set_submodule(name, self.replacement(recorder.get_submodule(name), config))
+
+
+class AttentionLayerConfig:
+    """The config as the LSG self-attention layers of a model read it: the model's config, attribute for
+    attribute (reads and writes go to it), except ``_attn_implementation``, which names the registered
+    LSG attention of the model's backend (``"lsg_sdpa"`` while the config reads ``"sdpa"``; `registered`
+    names it, `lsg_attention.registered_cross_attention` for a decoder's cross-attention layers).
+
+    transformers' attention layers dispatch on ``self.config._attn_implementation``: this is how they
+    reach LSG attention while the model's config reads the value the user chose, and how
+    ``set_attn_implementation`` on the model reaches them.
+    """
+
+    def __init__(self, config: Any, registered: Callable[[str], str] = registered_attention) -> None:
+        object.__setattr__(self, "config", config)
+        object.__setattr__(self, "registered", registered)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "config":  # copy and pickle probe the class, not the config
+            raise AttributeError(name)
+        return getattr(self.config, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.config, name, value)
+
+    @property
+    def _attn_implementation(self) -> str:
+        return self.registered(lsg_backend(self.config._attn_implementation))
+
+
+def recorded_modules(recorder: nn.Module, output: str) -> list[nn.Module]:
+    """The modules whose outputs `recorder` records as `output` ("hidden_states", "attentions", ...):
+    the model whose forward transformers' ``capture_outputs`` decorates (the base model, or the encoder
+    of an encoder-decoder model) records them with hooks on the modules its ``_can_record_outputs`` names."""
+    recorded = recorder.can_record_outputs[output]  # a module class, or an OutputRecorder naming one
+    module_class = getattr(recorded, "target_class", recorded)
+    name_part = getattr(recorded, "layer_name", None) or ""
+    return [module for name, module in recorder.named_modules() if isinstance(module, module_class) and name_part in name]

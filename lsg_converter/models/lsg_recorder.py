@@ -1,0 +1,138 @@
+"""The LSG steps around each forward pass of a model's recorder, and the rewrites of forward arguments.
+
+The recorder is the model whose forward transformers' ``capture_outputs`` decorates: the base model
+(LSGBertModel, the ``bert`` of LSGBertForMaskedLM), or the encoder of an encoder-decoder model. Its
+forward builds the attention masks and records the hidden states, so LSG steps in around it
+(`RecorderSteps`): the O(n) padding mask in (`padding_mask_view`), the `ForwardCall` of the global
+tokens opened and closed, their rows taken out of what it returns.
+
+This file travels with saved models as remote code: it imports torch and transformers only.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from .lsg_global_tokens import GlobalTokens
+
+
+class ArgumentRewrite:
+    """Forward pre-hook (or step before a forward) that replaces the argument `name` of a module's
+    forward by what `rewrite` makes of the call's arguments (a dict by name); None leaves the call as
+    it is. The value goes where the caller put the argument (or in as a keyword); the forward's
+    signature is read once."""
+
+    def __init__(self, module: nn.Module, name: str, rewrite: Callable[[dict[str, Any]], Any]) -> None:
+        self.signature = inspect.signature(module.forward)
+        self.name, self.rewrite = name, rewrite
+        self.position = list(self.signature.parameters).index(name)
+
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict] | None:
+        value = self.rewrite(self.signature.bind_partial(*args, **kwargs).arguments)
+        if value is None:
+            return None
+        if self.position < len(args):
+            return (*args[: self.position], value, *args[self.position + 1 :]), kwargs
+        return args, {**kwargs, self.name: value}
+
+
+def padding_mask_view(arguments: dict[str, Any]) -> torch.Tensor | None:
+    """The ``attention_mask`` of the module that builds a model's attention masks (its recorder, see
+    `RecorderSteps`): the padding mask as a (B, 1, 1, t) bool view, which transformers' mask
+    creation passes through as it is, so the LSG layers get an O(n) mask whatever the backend (for
+    "sdpa" or "eager" transformers would build a (B, 1, t, t) matrix). Without a mask, one of 1s
+    (counting the cache of a decoding step) stands for it. None (the call unchanged) for a mask of the
+    user's own making, which the LSG layers accept or refuse saying why, or without any input."""
+    mask = arguments.get("attention_mask")
+    if mask is None:
+        tokens = next((arguments[name] for name in ("input_ids", "inputs_embeds") if arguments.get(name) is not None), None)
+        if tokens is None:
+            return None
+        cache = arguments.get("past_key_values")
+        length = tokens.shape[1] + (cache.get_seq_length() if cache is not None else 0)
+        mask = torch.ones(tokens.shape[0], length, dtype=torch.bool, device=tokens.device)
+    elif mask.dim() != 2:
+        return None
+    return mask.bool()[:, None, None, :]
+
+
+class RecorderSteps:
+    """The LSG steps around a forward pass of a model's recorder: the `ForwardCall` of the global tokens
+    opened (`GlobalTokens.open`, first, so that every call opened is closed), the O(n) padding mask
+    (`padding_mask_view`); after the forward, where the recorder is the encoder (BART's), the global
+    tokens dropped from its output (`GlobalTokens.drop`), the recorded hidden states replaced by the
+    token rows (`GlobalTokens.finish`); the call closed whether the forward returned or raised.
+
+    Where the recorder is the model itself (LSGBertModel), the model's `RecorderForward` runs its
+    forward inside the steps (`run`). Where it is a module inside the model (the ``bert`` of
+    LSGBertForMaskedLM, BART's encoder) they run as its hooks (`hook_into`): the model's forward calls
+    that module through ``__call__``, so its hooks always run.
+    """
+
+    def __init__(self, recorder: nn.Module, global_tokens: GlobalTokens, is_encoder: bool) -> None:
+        self.padding_mask = ArgumentRewrite(recorder, "attention_mask", padding_mask_view)
+        self.global_tokens = global_tokens
+        self.is_encoder = is_encoder
+
+    def enter(self, recorder: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:
+        """Before the recorder's forward (also its forward pre-hook): -> the arguments it runs with."""
+        kwargs = self.global_tokens.open(kwargs)
+        return self.padding_mask(recorder, args, kwargs) or (args, kwargs)
+
+    def leave(self, recorder: nn.Module, args: tuple, output: Any) -> Any:
+        """After the recorder's forward returned: -> what the model returns from it."""
+        if self.is_encoder:
+            output = self.global_tokens.drop(recorder, args, output)
+        return self.global_tokens.finish(output)
+
+    def run(self, recorder: nn.Module, forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """`forward` (the recorder's own, bound) called inside the steps."""
+        args, kwargs = self.enter(recorder, args, kwargs)
+        try:
+            return self.leave(recorder, args, forward(*args, **kwargs))
+        finally:
+            self.global_tokens.close()
+
+    def after(self, recorder: nn.Module, args: tuple, output: Any) -> Any:
+        """Forward hook of the recorder, also called when its forward raised (``output`` None then)."""
+        try:
+            return None if output is None else self.leave(recorder, args, output)
+        finally:
+            self.global_tokens.close()
+
+    def hook_into(self, recorder: nn.Module) -> None:
+        """Run the steps as hooks of `recorder`: `enter` before every other pre-hook (the embeddings' hooks
+        of an encoder that holds its embeddings read the call it opens), `after` even when the forward raises."""
+        recorder.register_forward_pre_hook(self.enter, with_kwargs=True, prepend=True)
+        recorder.register_forward_hook(self.after, always_call=True)
+
+
+class RecorderForward:
+    """``forward`` of every LSG model (`lsg_model.LSGModelMixin`): the Hugging Face class's own forward,
+    run inside the model's `RecorderSteps` where the model is its own recorder (its ``lsg_forward_steps``).
+
+    The steps must run when code calls ``model.forward(...)`` directly, skipping the call hooks
+    (sentence-transformers does), so they cannot be hooks of the model itself. A class attribute that
+    gives, for each model, a functools.partial of `RecorderSteps.run` whose ``__wrapped__`` is the Hugging
+    Face forward, rather than a method of the mixin: ``inspect.signature(model.forward)`` (transformers,
+    Trainer, sentence-transformers) then reads the parameters of that forward (a method of the mixin
+    would show ``*args, **kwargs``), and torch.export reads the code of a function, or a partial of one.
+    Where the recorder is a module inside the model, the model's forward is the Hugging Face one.
+    """
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.owner = owner  # the mixin: the forward below it in a model's MRO is the Hugging Face one
+
+    def __get__(self, model: nn.Module | None, model_class: type | None = None) -> Callable[..., Any]:
+        forward = super(self.owner, model if model is not None else model_class).forward
+        steps = None if model is None else model.lsg_forward_steps
+        if steps is None:
+            return forward
+        run = functools.partial(RecorderSteps.run, steps, model, forward)
+        run.__wrapped__ = forward  # what inspect.signature reads
+        return run
