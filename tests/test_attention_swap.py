@@ -50,7 +50,7 @@ class HandWrittenSelfAttention(nn.Module):
 class SwappedBertModel(LSGBertModel):
     """LSGBertModel whose self-attention modules are swapped rather than reached by dispatch."""
 
-    lsg_attention = SwappedAttention(BertSelfAttention, HandWrittenSelfAttention)
+    lsg_attention = SwappedAttention((BertSelfAttention, HandWrittenSelfAttention))
 
 
 def tiny_config(**settings) -> LSGBertConfig:
