@@ -28,7 +28,8 @@ from helpers import (
     save_tiny_source,
 )
 from lsg_converter import ARCHITECTURES, LSGConverter, OutputExistsError, model_card, save_converted
-from lsg_converter.cli import build_parser, flag_spelling, main
+from lsg_converter.cli import flag_spelling
+from lsg_converter_cli import build_parser, main
 from lsg_converter.saving import check_output_folder
 
 ERROR_PREFIX = "lsg-convert: error:"
@@ -153,7 +154,7 @@ def test_the_saved_folder_and_files_get_their_permissions_from_the_umask(tiny_be
 # the CLI run by a Python that pauses, once, when the conversion opens a file whose path holds MARKER
 PAUSING_CLI = """
 import os, sys, time
-from lsg_converter.cli import main
+from lsg_converter_cli import main
 
 def pause(event, args):
     if event == "open" and isinstance(args[0], str) and MARKER in args[0] and not paused:
