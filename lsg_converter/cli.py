@@ -11,6 +11,7 @@ import shlex
 import sys
 import warnings
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Iterator
 
 from huggingface_hub.utils import logging as hub_logging
@@ -33,7 +34,7 @@ def convert(parser: argparse.ArgumentParser, args: argparse.Namespace, interrupt
 
 
 def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace, interruption: Interruption) -> int:
-    from . import LSGConverter, LSGError, model_card, push_converted, save_converted
+    from . import LSGConverter, LSGError, model_card, push_converted
     from .card import default_folder_name
     from .push import check_can_push
     from .sbert import pipeline_of
@@ -75,7 +76,7 @@ def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace, interrup
         if save_path:
             _advance(progress, "save")
             interruption.stop_if_received()
-            target = save_converted(model, tokenizer, save_path, overwrite=args.overwrite, card=card)
+            target = _save(model, tokenizer, save_path, args.overwrite, card, interruption, last=not args.push_to_hub)
         if args.push_to_hub:
             _advance(progress, "push")
             interruption.stop_if_received()
@@ -107,6 +108,36 @@ def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace, interrup
             location = str(target or args.push_to_hub)
             print(f"Load it with sentence-transformers: SentenceTransformer({location!r}, trust_remote_code=True)")
     return 0
+
+
+def _save(
+    model: Any, tokenizer: Any, save_path: str, overwrite: bool, card: Any, interruption: Interruption, last: bool
+) -> Path:
+    """save_converted(...); once the folder is in place (the save's last step renames it there) a Ctrl-C
+    no longer stops the run when the save is its `last` step: the folder is complete, the run is done."""
+    from .saving import save_converted
+
+    target = Path(save_path).resolve()
+    before = _folder_identity(target)
+    try:
+        saved = save_converted(model, tokenizer, target, overwrite=overwrite, card=card)
+        if last:
+            interruption.outlived()
+    except KeyboardInterrupt:
+        if not last or _folder_identity(target) in (None, before):
+            raise
+        interruption.outlived()
+        saved = target
+    return saved
+
+
+def _folder_identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of the folder at `path`, None when there is none: the save renames a new folder there."""
+    try:
+        status = path.stat()
+    except FileNotFoundError:
+        return None
+    return status.st_dev, status.st_ino
 
 
 def _lsg_settings(args: argparse.Namespace) -> dict[str, Any]:

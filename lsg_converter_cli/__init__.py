@@ -69,8 +69,9 @@ class _Parser(argparse.ArgumentParser):
 
     def _unrecognized(self, options: list[str]) -> str:
         """'unrecognized arguments: --block-sise: did you mean --block-size?' (the hint where one is close)."""
-        closest = difflib.get_close_matches(options[0], sorted(self._option_string_actions), n=1, cutoff=0.6)
-        hint = f": did you mean {closest[0]}?" if closest and len(options) == 1 else ""
+        names = {option.lstrip("-"): option for option in self._option_string_actions}  # dashes alike in all
+        closest = difflib.get_close_matches(options[0].lstrip("-"), sorted(names), n=1, cutoff=0.7)
+        hint = f": did you mean {names[closest[0]]}?" if closest and len(options) == 1 else ""
         return f"unrecognized arguments: {' '.join(options)}{hint}"
 
 

@@ -10,6 +10,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ import torch
 
 from helpers import (
     FIXTURES,
+    REPO_ROOT,
     assert_reproduces_reference,
     cli_command,
     closed_port_endpoint,
@@ -50,11 +52,18 @@ def _assert_clean_error(capsys: pytest.CaptureFixture[str], code: int, expected_
     return lines[0]
 
 
-def _console_script() -> str:
-    beside_python = Path(sys.executable).with_name("lsg-convert")
-    script = str(beside_python) if beside_python.exists() else shutil.which("lsg-convert")
-    assert script, "the lsg-convert console script is not installed (pip install -e .)"
-    return script
+def _console_script() -> list[str]:
+    """`lsg-convert` as pyproject.toml declares it (module:function), run by this Python from this
+    checkout (an installed script may name an older entry point until `pip install -e .` runs again)."""
+    scripts = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]
+    module, _, function = scripts["lsg-convert"].partition(":")
+    return python_command(f"import sys\nfrom {module} import {function}\nsys.exit({function}())")
+
+
+def _console_environment() -> dict[str, str]:
+    """This environment, offline, with this checkout first on PYTHONPATH."""
+    python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": python_path}
 
 
 # ---------------------------------------------------------------------------------------------- success
@@ -207,11 +216,11 @@ def test_help_shows_examples_and_exit_codes(capsys):
 def test_console_script_converts_and_exits_0(tiny_bert_dir, tmp_path):
     out = tmp_path / "out"
     result = subprocess.run(
-        [_console_script(), str(tiny_bert_dir), "--max-len", "256", "--save-path", str(out)],
+        [*_console_script(), str(tiny_bert_dir), "--max-len", "256", "--save-path", str(out)],
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        env=_console_environment(),
     )
     assert result.returncode == 0, result.stderr
     assert (out / "config.json").is_file()
@@ -220,11 +229,11 @@ def test_console_script_converts_and_exits_0(tiny_bert_dir, tmp_path):
 
 def test_console_script_error_exits_with_its_code_and_no_traceback(tmp_path):
     result = subprocess.run(
-        [_console_script(), str(tmp_path / "missing"), "--max-len", "256", "--save-path", str(tmp_path / "out")],
+        [*_console_script(), str(tmp_path / "missing"), "--max-len", "256", "--save-path", str(tmp_path / "out")],
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        env=_console_environment(),
     )
     assert result.returncode == 4
     assert "Traceback" not in result.stderr
