@@ -430,7 +430,7 @@ def test_library_messages_reach_cli_users_in_flag_spelling(library, cli):
 
 def test_every_parameter_with_a_flag_is_translated():
     parser = build_parser()
-    options = [action for action in parser._actions if action.option_strings and action.dest != "help"]
+    options = [action for action in parser._actions if action.option_strings and action.dest not in ("help", "version")]
     named = {"overwrite", "architecture", "max_sequence_length", "block_size", "sparse_block_size", "sparsity_factor"}
     named |= {"sparsity_type", "num_global_tokens", "position_tiling", "token", "save_path"}
 

@@ -320,7 +320,7 @@ def test_an_abbreviated_flag_is_refused_without_echoing_its_value(tiny_bert_dir,
 
     err = capsys.readouterr().err.strip()
     assert code == 2
-    assert err == "lsg-convert: error: unrecognized arguments: --tok (see lsg-convert --help)"
+    assert err == "lsg-convert: error: unrecognized arguments: --tok: did you mean --token? (see lsg-convert --help)"
     assert sorted(tmp_path.iterdir()) == []
 
 
