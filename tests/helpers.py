@@ -268,7 +268,7 @@ def run_process(command: list[str], cwd: Path, environment: dict[str, str]) -> s
 
 def cli_command(*args) -> list[str]:
     """`lsg-convert *args` run by this Python, importing lsg_converter from PYTHONPATH."""
-    return [sys.executable, "-m", "lsg_converter.cli", *map(str, args)]
+    return [sys.executable, "-m", "lsg_converter_cli", *map(str, args)]
 
 
 def timed_cli_command(*args) -> list[str]:
@@ -276,7 +276,7 @@ def timed_cli_command(*args) -> list[str]:
     on stdout: the seconds main() ran, the interpreter's start and the imports left out (see main_seconds)."""
     script = f"""
         import sys, time
-        from lsg_converter.cli import main
+        from lsg_converter_cli import main
         start = time.monotonic()
         code = main({list(map(str, args))!r})
         print("MAIN_SECONDS", time.monotonic() - start)
