@@ -8,8 +8,8 @@ An architecture states it once, in its mixin's ``lsg_attention`` (see lsg_model.
 * `SwappedAttention`: the layers compute attention by hand (MPNet, DeBERTa-v2): every module of the
   named classes is replaced, before the weights load, by a module built from it that keeps its
   parameters under their names (checkpoints load as they are); the attention module calls
-  `lsg_attention.lsg_attention_forward` itself (MPNet also swaps its encoder, whose relative position
-  bias becomes per-block position terms). `adopted` builds such a replacement from a subclass.
+  `swapped_attention_forward` itself (MPNet also swaps its encoder, whose relative position bias
+  becomes per-block position terms). `adopted` builds such a replacement from a subclass.
 
 This file travels with saved models as remote code: it imports torch and transformers only.
 """
@@ -21,7 +21,7 @@ from typing import Any, Callable, Protocol
 
 from torch import nn
 
-from .lsg_attention import lsg_backend, registered_attention
+from .lsg_attention import lsg_attention_forward, lsg_backend, registered_attention
 
 
 class AttentionReach(Protocol):
@@ -59,9 +59,8 @@ class SwappedAttention:
 
     The replacement takes the source module's place (same name) and its parameters (same names, so a
     checkpoint of the source architecture loads as it is). An attention replacement computes queries,
-    keys and values itself, calls `lsg_attention.lsg_attention_forward` with the backend that
-    `lsg_attention.lsg_backend` gives for ``config._attn_implementation`` (read at each call, so
-    ``set_attn_implementation`` reaches it), and returns what the source module returned.
+    keys and values itself, calls `swapped_attention_forward` (the backend of the model's config, read
+    at each call, so ``set_attn_implementation`` reaches it) and returns what the source module returned.
     """
 
     swaps: tuple[tuple[type[nn.Module], Replacement], ...]
@@ -97,6 +96,26 @@ def adopted(subclass: type[nn.Module]) -> Replacement:
         return module
 
     return replace
+
+
+def swapped_attention_forward(
+    module: nn.Module, query, key, value, attention_mask, scaling: float, **kwargs: Any
+) -> tuple[Any, Any]:
+    """What a swapped attention module calls with its queries, keys and values (B, H, N, D): LSG attention
+    with the backend of the model's config (read at each call) and, in training, DropKey at the rate of
+    the module's ``dropout``; `kwargs` go on to `lsg_attention.lsg_attention_forward` (position_terms=,
+    output_attentions=). Returns (output (B, N, H, D), weights or None)."""
+    return lsg_attention_forward(
+        module,
+        query,
+        key,
+        value,
+        attention_mask,
+        dropout=module.dropout.p if module.training else 0.0,
+        scaling=scaling,
+        backend=lsg_backend(module.config._attn_implementation),
+        **kwargs,
+    )
 
 
 class AttentionLayerConfig:

@@ -33,8 +33,7 @@ from transformers.models.mpnet.modeling_mpnet import (
 )
 
 from .configuration_lsg_mpnet import LSGMPNetConfig
-from .lsg_attention import lsg_attention_forward, lsg_backend
-from .lsg_attention_layers import SwappedAttention, adopted
+from .lsg_attention_layers import SwappedAttention, adopted, swapped_attention_forward
 from .lsg_model import LSGModelMixin
 from .lsg_pattern import PositionTerms
 
@@ -64,15 +63,13 @@ class LSGMPNetSelfAttention(MPNetSelfAttention):
     ) -> tuple[torch.Tensor, ...]:
         shape = (*hidden_states.shape[:-1], -1, self.attention_head_size)  # (B, L, H, D)
         query, key, value = (layer(hidden_states).view(shape).transpose(1, 2) for layer in (self.q, self.k, self.v))
-        output, weights = lsg_attention_forward(
+        output, weights = swapped_attention_forward(
             self,
             query,
             key,
             value,
             attention_mask,
-            dropout=self.dropout.p if self.training else 0.0,
             scaling=self.attention_head_size**-0.5,
-            backend=lsg_backend(self.config._attn_implementation),
             position_terms=position_bias,
             output_attentions=output_attentions,
         )  # output: (B, L, H, D)
