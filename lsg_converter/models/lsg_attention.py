@@ -26,7 +26,7 @@ DeBERTa), are evaluated for the (query, key) pairs each backend evaluates, never
 
 In training, attention dropout is DropKey (keys hidden before the softmax, `lsg_pattern.drop_keys`),
 which keeps the kernels fused; every backend hides the same keys for the same random state. No tensor
-of size ``t x t`` is ever built (except by the eager backend, and by flex_attention run uncompiled).
+of size ``t x t`` is ever built (except by the eager backend).
 
 This file travels with saved models as remote code: it imports torch and transformers only.
 """
@@ -44,13 +44,14 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import logging
 
 from .lsg_eager import EagerBackend
-from .lsg_flex import FLEX_ATTENTION_AVAILABLE, FlexBackend
+from .lsg_flex import FLEX_ATTENTION_AVAILABLE, FlexBackend, FlexUnavailable
 from .lsg_pattern import (
     Backend,
     KeyPattern,
     KeySequence,
     PositionTerms,
     TokenAttention,
+    TokenOutput,
     block_dropout,
     causal_mask,
     dense_position_scores,
@@ -139,7 +140,8 @@ def lsg_attention(
             on the left only, global tokens form a causal prefix.
         backend: one of `LSG_BACKENDS`. Same keys, same DropKey draws, same results. Inputs of at most
             two blocks run plain attention (flex_attention: through SDPA), and so do cached decoding
-            steps; flex_attention runs sdpa where it cannot (gradients on the CPU).
+            steps; flex_attention runs sdpa where it cannot (gradients on the CPU, a call its compiled
+            kernel cannot take: see `lsg_flex.CompiledFlexAttention`).
         position_terms: relative position score terms (see `lsg_pattern.PositionTerms`), or None.
     Returns:
         The output (B, H, q, D), a transposed view of a contiguous (B, q, H, D) tensor, and, with the
@@ -223,7 +225,7 @@ def lsg_attention(
     )
     if dropout:
         job.kept = block_dropout(job, heads, dropout)
-    tokens = kernel.token_attention(job)
+    tokens = _token_attention(kernel, job)
     output = tokens.output  # (B, t, H, D)
     if num_global:
         context = tokens.global_context or KeySequence(key, value, torch.arange(length, device=key.device))
@@ -232,6 +234,14 @@ def lsg_attention(
         )  # (B, g, H, D)
         output = torch.cat([global_output, output], dim=1)
     return output.transpose(1, 2), tokens.weights
+
+
+def _token_attention(kernel: Backend, job: TokenAttention) -> TokenOutput:
+    """The backend's answer to `job`; the sdpa backend's where compiled flex_attention cannot take it."""
+    try:
+        return kernel.token_attention(job)
+    except FlexUnavailable:
+        return BACKENDS["sdpa"].token_attention(job)
 
 
 def lsg_self_attention(*args: Any, **kwargs: Any) -> torch.Tensor:

@@ -13,9 +13,11 @@ those DropKey kept (drawn once by the core, `TokenAttention.kept`, the same for 
   index arithmetic (`block_structure`, cached), never by evaluating the mask on every element.
 * What changes from call to call (padding, sparse selection, dropout) reaches the kernel through
   tensors read by the mask_mod: a new padding neither rebuilds the structure nor recompiles.
-* On CUDA `flex_attention` is compiled once per process (`torch.compile`). Elsewhere it runs
-  uncompiled, forward only, materialising the scores: enough to check results; the SDPA backend
-  is the CPU path.
+* `flex_attention` runs compiled, on CUDA and on the CPU alike (uncompiled it would materialise
+  every score). One compiled kernel per `KernelSignature` (the pattern, the score_mod's terms,
+  dropout, device, dtype), compiled once per process: the first length static, the next ones
+  through one dynamic-shape graph (`MAX_COMPILES`). Where compiling fails or a call would need
+  more compiles than that, the call runs the sdpa backend (`FlexUnavailable`), never uncompiled flex.
 
 Position terms (`lsg_pattern.PositionTerms`) enter as a score_mod: each key of the sequence carries
 its position (and key-side rows), the query's position is its index.
@@ -23,7 +25,8 @@ its position (and key-side rows), the query's position is its index.
 The global queries see every key: the core runs their few rows through SDPA on this same key
 sequence (`TokenOutput.global_context`); inside the flex mask one thread block would carry the
 whole sequence. Where flex cannot run (gradients on a device without its backward pass), the core
-runs the sdpa backend instead (`FlexBackend.runs`).
+runs the sdpa backend instead (`FlexBackend.runs`), and likewise for a call compiled flex cannot
+take (`FlexUnavailable`).
 
 This file travels with saved models as remote code: it imports torch, transformers and lsg_pattern only.
 """
@@ -31,7 +34,9 @@ This file travels with saved models as remote code: it imports torch, transforme
 from __future__ import annotations
 
 import functools
+import zlib
 from dataclasses import dataclass
+from types import FunctionType
 from typing import Callable
 
 import torch
@@ -56,6 +61,7 @@ if FLEX_ATTENTION_AVAILABLE:
 
 FLEX_FORWARD_ONLY_DEVICES = ("cpu", "mps")  # flex_attention has no backward pass on these
 TILE = 128  # rows of a BlockMask tile, for queries and keys alike (flex_attention's default)
+MAX_COMPILES = 2  # per kernel signature: the first length static, then one graph for every length
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -197,16 +203,99 @@ def _with_mask_mod(structure: BlockMask, mask_mod: Callable) -> BlockMask:
     )
 
 
+class FlexUnavailable(RuntimeError):
+    """Compiled flex_attention cannot take this call (its compile failed, or its budget is spent):
+    the core runs the sdpa backend for it."""
+
+
+@dataclass(frozen=True)
+class KernelSignature:
+    """What fixes the graph of a flex_attention call, apart from the lengths: one compiled kernel each."""
+
+    pattern: KeyPattern
+    position_parts: tuple[str, ...]  # the sides of the position terms the score_mod adds
+    dropout_rows: int  # rows of DropKey's choice per block (1 or b), 0 without dropout
+    device_type: str
+    dtype: torch.dtype
+
+    def kernel_name(self) -> str:
+        """A name of its own, the same in every process (torch.compile keeps state per code name)."""
+        return f"lsg_flex_attention_{zlib.crc32(repr(self).encode()):08x}"
+
+
+def _flex_entry_point(name: str) -> Callable:
+    """A copy of flex_attention with a code object of its own, called `name`.
+
+    torch.compile keeps the graphs, the recompile count and the history of the ints it saw (which
+    turns an int that changed into a dynamic one) per code object: with one per signature, the
+    pattern's ints of one model stay static while another model's calls come and go. A copy, not a
+    wrapper: inlined behind a wrapper, flex_attention's dynamic-shape CPU kernel fails to build.
+    """
+    entry_point = FunctionType(
+        flex_attention.__code__.replace(co_name=name),
+        flex_attention.__globals__,
+        name,
+        flex_attention.__defaults__,
+        flex_attention.__closure__,
+    )
+    entry_point.__kwdefaults__ = flex_attention.__kwdefaults__
+    return entry_point
+
+
+class CompiledFlexAttention:
+    """flex_attention compiled by inductor for one `KernelSignature`, at most `max_compiles` times.
+
+    The first call compiles for its shapes; a call with other lengths compiles once more with those
+    lengths dynamic (torch.compile's automatic dynamic shapes), after which every length runs. A
+    call that would compile past the budget, or a compile that fails, raises `FlexUnavailable`
+    (with one warning): never an uncompiled flex_attention, which materialises every score.
+    """
+
+    def __init__(self, name: str, max_compiles: int = MAX_COMPILES):
+        self.name = name
+        self.compiles_left = max_compiles
+        self._kernel = torch.compile(_flex_entry_point(name), backend=self._counted_inductor, fullgraph=True)
+
+    def _counted_inductor(self, graph: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        from torch._inductor.compile_fx import compile_fx
+
+        self.compiles_left -= 1
+        return compile_fx(graph, example_inputs)
+
+    def __call__(self, *args, **kwargs) -> torch.Tensor:
+        budget_spent = self.compiles_left <= 0
+        try:
+            with torch.compiler.set_stance("fail_on_recompile" if budget_spent else "default"):
+                return self._kernel(*args, **kwargs)
+        except torch._dynamo.exc.TorchDynamoException as error:  # inductor's errors derive from it too
+            self.compiles_left = 0  # the graphs compiled so far still serve their shapes
+            raise _unavailable("could not be compiled", error) from error
+        except RuntimeError as error:
+            if not budget_spent:
+                raise
+            raise _unavailable("has no compile left in its budget", error) from error  # set_stance's refusal
+
+
+def _unavailable(reason: str, error: Exception) -> FlexUnavailable:
+    """The FlexUnavailable of a call compiled flex cannot take, announced once per reason."""
+    logger.warning_once(
+        f"flex_attention {reason} for some calls (at most {MAX_COMPILES} compiles per model and "
+        "pattern): LSG runs its sdpa backend for them (same results)."
+    )
+    return FlexUnavailable(f"flex_attention {reason}: {error}")
+
+
 @functools.cache
-def _compiled_flex_attention() -> Callable:
-    return torch.compile(flex_attention)
+def compiled_flex_attention(signature: KernelSignature) -> CompiledFlexAttention:
+    """The compiled kernel of `signature`, one per process."""
+    return CompiledFlexAttention(signature.kernel_name())
 
 
-def _flex_kernel(device: torch.device) -> Callable:
-    """flex_attention compiled once per process on CUDA; uncompiled elsewhere or inside a compiled graph."""
-    if device.type != "cuda" or torch.compiler.is_compiling():
+def _flex_kernel(signature: KernelSignature) -> Callable:
+    """The compiled kernel of `signature`; plain flex_attention inside a graph being compiled (compiled with it)."""
+    if torch.compiler.is_compiling():
         return flex_attention
-    return _compiled_flex_attention()
+    return compiled_flex_attention(signature)
 
 
 class FlexBackend:
@@ -226,11 +315,6 @@ class FlexBackend:
                 "gradients are needed (same results)."
             )
             return False
-        if query.device.type != "cuda":
-            logger.warning_once(
-                f"flex_attention runs uncompiled on {query.device.type} and computes every score (O(n^2) memory): "
-                "use attn_implementation='sdpa' off CUDA."
-            )
         return True
 
     def token_attention(self, job: TokenAttention) -> TokenOutput:
@@ -278,7 +362,14 @@ class FlexBackend:
                 key_rows = sequence([terms.key_rows[:, :, :num_global], token_rows, sparse_rows])  # (B, H, length, R)
             score_mod = position_score_mod(terms, key_positions, key_rows, num_global)
         block_mask = _with_mask_mod(structure, lsg_mask_mod(pattern, layout, key_valid, job.kept))
-        output = _flex_kernel(job.queries.device)(
+        signature = KernelSignature(
+            pattern,
+            () if terms is None else tuple(side for side, _, _ in terms.parts()),
+            0 if job.kept is None else job.kept.shape[3],
+            job.queries.device.type,
+            job.queries.dtype,
+        )
+        output = _flex_kernel(signature)(
             job.queries[:, :num_queries].transpose(1, 2),
             key_sequence,
             value_sequence,
