@@ -62,3 +62,15 @@ def tiny_bert_dir(tmp_path_factory: pytest.TempPathFactory, minilm_path: Path) -
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(autouse=True)
+def flex_kernel(monkeypatch):
+    """flex_attention uncompiled, as the kernel of the flex backend: a compile costs tens of seconds
+    on the CPU, and the mask_mod and score_mod give the same results either way. The compiled kernel
+    is tested where this fixture is overridden (tests/test_flex_compiled.py, tests/test_gpu.py)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from lsg_converter.models import lsg_flex
+
+    monkeypatch.setattr(lsg_flex, "_flex_kernel", lambda signature: flex_attention)

@@ -17,6 +17,11 @@ NUM_GLOBAL, TOKENS = 2, 1000  # 16 blocks of 64, the last one padded
 TOLERANCE = {torch.float32: 2e-3, torch.bfloat16: 3e-2}
 
 
+@pytest.fixture(autouse=True)
+def flex_kernel():
+    """The compiled kernel the backend chooses (conftest's uncompiled one is for the CPU unit tests)."""
+
+
 def random_qkv(batch, length, dtype, seed=0):
     generator = torch.Generator().manual_seed(seed)
     return [

@@ -1,0 +1,151 @@
+"""flex_attention compiled by inductor on the CPU, as the backend runs it: equal to the sdpa backend,
+within its compile budget, falling back to sdpa (never to uncompiled flex), and O(n) in memory.
+
+Each compile costs seconds to tens of seconds here. The compiled kernels are process-wide (one per
+`lsg_flex.KernelSignature`), so the tests share them: the equality tests compile one kernel per
+pattern (with or without sparse keys, bidirectional or causal, with position terms), whatever the
+sparsity type. The same kernel lowering serves CUDA (where tests/test_gpu.py checks gradients too).
+"""
+
+import logging
+import resource
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from helpers import lsg_config, padding_mask
+from test_position_terms import BUCKETS, clamped_bucket
+from lsg_converter.models import lsg_flex
+from lsg_converter.models.lsg_attention import lsg_self_attention
+from lsg_converter.models.lsg_pattern import PositionTerms
+from lsg_converter.models.lsg_sparse import SPARSITY_TYPES
+
+HEADS, HEAD_DIM = 2, 16
+NUM_GLOBAL, TOKENS = 2, 75  # 10 blocks of 8, the last one padded
+
+@pytest.fixture(autouse=True)
+def flex_kernel():
+    """The compiled kernel the backend chooses (overrides conftest's uncompiled one)."""
+
+
+def random_qkv(batch, length, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(batch, HEADS, length, HEAD_DIM, generator=generator) for _ in range(3)]
+
+
+def both_backends(inputs, mask, config, **options):
+    """(sdpa output, flex output) of the same inference call."""
+    with torch.no_grad():
+        return [lsg_self_attention(*inputs, mask, config, backend=backend, **options) for backend in ("sdpa", "flex_attention")]
+
+
+def assert_flex_ran_and_equals_sdpa(sdpa, flex, mask):
+    real = mask[:, None, :, None].expand_as(sdpa)
+    torch.testing.assert_close(flex[real], sdpa[real], atol=1e-5, rtol=0)
+    assert not torch.equal(flex, sdpa)  # another kernel ran: not the sdpa fallback
+
+
+def unique_graphs() -> int:
+    return counters["stats"]["unique_graphs"]
+
+
+@pytest.mark.parametrize("sparsity_type", SPARSITY_TYPES)
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_compiled_flex_forward_equals_sdpa_forward(sparsity_type, causal):
+    if causal and sparsity_type == "bos_pooling":
+        pytest.skip("bos_pooling is refused for decoders")
+    config = lsg_config(block_size=8, sparse_block_size=8, sparsity_type=sparsity_type, num_global_tokens=NUM_GLOBAL)
+    length = NUM_GLOBAL + TOKENS
+    mask = padding_mask([length, NUM_GLOBAL + 50], length)
+
+    sdpa, flex = both_backends(random_qkv(2, length), mask, config, causal=causal)
+
+    assert_flex_ran_and_equals_sdpa(sdpa, flex, mask)
+
+
+@pytest.mark.parametrize("sparsity_type", ["none", "norm"])
+def test_compiled_flex_forward_equals_sdpa_forward_with_position_terms(sparsity_type):
+    config = lsg_config(block_size=8, sparse_block_size=8, sparsity_type=sparsity_type, num_global_tokens=NUM_GLOBAL)
+    length = NUM_GLOBAL + TOKENS
+    mask = padding_mask([length, NUM_GLOBAL + 50], length)
+    generator = torch.Generator().manual_seed(1)
+    terms = PositionTerms(
+        bucket=clamped_bucket,
+        table=torch.randn(HEADS, BUCKETS, generator=generator),
+        query_rows=torch.randn(2, HEADS, length, BUCKETS, generator=generator),
+        key_rows=torch.randn(2, HEADS, length, BUCKETS, generator=generator),
+        global_position=3,
+    )
+
+    sdpa, flex = both_backends(random_qkv(2, length), mask, config, position_terms=terms)
+
+    assert_flex_ran_and_equals_sdpa(sdpa, flex, mask)
+
+
+@pytest.mark.slow
+def test_ten_lengths_with_mixed_padding_compile_at_most_twice():
+    config = lsg_config(block_size=128, sparse_block_size=128, sparsity_type="norm", num_global_tokens=1)
+    graphs_before = unique_graphs()
+
+    for length in [1000, 1800, 2500, 3100, 4000, 4700, 5500, 6300, 7200, 8000]:
+        mask = padding_mask([length, length * 2 // 3], length)
+        sdpa, flex = both_backends(random_qkv(2, length, seed=length), mask, config)
+        assert_flex_ran_and_equals_sdpa(sdpa, flex, mask)
+
+    assert unique_graphs() - graphs_before <= lsg_flex.MAX_COMPILES
+
+
+def run_with_kernel(monkeypatch, kernel, lengths, config):
+    """(sdpa, flex) outputs of each length, flex through `kernel` (its warnings not yet given)."""
+    monkeypatch.setattr(lsg_flex, "_flex_kernel", lambda signature: kernel)
+    logging.Logger.warning_once.cache_clear()
+    outputs = []
+    for length in lengths:
+        outputs.append(both_backends(random_qkv(1, length), padding_mask([length], length), config))
+    return outputs
+
+
+def test_a_call_past_the_compile_budget_runs_sdpa_with_one_warning(monkeypatch, caplog):
+    kernel = lsg_flex.CompiledFlexAttention("lsg_flex_attention_test_budget", max_compiles=1)
+    config = lsg_config(block_size=8, sparse_block_size=8, sparsity_type="none", num_global_tokens=1)
+    graphs_before = unique_graphs()
+
+    (sdpa, flex), *past_budget = run_with_kernel(monkeypatch, kernel, [1 + 40, 1 + 56, 1 + 64], config)
+
+    assert unique_graphs() - graphs_before == 1
+    assert_flex_ran_and_equals_sdpa(sdpa, flex, torch.ones(1, 41, dtype=torch.bool))
+    assert all(torch.equal(flex, sdpa) for sdpa, flex in past_budget)  # the sdpa backend ran them
+    assert caplog.text.count("has no compile left in its budget") == 1
+
+
+def test_a_failed_compile_runs_sdpa_with_one_warning_and_is_not_retried(monkeypatch, caplog):
+    def failing_compile(graph, example_inputs):
+        raise RuntimeError("no C++ compiler")
+
+    monkeypatch.setattr(lsg_flex.CompiledFlexAttention, "_counted_inductor", staticmethod(failing_compile))
+    kernel = lsg_flex.CompiledFlexAttention("lsg_flex_attention_test_failure")
+    config = lsg_config(block_size=8, sparse_block_size=8, sparsity_type="none", num_global_tokens=1)
+
+    outputs = run_with_kernel(monkeypatch, kernel, [1 + 40, 1 + 40], config)
+
+    assert all(torch.equal(flex, sdpa) for sdpa, flex in outputs)
+    assert kernel.compiles_left == 0
+    assert caplog.text.count("could not be compiled") == 1
+
+
+@pytest.mark.slow
+def test_a_32k_token_forward_through_compiled_flex_stays_linear_in_memory():
+    config = lsg_config(block_size=128, sparse_block_size=128, sparsity_type="norm", num_global_tokens=1)
+    length = 32_768  # one fp32 score matrix of one head: 4 GiB
+    inputs = random_qkv(2, length)  # the shapes of the ten-lengths test: its kernel serves
+    peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
+
+    with torch.no_grad():
+        flex = lsg_self_attention(*inputs, None, config, backend="flex_attention")
+    rise_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before) / 1024
+
+    assert rise_mib < 512, f"peak memory rose by {rise_mib:.0f} MiB"
+    with torch.no_grad():
+        sdpa = lsg_self_attention(*inputs, None, config, backend="sdpa")
+    assert_flex_ran_and_equals_sdpa(sdpa, flex, torch.ones(2, length, dtype=torch.bool))
