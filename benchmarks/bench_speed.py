@@ -168,6 +168,81 @@ def median_seconds(step: Callable[[], None], repeats: int, device: torch.device)
     return statistics.median(times)
 
 
+def first_and_median_seconds(step: Callable[[], None], repeats: int, device: torch.device) -> tuple[float, float]:
+    """(seconds of the first call, compiles included, median seconds of the next `repeats` calls)."""
+    times = []
+    for _ in range(1 + repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return times[0], statistics.median(times[1:])
+
+
+@dataclass
+class InferenceRow:
+    """Inference (eval, no grad, forward) of the whole model or of the attention alone."""
+
+    what: str  # "model" or "attention"
+    name: str
+    length: int
+    first_seconds: float
+    seconds: float
+
+
+def model_inference(name: str, length: int, args: argparse.Namespace) -> InferenceRow:
+    model, input_ids = prepare(name, length, args)
+    forward, _ = step_functions(model, input_ids, train=False)
+    first, median = first_and_median_seconds(forward, args.repeats, torch.device(args.device))
+    return InferenceRow("model", name, length, first, median)
+
+
+def attention_inference(name: str, length: int, args: argparse.Namespace) -> InferenceRow:
+    """One LSG attention call without gradients on random (1, 12, 1 + length, 64) queries, keys, values."""
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    setting, backend = lsg_setting_and_backend(name)
+    config = LSGBertConfig(**ATTENTION_ONLY_SETTINGS[setting])
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (
+        torch.randn(1, HEADS, config.num_global_tokens + length, HEAD_DIM, generator=generator).to(device, dtype)
+        for _ in range(3)
+    )
+
+    def forward() -> None:
+        with torch.no_grad():
+            lsg_self_attention(q, k, v, None, config, backend=backend)
+
+    first, median = first_and_median_seconds(forward, args.repeats, device)
+    return InferenceRow("attention", name, length, first, median)
+
+
+def inference_table(rows: list[InferenceRow]) -> str:
+    lines = [
+        "\n**Inference** (eval, no grad, forward; B 1, 12 heads of 64): median of the calls after the first, "
+        "and the first call apart (it compiles flex_attention: static at the first length, dynamic at the next)\n",
+        "| what | model | tokens | forward s | first call s |",
+        "|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(f"| {row.what} | {row.name} | {row.length} | {fmt(row.seconds)} | {fmt(row.first_seconds, 2)} |")
+    return "\n".join(lines)
+
+
+def inference_report(names: list[str], args: argparse.Namespace) -> str:
+    """The inference table of the LSG rows `names`, whole model then attention alone, length by length."""
+    rows = []
+    for measure_row in (model_inference, attention_inference):
+        for length in args.lengths:
+            for name in names:
+                rows.append(row := measure_row(name, length, args))
+                print(f"{length:>6} {row.what} {name:<36} fwd {fmt(row.seconds)} s  first {fmt(row.first_seconds, 2)} s",
+                      flush=True)
+    return inference_table(rows)
+
+
 def prepare(name: str, length: int, args: argparse.Namespace) -> tuple[torch.nn.Module, torch.Tensor]:
     torch.manual_seed(0)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
@@ -448,6 +523,8 @@ def main() -> None:
     parser.add_argument("--eval", action="store_true", help="training step in eval mode (no dropout)")
     parser.add_argument("--compile", action="store_true", help="torch.compile every model")
     parser.add_argument("--forward-only", action="store_true")
+    parser.add_argument("--inference", action="store_true",
+                        help="only the inference table: whole model and attention alone, first call (compiles) apart")
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--max-dense-train-length", type=int, default=4096,
                         help="longest input for the dense model's training step (its memory is quadratic)")
@@ -470,6 +547,10 @@ def main() -> None:
     print(description, flush=True)
     names = [name for model in args.models for name in
              ([model] if model in PEERS else [lsg_model_name(model, backend) for backend in args.backends])]
+    if args.inference:
+        lsg_names = [name for name in names if name not in PEERS]
+        report_and_record(inference_report(lsg_names, args), [], description, args)
+        return
     rows = []
     for length in args.lengths:
         for name in names:
@@ -493,11 +574,16 @@ def main() -> None:
     if attention_rows:
         report += "\n" + attention_table(attention_rows, args.lengths)
     checks = gpu_target_checks(rows, attention_rows) if on_cuda else target_checks(rows)
+    report_and_record(report, checks, description, args)
+    if args.plot:
+        plot(rows, args.plot, description)
+
+
+def report_and_record(report: str, checks: list, description: str, args: argparse.Namespace) -> None:
+    """Print the report and, with --results, write it into --results-file under that heading."""
     print(report)
     if checks:
         print("\n" + checks_text(checks))
-    if args.plot:
-        plot(rows, args.plot, description)
     if args.results:
         command = "python benchmarks/bench_speed.py " + shlex.join(sys.argv[1:])
         body = f"## {args.results}\n\n{description}\n\n`{command}`\n{report}\n"
@@ -506,7 +592,6 @@ def main() -> None:
         if args.plot:
             body += f"\n![{args.results}]({os.path.relpath(args.plot, args.results_file.parent)})\n"
         write_results(args.results_file, args.results, body)
-
 
 if __name__ == "__main__":
     main()

@@ -1,8 +1,9 @@
 """The flex_attention backend against the SDPA one, how a model chooses between them, and LSH on any device.
 
-flex_attention runs forward only on CPU, uncompiled: it materialises the scores and ignores the block
-structure, so the structure is checked apart, tile by tile, against the mask it must cover.
-GPU checks (compiled kernel, gradients, bf16, generation) live in test_gpu.py.
+Here flex_attention runs uncompiled (conftest's `flex_kernel`): the same mask_mod, fast to test, but it
+materialises the scores and ignores the block structure, so the structure is checked apart, tile by
+tile, against the mask it must cover. The compiled kernel on the CPU: test_flex_compiled.py; on CUDA
+(gradients, bf16, generation): test_gpu.py.
 """
 
 import itertools
