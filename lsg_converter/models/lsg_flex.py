@@ -269,20 +269,20 @@ class CompiledFlexAttention:
                 return self._kernel(*args, **kwargs)
         except torch._dynamo.exc.TorchDynamoException as error:  # inductor's errors derive from it too
             self.compiles_left = 0  # the graphs compiled so far still serve their shapes
-            raise _unavailable("could not be compiled", error) from error
+            raise _unavailable(f"{self.name} could not be compiled", error) from error
         except RuntimeError as error:
             if not budget_spent:
                 raise
-            raise _unavailable("has no compile left in its budget", error) from error  # set_stance's refusal
+            raise _unavailable(f"{self.name} has spent its compile budget", error) from error  # set_stance's refusal
 
 
 def _unavailable(reason: str, error: Exception) -> FlexUnavailable:
-    """The FlexUnavailable of a call compiled flex cannot take, announced once per reason."""
+    """The FlexUnavailable of a call compiled flex cannot take; one warning per process says so."""
     logger.warning_once(
-        f"flex_attention {reason} for some calls (at most {MAX_COMPILES} compiles per model and "
-        "pattern): LSG runs its sdpa backend for them (same results)."
+        f"compiled flex_attention cannot take some calls (a compile failed, or they would need more than "
+        f"{MAX_COMPILES} compiles per model and pattern): LSG runs its sdpa backend for them (same results)."
     )
-    return FlexUnavailable(f"flex_attention {reason}: {error}")
+    return FlexUnavailable(f"{reason}: {error}")
 
 
 @functools.cache
@@ -370,7 +370,7 @@ class FlexBackend:
             job.queries.dtype,
         )
         output = _flex_kernel(signature)(
-            job.queries[:, :num_queries].transpose(1, 2),
+            job.queries[:, :num_queries].contiguous().transpose(1, 2),  # one memory layout, one graph
             key_sequence,
             value_sequence,
             score_mod=score_mod,
