@@ -155,17 +155,8 @@ def step_functions(
 
 
 def median_seconds(step: Callable[[], None], repeats: int, device: torch.device) -> float:
-    step()  # warm-up
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    """Median seconds of `repeats` calls after a warm-up call."""
+    return first_and_median_seconds(step, repeats, device)[1]
 
 
 def first_and_median_seconds(step: Callable[[], None], repeats: int, device: torch.device) -> tuple[float, float]:

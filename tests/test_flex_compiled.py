@@ -97,7 +97,7 @@ def test_a_model_fed_ten_lengths_with_mixed_padding_compiles_at_most_twice():
     generator = torch.Generator().manual_seed(0)
     graphs_before = unique_graphs()
 
-    for length in [1000, 1800, 2500, 3100, 4000, 4700, 5500, 6300, 7200, 8000]:
+    for length in [1000, 1800, 2500, 3100, 4096, 4700, 5500, 6300, 7200, 8000]:  # 4096: whole blocks, no padding copy
         input_ids = torch.randint(3, 99, (2, length), generator=generator)
         attention_mask = padding_mask([length, length * 2 // 3], length).long()
         with torch.no_grad():

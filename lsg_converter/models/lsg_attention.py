@@ -94,7 +94,7 @@ def lsg_backend(attn_implementation: str | None) -> str:
         )
     if attn_implementation == "flex_attention" and not FLEX_ATTENTION_AVAILABLE:
         raise ValueError(
-            f"attn_implementation='flex_attention' needs torch >= 2.5.1 (installed: {torch.__version__}): "
+            f"attn_implementation='flex_attention' needs torch >= 2.6 (installed: {torch.__version__}): "
             "upgrade torch or use attn_implementation='sdpa'."
         )
     return attn_implementation

@@ -55,7 +55,8 @@ from .lsg_pattern import (
 
 logger = logging.get_logger(__name__)
 
-FLEX_ATTENTION_AVAILABLE = is_torch_flex_attn_available()
+# torch >= 2.6: flex_attention, and torch.compiler.set_stance (how CompiledFlexAttention keeps its budget)
+FLEX_ATTENTION_AVAILABLE = is_torch_flex_attn_available() and hasattr(torch.compiler, "set_stance")
 if FLEX_ATTENTION_AVAILABLE:
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
@@ -298,6 +299,12 @@ def _flex_kernel(signature: KernelSignature) -> Callable:
     return compiled_flex_attention(signature)
 
 
+def _at_storage_start(x: torch.Tensor) -> torch.Tensor:
+    """`x` contiguous at offset 0 of its storage (a copy if it is not): torch.compile guards on strides
+    and storage offsets, so whatever the call (padded or not, from a model or not) one graph serves."""
+    return x.contiguous() if x.storage_offset() == 0 else x.clone(memory_format=torch.contiguous_format)
+
+
 class FlexBackend:
     """Every token query in one flex_attention call over a block-sparse mask; the global queries and
     inputs too short for blocks through SDPA."""
@@ -370,7 +377,7 @@ class FlexBackend:
             job.queries.dtype,
         )
         output = _flex_kernel(signature)(
-            job.queries[:, :num_queries].contiguous().transpose(1, 2),  # one memory layout, one graph
+            _at_storage_start(job.queries[:, :num_queries]).transpose(1, 2),
             key_sequence,
             value_sequence,
             score_mod=score_mod,
