@@ -15,9 +15,10 @@ those DropKey kept (drawn once by the core, `TokenAttention.kept`, the same for 
   tensors read by the mask_mod: a new padding neither rebuilds the structure nor recompiles.
 * `flex_attention` runs compiled, on CUDA and on the CPU alike (uncompiled it would materialise
   every score). One compiled kernel per `KernelSignature` (the pattern, the score_mod's terms,
-  dropout, device, dtype), compiled once per process: the first length static, the next ones
-  through one dynamic-shape graph (`MAX_COMPILES`). Where compiling fails or a call would need
-  more compiles than that, the call runs the sdpa backend (`FlexUnavailable`), never uncompiled flex.
+  dropout, training or inference, device, dtype), compiled once per process: the first length
+  static, the next ones through one dynamic-shape graph (`MAX_COMPILES`). Where compiling fails
+  or a call would need more compiles than that, the call runs the sdpa backend (`FlexUnavailable`),
+  never uncompiled flex.
 
 Position terms (`lsg_pattern.PositionTerms`) enter as a score_mod: each key of the sequence carries
 its position (and key-side rows), the query's position is its index.
@@ -216,6 +217,7 @@ class KernelSignature:
     pattern: KeyPattern
     position_parts: tuple[str, ...]  # the sides of the position terms the score_mod adds
     dropout_rows: int  # rows of DropKey's choice per block (1 or b), 0 without dropout
+    autograd: tuple[bool, bool]  # (grad mode, inputs requiring grad): training and inference trace apart
     device_type: str
     dtype: torch.dtype
 
@@ -373,6 +375,7 @@ class FlexBackend:
             pattern,
             () if terms is None else tuple(side for side, _, _ in terms.parts()),
             0 if job.kept is None else job.kept.shape[3],
+            (torch.is_grad_enabled(), any(x.requires_grad for x in (job.queries, job.keys, job.values))),
             job.queries.device.type,
             job.queries.dtype,
         )
