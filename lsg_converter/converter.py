@@ -18,7 +18,13 @@ from .head_choice import choose_head
 from .loading import drop_source_lengths, kept_weights, load_model, load_tokenizer, report_loading
 from .lsg_config import build_lsg_config, check_setting_names, is_lsg_config, pooler_setting, unknown_setting_error
 from .models.lsg_model import KEPT_WEIGHTS_KEY, MAX_GLOBAL_TOKENS, SEQ2SEQ_DEFAULTS, validate_lsg_settings
-from .positions import POSITION_TILINGS, extend_positions, window_block_size
+from .positions import (
+    POSITION_TILINGS,
+    PRETRAINED_POSITIONS_KEY,
+    extend_positions,
+    pretrained_positions,
+    window_block_size,
+)
 from .sbert import carry_pipeline
 from .sources import load_source_config, local_source
 
@@ -191,12 +197,12 @@ class LSGConverter:
                 )
             else:
                 logger.info("The source is an LSG model: its global tokens are kept.")
-            # an LSG source's table is already tiled: repeat it whole
-            tiling = "table" if is_lsg else self.position_tiling
-            added_rows = extend_positions(model, arch, self.max_sequence_length, tiling)
+            pretrained = pretrained_positions(model, arch, positions, is_lsg)
+            added_rows = extend_positions(model, arch, self.max_sequence_length, self.position_tiling, pretrained)
 
         # BART counts its 2 offset rows outside max_position_embeddings, RoBERTa inside: keep the source's way.
         config.max_position_embeddings += added_rows
+        setattr(config, PRETRAINED_POSITIONS_KEY, pretrained)
         config._name_or_path = source
         carry_pipeline(model, source, token, self.max_sequence_length)
         if tokenizer is not None:

@@ -92,6 +92,40 @@ def test_table_position_tiling_repeats_the_whole_source_table(tiny_bert_dir, sou
     torch.testing.assert_close(new_table, expected, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("arch, head", [("bert", "BertForMaskedLM"), ("roberta", "RobertaForMaskedLM"), ("bart", "BartModel")])
+@pytest.mark.parametrize("tiling", ["body", "table"])
+def test_converting_an_lsg_model_to_a_longer_length_gives_the_table_of_a_direct_conversion(arch, head, tiling, tmp_path):
+    source = save_tiny_source(tmp_path / "source", arch, head)
+    converter = LSGConverter(max_sequence_length=NEW_LENGTH, position_tiling=tiling)
+    shorter, tokenizer = LSGConverter(max_sequence_length=2 * TINY_LENGTH, position_tiling=tiling).convert_from_pretrained(source)
+    resized, _ = converter.convert_from_pretrained(save_converted(shorter, tokenizer, tmp_path / "shorter"))
+    direct, _ = converter.convert_from_pretrained(source)
+
+    tables = [
+        {name: weight for name, weight in model.state_dict().items() if name.endswith("positions.weight")
+         or name.endswith("position_embeddings.weight")}
+        for model in (resized, direct)
+    ]
+    assert tables[0].keys() == tables[1].keys() and tables[0]
+    for name in tables[0]:
+        assert torch.equal(tables[0][name], tables[1][name]), name
+    assert resized.config.pretrained_positions == direct.config.pretrained_positions == TINY_LENGTH
+
+
+def test_a_reference_checkpoint_without_recorded_positions_continues_its_source_table(caplog):
+    reference = LSGBertForMaskedLM.from_pretrained(FIXTURES / "bert-norm").bert.embeddings.position_embeddings.weight
+    pretrained = 128  # the reference tiled its tiny source's 128-row table whole up to 1024 rows
+    with caplog.at_level("INFO", logger="lsg_converter"):
+        model, _ = LSGConverter(max_sequence_length=2048).convert_from_pretrained(FIXTURES / "bert-norm")
+    table = model.bert.embeddings.position_embeddings.weight.detach()
+
+    assert model.config.pretrained_positions == pretrained
+    assert "repeats its first 128 rows" in caplog.text
+    assert torch.equal(table[:1024], reference.detach())
+    body_rows = 1 + (torch.arange(1024, 2048) - 1) % (pretrained - 2)
+    assert torch.equal(table[1024:], reference.detach()[body_rows])
+
+
 def test_unknown_position_tiling_raises_invalid_settings_error():
     with pytest.raises(InvalidSettingsError, match="body, table"):
         LSGConverter(position_tiling="mirror")
