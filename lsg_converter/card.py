@@ -13,7 +13,7 @@ from transformers import PreTrainedModel
 from ._version import __version__
 from .architectures import find_architecture, max_length_of
 from .sbert import pipeline_of
-from .sources import is_hub_id, local_source, source_name
+from .sources import is_hub_id, local_source, source_license, source_name
 
 CITATION = """@inproceedings{condevaux2023lsg,
   title     = {{LSG} Attention: Extrapolation of pretrained Transformers to long sequences},
@@ -78,7 +78,9 @@ def model_card(
     Args:
         repo_id: the Hub repository the card is pushed to.
         command: the command that converted the model, recorded as it is (default: the Python call).
-        license: the source's license (see `source_license`).
+        license: the source's license; by default the one the source's model card declares, read as
+            `lsg-convert` reads it (`source_license`: the README.md of a local source, the Hub's record
+            of a Hub id).
         save_path: the folder the card is saved in (as given to `save_converted`).
         has_tokenizer: whether a tokenizer is saved or pushed with the model; without one, the
             transformers snippet runs the model on token ids instead of loading a tokenizer.
@@ -99,7 +101,7 @@ def model_card(
         usage = _transformers_usage(model, auto_class, name, max_length, has_tokenizer)
     data = ModelCardData(
         base_model=source if on_hub else None,
-        license=license,
+        license=license or source_license(source),
         library_name=library,
         pipeline_tag=pipeline_tag,
         tags=[*library_tags, "lsg", "long-context", config.model_type],

@@ -7,6 +7,7 @@ lsg_converter, offline, with stdin closed. Cards pushed to the Hub: tests/test_h
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,18 @@ def usage_snippet(card: ModelCard) -> str:
 def converted_card(source, **card_options) -> ModelCard:
     model, _ = LSGConverter(max_sequence_length=LENGTH).convert_from_pretrained(source)
     return model_card(model, **card_options)
+
+
+def test_a_card_made_in_python_declares_the_license_the_cli_card_declares(tiny_bert_dir, tmp_path, monkeypatch):
+    source = tmp_path / "tiny-bert"
+    shutil.copytree(tiny_bert_dir, source)
+    (source / "README.md").write_text("---\nlicense: apache-2.0\n---\n# tiny bert\n")
+
+    python_card = converted_card(source)
+    (tmp_path / "out").mkdir()
+    cli_card = saved_card(source, tmp_path / "out" / "converted", tmp_path / "out", monkeypatch)
+
+    assert cli_card.data.license == python_card.data.license == "apache-2.0"
 
 
 def test_every_load_in_the_snippet_passes_trust_remote_code(any_source):
