@@ -13,7 +13,7 @@ from transformers import PreTrainedModel
 from ._version import __version__
 from .architectures import find_architecture, max_length_of
 from .sbert import pipeline_of
-from .sources import is_hub_id, local_source, source_license, source_name
+from .sources import is_hub_id, local_source, source_license, source_model_name, source_name
 
 CITATION = """@inproceedings{condevaux2023lsg,
   title     = {{LSG} Attention: Extrapolation of pretrained Transformers to long sequences},
@@ -112,7 +112,7 @@ def model_card(
         if hasattr(config, key) and (key not in CARD_SETTINGS_WHEN_TRUE or getattr(config, key) is True)
     )
     how = command or f"LSGConverter(max_sequence_length={max_length}).convert_from_pretrained({named_source!r})"
-    source_mention = f"[{source}](https://huggingface.co/{source})" if on_hub else f"`{named_source}`"
+    source_mention = f"[{source}](https://huggingface.co/{source})" if on_hub else f"`{source_model_name(source)}`"
     where = (
         f"from the Hub repository `{name}`"
         if repo_id
@@ -182,8 +182,8 @@ def saved_folder_name(save_path: str | os.PathLike) -> str:
 
 def default_folder_name(source: str, max_length: int) -> str:
     """The folder a conversion of `source` to `max_length` tokens is saved to by default:
-    "<source's name>-lsg-<max_length>", the source's name without a Hub id's owner."""
-    return f"{source_name(source).rpartition('/')[2]}-lsg-{max_length}"
+    "<model's name>-lsg-<max_length>", the name `source_model_name` gives, without a Hub id's owner."""
+    return f"{source_model_name(source).rpartition('/')[2]}-lsg-{max_length}"
 
 
 def _transformers_usage(model: PreTrainedModel, auto_class: str, name: str, max_length: int, has_tokenizer: bool) -> str:

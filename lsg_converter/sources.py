@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -30,6 +31,8 @@ logger = logging.get_logger(__name__)
 # HfHubHTTPError and the errors of its HTTP client (both httpx.HTTPError), OfflineModeIsEnabled (a
 # ConnectionError), and the standard library's connection errors and timeouts.
 HUB_ERRORS = (httpx.HTTPError, ConnectionError, TimeoutError)
+# A model's name as a card's title gives it: a Hub name, or a Hub id (owner/name).
+MODEL_NAME = re.compile(r"[\w.-]+(/[\w.-]+)?")
 
 
 @contextmanager
@@ -75,6 +78,33 @@ def source_name(source: str) -> str:
     path), a Hub id as it is."""
     folder = local_source(source)
     return folder.resolve().name if folder else source
+
+
+def source_model_name(source: str) -> str:
+    """How a card and a default folder name the model `source` holds: a Hub id as it is; a local folder
+    by the name its model card declares (its ``model_name``, else its title when that is one word, as
+    ``# all-MiniLM-L6-v2`` in a sentence-transformers card), else by the folder's name (`source_name`).
+
+    config.json's ``_name_or_path`` is not used: it names the checkpoint the weights were loaded from
+    before they were saved (all-MiniLM-L6-v2's names its base, nreimers/MiniLM-L6-H384-uncased)."""
+    folder = local_source(source)
+    declared = _declared_model_name(folder / "README.md") if folder is not None else None
+    return declared or source_name(source)
+
+
+def _declared_model_name(readme: Path) -> str | None:
+    """The model name a model card declares: its ``model_name`` metadata, else a one-word title."""
+    if not readme.is_file():
+        return None
+    try:
+        card = ModelCard.load(readme, ignore_metadata_errors=True)
+    except (OSError, ValueError):
+        return None
+    title = next((line[2:].strip() for line in card.text.splitlines() if line.startswith("# ")), None)
+    for name in (getattr(card.data, "model_name", None), title):
+        if isinstance(name, str) and MODEL_NAME.fullmatch(name):
+            return name
+    return None
 
 
 def hub_model_info(repo_id: str, token: str | bool | None = None) -> ModelInfo:
