@@ -199,7 +199,7 @@ def _transformers_usage(model: PreTrainedModel, auto_class: str, name: str, max_
 from transformers import {auto_class}
 
 model = {auto_class}.from_pretrained("{name}", trust_remote_code=True)
-# converted without a tokenizer (its source had none): token ids of the source's vocabulary, up to {max_length:,}
+# converted without a tokenizer (the source had none that fits the model): token ids of the source's vocabulary, up to {max_length:,}
 input_ids = torch.randint(0, model.config.vocab_size, (1, {max_length}))
 {run}"""
     if model.can_generate():

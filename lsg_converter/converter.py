@@ -175,7 +175,7 @@ class LSGConverter:
         if kept:
             setattr(config, KEPT_WEIGHTS_KEY, {**(getattr(config, KEPT_WEIGHTS_KEY, None) or {}), **kept})
 
-        tokenizer = load_tokenizer(source, token)
+        tokenizer = load_tokenizer(source, token, source_config)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
             model, loading_info = load_model(lsg_class, source, config, token)
