@@ -26,7 +26,7 @@ from .positions import (
     window_block_size,
 )
 from .sbert import carry_pipeline
-from .sources import load_source_config, local_source
+from .sources import load_source_config, local_source, look_up_source
 
 logger = logging.get_logger(__name__)
 
@@ -150,12 +150,13 @@ class LSGConverter:
         """
         folder = local_source(model_name_or_path)  # a folder on disk is read from there, "~" expanded
         source = str(folder if folder is not None else model_name_or_path)
-        source_config = load_source_config(source, token)
+        record = look_up_source(source, token)  # a Hub id: its record (one request), from which files are chosen
+        source_config = load_source_config(source, token, record)
         arch = find_architecture(source_config.model_type)
         is_lsg = is_lsg_config(source_config)
         check_setting_names(arch, source_config, lsg_kwargs)
         build_lsg_config(arch, source_config, arch.lsg_class(arch.base_head), lsg_kwargs)  # refuse bad settings now
-        files = weight_files(source, token)
+        files = weight_files(source, token, record)
         settings = {**pooler_setting(arch, tensor_names(files)), **lsg_kwargs}
         run = choose_head(arch, source, source_config, settings, architecture, token)
         lsg_class, config = run.lsg_class, run.config
@@ -175,7 +176,7 @@ class LSGConverter:
         if kept:
             setattr(config, KEPT_WEIGHTS_KEY, {**(getattr(config, KEPT_WEIGHTS_KEY, None) or {}), **kept})
 
-        tokenizer = load_tokenizer(source, token, source_config)
+        tokenizer = load_tokenizer(source, token, source_config, record)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
             model, loading_info = load_model(lsg_class, source, config, token)

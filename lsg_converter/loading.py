@@ -7,19 +7,24 @@ import logging as pylogging
 import pickle
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
+from huggingface_hub.hf_api import ModelInfo
 from safetensors import SafetensorError
 from transformers import AutoTokenizer, BertTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import cached_file, logging
 
 from .checkpoint import read_tensors
 from .errors import CorruptCheckpointError, listed, one_line
+from .sources import download_hub_files, hub_file_names
 
 logger = logging.get_logger(__name__)
 
 # tokenizer_config.json keys that transformers copies from tokenizer.json's truncation and padding
 TOKENIZER_LENGTH_SETTINGS = ("max_length", "stride", "truncation_strategy", "pad_to_multiple_of")
+# Suffixes of the files tokenizers read: JSON (tokenizer.json, vocab.json, special tokens), text
+# (vocab.txt, merges.txt) and sentencepiece models.
+TOKENIZER_FILE_SUFFIXES = (".json", ".txt", ".model")
 # A BERT-style WordPiece vocabulary, one token a line.
 VOCABULARY_FILE = "vocab.txt"
 # The smallest share of a model's ids that its tokenizer holds: an embedding table may have spare rows
@@ -44,13 +49,19 @@ def load_model(
         ) from error
 
 
-def load_tokenizer(source: str, token: str | bool | None, config: Any) -> PreTrainedTokenizerBase | None:
+def load_tokenizer(
+    source: str, token: str | bool | None, config: Any, record: ModelInfo | None = None
+) -> PreTrainedTokenizerBase | None:
     """The source's tokenizer, when it fits the model of `config` (see `tokenizer_misfit`).
 
-    One that does not fit is never returned: a warning says why, and the source's vocab.txt, where it
-    has one, is read as the BERT WordPiece vocabulary it is (`vocabulary_tokenizer`; rxnmapper's ALBERT
-    ships a vocab.txt that transformers 5 loads as a 5-token AlbertTokenizer). None, with a warning,
-    when the source has no tokenizer, it cannot be read, or nothing fits."""
+    With `record` (the Hub's record of a Hub id) its tokenizer files are downloaded first
+    (`sources.download_hub_files`: a failing download is a HubError, not a model without tokenizer).
+    A tokenizer that does not fit is never returned: a warning says why, and the source's vocab.txt,
+    where it has one, is read as the BERT WordPiece vocabulary it is (`vocabulary_tokenizer`;
+    rxnmapper's ALBERT ships a vocab.txt that transformers 5 loads as a 5-token AlbertTokenizer).
+    None, with a warning, when the source has no tokenizer, it cannot be read, or nothing fits."""
+    if record is not None:
+        download_hub_files(record, tokenizer_file_names(hub_file_names(record)), token)
     tokenizer = _source_tokenizer(source, token)
     misfit = tokenizer_misfit(tokenizer, config) if tokenizer is not None else None
     if misfit is None:
@@ -65,6 +76,16 @@ def load_tokenizer(source: str, token: str | bool | None, config: Any) -> PreTra
         return replacement
     logger.warning(f"The source's tokenizer does not fit the model ({misfit}): no tokenizer is returned or saved.")
     return None
+
+
+def tokenizer_file_names(names: Iterable[str]) -> set[str]:
+    """The files of a model's folder a tokenizer may read: those at its root with a suffix of
+    `TOKENIZER_FILE_SUFFIXES` (tokenizer.json, tokenizer_config.json, vocab.txt, merges.txt,
+    spiece.model, ...), weight indexes aside."""
+    return {
+        name for name in names
+        if "/" not in name and name.endswith(TOKENIZER_FILE_SUFFIXES) and not name.endswith(".index.json")
+    }
 
 
 def tokenizer_misfit(tokenizer: PreTrainedTokenizerBase, config: Any) -> str | None:
