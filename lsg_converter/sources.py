@@ -43,6 +43,8 @@ logger = logging.get_logger(__name__)
 HUB_ERRORS = (httpx.HTTPError, ConnectionError, TimeoutError)
 # A model's name as a card's title gives it: a Hub name, or a Hub id (owner/name).
 MODEL_NAME = re.compile(r"[\w.-]+(/[\w.-]+)?")
+# The titles sentence-transformers gives the card of a model it knows no name for: its class's name.
+UNNAMED_MODEL_TITLES = ("SentenceTransformer", "CrossEncoder", "SparseEncoder", "MultiVectorEncoder")
 
 
 @contextmanager
@@ -112,7 +114,7 @@ def _declared_model_name(readme: Path) -> str | None:
         return None
     title = next((line[2:].strip() for line in card.text.splitlines() if line.startswith("# ")), None)
     for name in (getattr(card.data, "model_name", None), title):
-        if isinstance(name, str) and MODEL_NAME.fullmatch(name):
+        if isinstance(name, str) and MODEL_NAME.fullmatch(name) and name not in UNNAMED_MODEL_TITLES:
             return name
     return None
 
