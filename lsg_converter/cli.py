@@ -1,4 +1,6 @@
-"""`lsg-convert`: convert a checkpoint to LSG from the command line (a thin layer over LSGConverter)."""
+"""`lsg-convert`'s run: the conversion a parsed command line asks for (a thin layer over LSGConverter),
+its messages in flag spelling. The command line itself is read by `lsg_converter_cli`, before torch
+and transformers are imported."""
 
 from __future__ import annotations
 
@@ -9,168 +11,36 @@ import shlex
 import sys
 import warnings
 from contextlib import contextmanager
-from typing import Any, Iterator, NoReturn, Sequence
+from pathlib import Path
+from typing import Any, Iterator
 
 from huggingface_hub.utils import logging as hub_logging
 from tqdm.auto import tqdm
 from transformers.utils import logging
 
-from .errors import one_line
+from lsg_converter_cli import Interruption
 
-EXAMPLES = """\
-examples:
-  lsg-convert bert-base-uncased --max-len 4096 --save-path bert-base-uncased-lsg-4096
-  lsg-convert ./my-bert --max-len 16384 --sparsity-type pooling --sparsity-factor 4 \\
-      --save-path ./my-bert-lsg-16k --overwrite
-  lsg-convert facebook/bart-base --max-len 16384 --save-path bart-base-lsg-16k --push-to-hub me/bart-base-lsg-16k
-  lsg-convert ./reference-lsg-checkpoint --max-len 4096 --save-path ./upgraded   # 2023 format -> new format
+from .errors import OutputExistsError, one_line
 
-exit codes: 0 done, 1 other error, 2 invalid setting or command line, 3 unsupported model or head,
-            4 source not found, 5 output folder exists (use --overwrite),
-            6 corrupt or truncated source files, 7 Hub unreachable or token/repository refused,
-            130 interrupted (Ctrl-C)
-"""
-USAGE_EXIT_CODE = 2
-INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as shells report Ctrl-C
 # Options left out of the command recorded in the model card: a credential, and display settings.
-NOT_RECORDED = ("help", "token", "quiet", "debug")
+NOT_RECORDED = ("help", "version", "token", "quiet", "debug")
 
 
-class _Parser(argparse.ArgumentParser):
-    """Command-line mistakes get the same one-line error as every other failure, with exit code 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(USAGE_EXIT_CODE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> argparse.Namespace:
-        """As argparse's, but an unknown option is named without its value, which may be a secret
-        (`--tok hf_...`): the error shows what was typed up to the first `=` of words starting with -."""
-        parsed, unknown = self.parse_known_args(args, namespace)
-        if unknown:
-            options = [word.partition("=")[0] for word in unknown if word.startswith("-")]
-            self.error(f"unrecognized arguments: {' '.join(options or unknown)}")
-        return parsed
+def convert(parser: argparse.ArgumentParser, args: argparse.Namespace, interruption: Interruption) -> int:
+    """Run the conversion `args` (parsed by `parser`) asks for; returns the exit code (0 on success).
+    Ctrl-C stops it with a KeyboardInterrupt until what it writes is complete (see `Interruption`)."""
+    with _console_output(parser, args.quiet):
+        return _convert(parser, args, interruption)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive number of tokens")
-    return value
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The `lsg-convert` parser. Each option's dest is the name of the Python parameter it sets
-    (--max-len sets max_sequence_length), which `flag_spelling` relies on."""
-    from .positions import POSITION_TILINGS
-    from .models.lsg_sparse import SPARSITY_TYPES
-
-    parser = _Parser(
-        prog="lsg-convert",
-        description="Convert a pretrained BERT, RoBERTa, DistilBERT, ALBERT, CamemBERT, ELECTRA, XLM-RoBERTa, BART, "
-        "mBART (BARThez) or Pegasus checkpoint (or a 2023 LSG checkpoint) "
-        "into an LSG model that reads long inputs.",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        allow_abbrev=False,  # `--tok` is no `--token`: a mistyped flag is refused, not guessed
-    )
-    parser.add_argument("source", help="local folder (read from disk only) or Hub model id of the model to convert")
-    parser.add_argument(
-        "--max-len",
-        dest="max_sequence_length",
-        metavar="N",
-        type=_positive_int,
-        required=True,
-        help="new maximum sequence length, e.g. 4096",
-    )
-    parser.add_argument(
-        "--save-path", help="output folder (default: <source name>-lsg-<max-len>; none when only pushing)"
-    )
-    parser.add_argument("--architecture", help="head to build, e.g. BertForMaskedLM (default: the source's)")
-    settings = parser.add_argument_group("LSG settings")
-    settings.add_argument(
-        "--block-size", type=int, help="local block size (default: a third of the source's body positions, 170 for 512)"
-    )
-    settings.add_argument(
-        "--sparsity-type", choices=SPARSITY_TYPES, help="sparse selection (default none: local + global only)"
-    )
-    settings.add_argument("--sparse-block-size", type=int, help="sparse keys on each side of a block (default 128)")
-    settings.add_argument("--sparsity-factor", type=int, help="sparse compression factor (default 2)")
-    settings.add_argument("--num-global-tokens", type=int, help="global tokens, 0 to 512 (default 1)")
-    settings.add_argument(
-        "--position-tiling",
-        choices=POSITION_TILINGS,
-        default="body",
-        help="beyond the source's table, repeat its body rows (default) or the whole table (2023 reference)",
-    )
-    settings.add_argument(
-        "--pass-global-tokens-to-decoder",
-        action=argparse.BooleanOptionalAction,
-        help="BART: let the decoder attend to the encoder's global tokens (default on)",
-    )
-    tokens = parser.add_argument_group("global tokens")
-    tokens.add_argument("--seed", type=int, default=123, help="seed of the conversion's random draws (default 123)")
-    tokens.add_argument("--random-global-init", action="store_true", help="draw global tokens at random")
-    tokens.add_argument("--resize-lsg", action="store_true", help="LSG source: only resize the positions")
-    tokens.add_argument(
-        "--keep-first-global-token", action="store_true", help="LSG source: keep global 0, initialise the others"
-    )
-    tokens.add_argument(
-        "--reinit-global-tokens", action="store_true", help="LSG source: initialise all global tokens afresh"
-    )
-    hub = parser.add_argument_group("Hugging Face Hub")
-    hub.add_argument("--push-to-hub", metavar="REPO", help="push the converted model to this Hub repository")
-    hub.add_argument("--private", action="store_true", help="create the Hub repository as private")
-    hub.add_argument("--commit-message", help="message of the Hub commit")
-    hub.add_argument(
-        "--token", help="Hugging Face token for private sources and pushing (default: HF_TOKEN or the saved login)"
-    )
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing non-empty output folder")
-    parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the exit code (0 on success)."""
-    parser = build_parser()
-    try:
-        args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    except SystemExit as done:  # --help, or a command-line mistake already reported on one line
-        return int(done.code or 0)
-    try:
-        with _console_output(parser, args.quiet):
-            return _convert(parser, args)
-    except KeyboardInterrupt:
-        if args.debug:
-            raise
-        print(f"{parser.prog}: interrupted", file=sys.stderr)
-        return INTERRUPTED_EXIT_CODE
-
-
-def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from . import LSGConverter, LSGError, model_card, push_converted, save_converted
+def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace, interruption: Interruption) -> int:
+    from . import LSGConverter, LSGError, model_card, push_converted
     from .card import default_folder_name
     from .push import check_can_push
-    from .saving import check_output_folder
     from .sbert import pipeline_of
     from .sources import source_license
 
-    lsg_kwargs = {
-        key: value
-        for key, value in {
-            "block_size": args.block_size,
-            "sparse_block_size": args.sparse_block_size,
-            "sparsity_factor": args.sparsity_factor,
-            "sparsity_type": args.sparsity_type,
-            "num_global_tokens": args.num_global_tokens,
-            "pass_global_tokens_to_decoder": args.pass_global_tokens_to_decoder,
-        }.items()
-        if value is not None
-    }
+    lsg_kwargs = _lsg_settings(args)
     save_path = args.save_path
     if save_path is None and not args.push_to_hub:
         save_path = default_folder_name(args.source, args.max_sequence_length)
@@ -188,7 +58,7 @@ def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         )
         # refuse before the (long) conversion what would fail after it
         if save_path:
-            check_output_folder(save_path, args.overwrite)
+            _check_output_folder(args, save_path, lsg_kwargs)
         else:
             check_can_push(args.push_to_hub, args.token)
         model, tokenizer = converter.convert_from_pretrained(
@@ -205,9 +75,11 @@ def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         target = None
         if save_path:
             _advance(progress, "save")
-            target = save_converted(model, tokenizer, save_path, overwrite=args.overwrite, card=card)
+            interruption.stop_if_received()
+            target = _save(model, tokenizer, save_path, args.overwrite, card, interruption, last=not args.push_to_hub)
         if args.push_to_hub:
             _advance(progress, "push")
+            interruption.stop_if_received()
             url = push_converted(
                 model,
                 tokenizer,
@@ -218,6 +90,7 @@ def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                 card=card,
                 folder=target,
             )
+        interruption.outlived()
         progress.update()
     except LSGError as error:
         if args.debug:
@@ -237,11 +110,83 @@ def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     return 0
 
 
+def _save(
+    model: Any, tokenizer: Any, save_path: str, overwrite: bool, card: Any, interruption: Interruption, last: bool
+) -> Path:
+    """save_converted(...); once the folder is in place (the save's last step renames it there) a Ctrl-C
+    no longer stops the run when the save is its `last` step: the folder is complete, the run is done."""
+    from .saving import save_converted
+
+    target = Path(save_path).resolve()
+    before = _folder_identity(target)
+    try:
+        saved = save_converted(model, tokenizer, target, overwrite=overwrite, card=card)
+        if last:
+            interruption.outlived()
+    except KeyboardInterrupt:
+        if not last or _folder_identity(target) in (None, before):
+            raise
+        interruption.outlived()
+        saved = target
+    return saved
+
+
+def _folder_identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of the folder at `path`, None when there is none: the save renames a new folder there."""
+    try:
+        status = path.stat()
+    except FileNotFoundError:
+        return None
+    return status.st_dev, status.st_ino
+
+
+def _lsg_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The LSG settings given on the command line, as convert_from_pretrained's keyword arguments."""
+    settings = {
+        "block_size": args.block_size,
+        "sparse_block_size": args.sparse_block_size,
+        "sparsity_factor": args.sparsity_factor,
+        "sparsity_type": args.sparsity_type,
+        "num_global_tokens": args.num_global_tokens,
+        "pass_global_tokens_to_decoder": args.pass_global_tokens_to_decoder,
+    }
+    return {key: value for key, value in settings.items() if value is not None}
+
+
+def _check_output_folder(args: argparse.Namespace, save_path: str, lsg_kwargs: dict[str, Any]) -> None:
+    """OutputExistsError when `save_path` holds anything and --overwrite was not given; but a setting
+    that cannot work is the first mistake to report (see `_check_settings`)."""
+    from .saving import check_output_folder
+
+    try:
+        check_output_folder(save_path, args.overwrite)
+    except OutputExistsError:
+        _check_settings(args, lsg_kwargs)
+        raise
+
+
+def _check_settings(args: argparse.Namespace, lsg_kwargs: dict[str, Any]) -> None:
+    """The checks of the settings that need no weights (the source's config only): an unknown head
+    (UnsupportedModelError), settings that cannot work (InvalidSettingsError)."""
+    from .architectures import find_architecture
+    from .lsg_config import build_lsg_config, check_setting_names
+    from .sources import load_source_config
+
+    source_config = load_source_config(args.source, args.token)
+    arch = find_architecture(source_config.model_type)
+    check_setting_names(arch, source_config, lsg_kwargs)
+    build_lsg_config(arch, source_config, arch.lsg_class(args.architecture or arch.base_head), lsg_kwargs)
+
+
 def flag_spelling(parser: argparse.ArgumentParser, message: str) -> str:
     """`message` as a CLI user should read it: each parameter written the library's way (`name=`,
     `name=value`) that has a flag becomes the flag (`--flag`, `--flag value`; `--no-flag` or "no
     --flag" for `name=False`). The parameters and flags are the parser's own options."""
-    options = {action.dest: action for action in parser._actions if action.option_strings and action.dest != "help"}
+    options = {
+        action.dest: action
+        for action in parser._actions
+        if action.option_strings and action.dest not in ("help", "version")
+    }
     spelling = re.compile(r"(?<![\w.])(%s)=('[^']*'|\"[^\"]*\"|[\w.+-]*\w)?" % "|".join(map(re.escape, options)))
 
     def as_flag(match: re.Match) -> str:
@@ -337,7 +282,3 @@ def _console_output(parser: argparse.ArgumentParser, quiet: bool) -> Iterator[No
 def _advance(progress: tqdm, stage: str) -> None:
     progress.update()
     progress.set_description(stage)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

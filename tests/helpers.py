@@ -28,7 +28,7 @@ VOCAB = 99
 TINY_LENGTH = 128  # tokens the tiny sources read (RoBERTa's table has 2 more rows)
 PAD_ID = {
     "bert": 0, "distilbert": 0, "roberta": 1, "bart": 1, "albert": 0, "electra": 0, "camembert": 1, "xlm-roberta": 1,
-    "mbart": 1, "pegasus": 0,
+    "mbart": 1, "pegasus": 0, "mpnet": 1,
 }
 EOS_ID = 2
 SHARED = dict(vocab_size=VOCAB)
@@ -68,6 +68,10 @@ TINY_CONFIGS = {
     "mbart": lambda: transformers.MBartConfig(
         d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
         encoder_ffn_dim=37, decoder_ffn_dim=37, max_position_embeddings=TINY_LENGTH, scale_embedding=True, **SHARED,
+    ),
+    "mpnet": lambda: transformers.MPNetConfig(  # relative position bias: 32 buckets up to distance 128
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+        max_position_embeddings=TINY_LENGTH + 2, **SHARED,
     ),
     "pegasus": lambda: transformers.PegasusConfig(  # pad 0, eos 1 as in google/pegasus-*
         d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
@@ -264,7 +268,7 @@ def run_process(command: list[str], cwd: Path, environment: dict[str, str]) -> s
 
 def cli_command(*args) -> list[str]:
     """`lsg-convert *args` run by this Python, importing lsg_converter from PYTHONPATH."""
-    return [sys.executable, "-m", "lsg_converter.cli", *map(str, args)]
+    return [sys.executable, "-m", "lsg_converter_cli", *map(str, args)]
 
 
 def timed_cli_command(*args) -> list[str]:
@@ -272,7 +276,7 @@ def timed_cli_command(*args) -> list[str]:
     on stdout: the seconds main() ran, the interpreter's start and the imports left out (see main_seconds)."""
     script = f"""
         import sys, time
-        from lsg_converter.cli import main
+        from lsg_converter_cli import main
         start = time.monotonic()
         code = main({list(map(str, args))!r})
         print("MAIN_SECONDS", time.monotonic() - start)

@@ -13,8 +13,7 @@ from transformers.models.bert.modeling_bert import BertSelfAttention
 
 from helpers import TINY_CONFIGS, padded_batch
 from lsg_converter import LSGBertConfig, LSGBertModel
-from lsg_converter.models.lsg_attention import lsg_attention_forward, lsg_backend
-from lsg_converter.models.lsg_attention_layers import SwappedAttention
+from lsg_converter.models.lsg_attention_layers import SwappedAttention, swapped_attention_forward
 
 LSG_PATH = dict(block_size=4, sparse_block_size=4, sparsity_factor=2, num_global_tokens=2)
 LENGTH = 19  # > 2 blocks and not a multiple of block_size: blocks, sparse keys and the attention's own padding
@@ -34,23 +33,14 @@ class HandWrittenSelfAttention(nn.Module):
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):
         shape = (*hidden_states.shape[:-1], -1, self.head_size)  # (B, N, H, D)
         query, key, value = (layer(hidden_states).view(shape).transpose(1, 2) for layer in (self.query, self.key, self.value))
-        output, weights = lsg_attention_forward(
-            self,
-            query,
-            key,
-            value,
-            attention_mask,
-            dropout=self.dropout.p if self.training else 0.0,
-            scaling=self.head_size**-0.5,
-            backend=lsg_backend(self.config._attn_implementation),
-        )
+        output, weights = swapped_attention_forward(self, query, key, value, attention_mask, scaling=self.head_size**-0.5)
         return output.reshape(*hidden_states.shape[:-1], -1), weights  # (B, N, H * D)
 
 
 class SwappedBertModel(LSGBertModel):
     """LSGBertModel whose self-attention modules are swapped rather than reached by dispatch."""
 
-    lsg_attention = SwappedAttention(BertSelfAttention, HandWrittenSelfAttention)
+    lsg_attention = SwappedAttention((BertSelfAttention, HandWrittenSelfAttention))
 
 
 def tiny_config(**settings) -> LSGBertConfig:

@@ -10,6 +10,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ import torch
 
 from helpers import (
     FIXTURES,
+    REPO_ROOT,
     assert_reproduces_reference,
     cli_command,
     closed_port_endpoint,
@@ -28,7 +30,8 @@ from helpers import (
     save_tiny_source,
 )
 from lsg_converter import ARCHITECTURES, LSGConverter, OutputExistsError, model_card, save_converted
-from lsg_converter.cli import build_parser, flag_spelling, main
+from lsg_converter.cli import flag_spelling
+from lsg_converter_cli import build_parser, main
 from lsg_converter.saving import check_output_folder
 
 ERROR_PREFIX = "lsg-convert: error:"
@@ -49,11 +52,18 @@ def _assert_clean_error(capsys: pytest.CaptureFixture[str], code: int, expected_
     return lines[0]
 
 
-def _console_script() -> str:
-    beside_python = Path(sys.executable).with_name("lsg-convert")
-    script = str(beside_python) if beside_python.exists() else shutil.which("lsg-convert")
-    assert script, "the lsg-convert console script is not installed (pip install -e .)"
-    return script
+def _console_script() -> list[str]:
+    """`lsg-convert` as pyproject.toml declares it (module:function), run by this Python from this
+    checkout (an installed script may name an older entry point until `pip install -e .` runs again)."""
+    scripts = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]
+    module, _, function = scripts["lsg-convert"].partition(":")
+    return python_command(f"import sys\nfrom {module} import {function}\nsys.exit({function}())")
+
+
+def _console_environment() -> dict[str, str]:
+    """This environment, offline, with this checkout first on PYTHONPATH."""
+    python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": python_path}
 
 
 # ---------------------------------------------------------------------------------------------- success
@@ -153,7 +163,7 @@ def test_the_saved_folder_and_files_get_their_permissions_from_the_umask(tiny_be
 # the CLI run by a Python that pauses, once, when the conversion opens a file whose path holds MARKER
 PAUSING_CLI = """
 import os, sys, time
-from lsg_converter.cli import main
+from lsg_converter_cli import main
 
 def pause(event, args):
     if event == "open" and isinstance(args[0], str) and MARKER in args[0] and not paused:
@@ -206,11 +216,11 @@ def test_help_shows_examples_and_exit_codes(capsys):
 def test_console_script_converts_and_exits_0(tiny_bert_dir, tmp_path):
     out = tmp_path / "out"
     result = subprocess.run(
-        [_console_script(), str(tiny_bert_dir), "--max-len", "256", "--save-path", str(out)],
+        [*_console_script(), str(tiny_bert_dir), "--max-len", "256", "--save-path", str(out)],
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        env=_console_environment(),
     )
     assert result.returncode == 0, result.stderr
     assert (out / "config.json").is_file()
@@ -219,11 +229,11 @@ def test_console_script_converts_and_exits_0(tiny_bert_dir, tmp_path):
 
 def test_console_script_error_exits_with_its_code_and_no_traceback(tmp_path):
     result = subprocess.run(
-        [_console_script(), str(tmp_path / "missing"), "--max-len", "256", "--save-path", str(tmp_path / "out")],
+        [*_console_script(), str(tmp_path / "missing"), "--max-len", "256", "--save-path", str(tmp_path / "out")],
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        env=_console_environment(),
     )
     assert result.returncode == 4
     assert "Traceback" not in result.stderr
@@ -420,7 +430,7 @@ def test_library_messages_reach_cli_users_in_flag_spelling(library, cli):
 
 def test_every_parameter_with_a_flag_is_translated():
     parser = build_parser()
-    options = [action for action in parser._actions if action.option_strings and action.dest != "help"]
+    options = [action for action in parser._actions if action.option_strings and action.dest not in ("help", "version")]
     named = {"overwrite", "architecture", "max_sequence_length", "block_size", "sparse_block_size", "sparsity_factor"}
     named |= {"sparsity_type", "num_global_tokens", "position_tiling", "token", "save_path"}
 

@@ -34,7 +34,7 @@ from helpers import (
     timed_cli_command,
 )
 from lsg_converter import LSGBertConfig, LSGConverter, model_card, push_converted
-from lsg_converter.cli import main
+from lsg_converter_cli import main
 
 REPO_ID = "me/tiny-bert-lsg-512"
 TOKEN = "hf_" + "tEsT" * 8 + "xy"  # spelt like a real token: hf_ and 34 letters
@@ -322,7 +322,7 @@ def test_an_abbreviated_flag_is_refused_without_echoing_its_value(tiny_bert_dir,
 
     err = capsys.readouterr().err.strip()
     assert code == 2
-    assert err == "lsg-convert: error: unrecognized arguments: --tok (see lsg-convert --help)"
+    assert err == "lsg-convert: error: unrecognized arguments: --tok: did you mean --token? (see lsg-convert --help)"
     assert sorted(tmp_path.iterdir()) == []
 
 
@@ -375,7 +375,7 @@ def test_the_cli_never_asks_the_hub_about_a_local_folder(local_layout):
     ]
     script = f"""
         import os
-        from lsg_converter.cli import main
+        from lsg_converter_cli import main
         for cwd, argv in {runs!r}:
             os.chdir(cwd)
             assert main(argv) == 0, argv

@@ -17,7 +17,7 @@ from transformers import AutoTokenizer, BartForConditionalGeneration
 
 from helpers import TINY_CONFIGS, run_without_lsg_converter, save_tiny_sentence_transformer, save_tiny_source
 from lsg_converter import ARCHITECTURES, LSGConverter, model_card
-from lsg_converter.cli import main
+from lsg_converter_cli import main
 from lsg_converter.card import PIPELINE_TAGS, default_folder_name
 
 LENGTH = 256

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from transformers import BertModel
 
 from helpers import TINY_CONFIGS
-from lsg_converter.cli import main
+from lsg_converter_cli import main
 
 ERROR_PREFIX = "lsg-convert: error:"
 

@@ -21,7 +21,7 @@ from sentence_transformers.sentence_transformer.modules import Normalize
 
 from helpers import run_without_lsg_converter, save_tiny_sentence_transformer, save_tiny_source
 from lsg_converter import LSGConverter, save_converted
-from lsg_converter.cli import main
+from lsg_converter_cli import main
 
 LENGTH = 4096
 TINY_LENGTH = 512

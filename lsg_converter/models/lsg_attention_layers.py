@@ -6,9 +6,10 @@ An architecture states it once, in its mixin's ``lsg_attention`` (see lsg_model.
   (``ALL_ATTENTION_FUNCTIONS``) with ``self.config._attn_implementation`` (BERT, BART, ...); an
   `AttentionLayerConfig` in place of their config makes them call the registered LSG attention.
 * `SwappedAttention`: the layers compute attention by hand (MPNet, DeBERTa-v2): every module of the
-  named class is replaced, before the weights load, by a module built from it that keeps its
-  parameters under their names (checkpoints load as they are) and calls
-  `lsg_attention.lsg_attention_forward` itself.
+  named classes is replaced, before the weights load, by a module built from it that keeps its
+  parameters under their names (checkpoints load as they are); the attention module calls
+  `swapped_attention_forward` itself (MPNet also swaps its encoder, whose relative position bias
+  becomes per-block position terms). `adopted` builds such a replacement from a subclass.
 
 This file travels with saved models as remote code: it imports torch and transformers only.
 """
@@ -20,7 +21,7 @@ from typing import Any, Callable, Protocol
 
 from torch import nn
 
-from .lsg_attention import lsg_backend, registered_attention
+from .lsg_attention import lsg_attention_forward, lsg_backend, registered_attention
 
 
 class AttentionReach(Protocol):
@@ -29,11 +30,18 @@ class AttentionReach(Protocol):
     def apply(self, recorder: nn.Module, config: Any) -> None:
         """Make the self-attention layers under `recorder` run LSG attention for the model's `config`."""
 
+    def implementation_at_init(self, backend: str) -> str:
+        """The attention implementation the source classes are shown while they are built (transformers
+        checks it in each model's ``__init__``) when the model runs LSG with `backend`."""
+
 
 @dataclass(frozen=True)
 class DispatchedAttention:
     """The layers that `recorder` records as ``attentions`` reach LSG attention by transformers' dispatch:
     they read their config through an `AttentionLayerConfig`."""
+
+    def implementation_at_init(self, backend: str) -> str:
+        return backend
 
     def apply(self, recorder: nn.Module, config: Any) -> None:
         layer_config = AttentionLayerConfig(config)
@@ -41,24 +49,73 @@ class DispatchedAttention:
             module.config = layer_config
 
 
-@dataclass(frozen=True)
+Replacement = Callable[[nn.Module, Any], nn.Module]  # (source module, model config) -> the module in its place
+
+
+@dataclass(frozen=True, init=False)
 class SwappedAttention:
-    """Every `source` module under the recorder is replaced by ``replacement(source_module, config)``.
+    """For each (source class, replacement) pair, in order, every module of the source class under the
+    recorder is replaced by ``replacement(source_module, config)``.
 
     The replacement takes the source module's place (same name) and its parameters (same names, so a
-    checkpoint of the source architecture loads as it is); it computes queries, keys and values
-    itself, calls `lsg_attention.lsg_attention_forward` with the backend that
-    `lsg_attention.lsg_backend` gives for ``config._attn_implementation`` (read at each call, so
-    ``set_attn_implementation`` reaches it), and returns what the source module returned.
+    checkpoint of the source architecture loads as it is). An attention replacement computes queries,
+    keys and values itself, calls `swapped_attention_forward` (the backend of the model's config, read
+    at each call, so ``set_attn_implementation`` reaches it) and returns what the source module returned.
     """
 
-    source: type[nn.Module]
-    replacement: Callable[[nn.Module, Any], nn.Module]
+    swaps: tuple[tuple[type[nn.Module], Replacement], ...]
+
+    def __init__(self, *swaps: tuple[type[nn.Module], Replacement]) -> None:
+        object.__setattr__(self, "swaps", swaps)
+
+    def implementation_at_init(self, backend: str) -> str:
+        """"eager": a hand-written source attention knows no other, and an inner source model (a head's
+        ``mpnet``) refuses the others when built; the swapped modules read the model's choice at each call."""
+        return "eager"
 
     def apply(self, recorder: nn.Module, config: Any) -> None:
-        swapped = [name for name, module in recorder.named_modules() if isinstance(module, self.source)]
-        for name in swapped:
-            recorder.set_submodule(name, self.replacement(recorder.get_submodule(name), config))
+        for source, replacement in self.swaps:
+            swapped = [name for name, module in recorder.named_modules() if isinstance(module, source)]
+            for name in swapped:
+                recorder.set_submodule(name, replacement(recorder.get_submodule(name), config))
+
+
+def adopted(subclass: type[nn.Module]) -> Replacement:
+    """The replacement that turns a module into an instance of `subclass` (a subclass of the module's
+    class that overrides what LSG changes, as transformers' modular files inherit and override): a new
+    module holding the source module's submodules, parameters and buffers as they are, and the model's
+    config as ``config``."""
+    parent = subclass.__mro__[1]
+
+    def replace(source: nn.Module, config: Any) -> nn.Module:
+        if not isinstance(source, parent):
+            raise TypeError(f"{subclass.__name__} adopts a {parent.__name__}, not a {type(source).__name__}.")
+        module = subclass.__new__(subclass)
+        module.__dict__.update(source.__dict__)
+        module.config = config
+        return module
+
+    return replace
+
+
+def swapped_attention_forward(
+    module: nn.Module, query, key, value, attention_mask, scaling: float, **kwargs: Any
+) -> tuple[Any, Any]:
+    """What a swapped attention module calls with its queries, keys and values (B, H, N, D): LSG attention
+    with the backend of the model's config (read at each call) and, in training, DropKey at the rate of
+    the module's ``dropout``; `kwargs` go on to `lsg_attention.lsg_attention_forward` (position_terms=,
+    output_attentions=). Returns (output (B, N, H, D), weights or None)."""
+    return lsg_attention_forward(
+        module,
+        query,
+        key,
+        value,
+        attention_mask,
+        dropout=module.dropout.p if module.training else 0.0,
+        scaling=scaling,
+        backend=lsg_backend(module.config._attn_implementation),
+        **kwargs,
+    )
 
 
 class AttentionLayerConfig:
@@ -89,11 +146,12 @@ class AttentionLayerConfig:
         return self.registered(lsg_backend(self.config._attn_implementation))
 
 
-def recorded_modules(recorder: nn.Module, output: str) -> list[nn.Module]:
+def recorded_modules(recorder: nn.Module, output: str, declared: dict[str, Any] | None = None) -> list[nn.Module]:
     """The modules whose outputs `recorder` records as `output` ("hidden_states", "attentions", ...):
     the model whose forward transformers' ``capture_outputs`` decorates (the base model, or the encoder
-    of an encoder-decoder model) records them with hooks on the modules its ``_can_record_outputs`` names."""
-    recorded = recorder.can_record_outputs[output]  # a module class, or an OutputRecorder naming one
+    of an encoder-decoder model) records them with hooks on the modules its ``_can_record_outputs`` names;
+    a model that builds its outputs by hand (MPNet) has them `declared` by its LSG mixin instead."""
+    recorded = (declared or recorder.can_record_outputs)[output]  # a module class, or an OutputRecorder naming one
     module_class = getattr(recorded, "target_class", recorded)
     name_part = getattr(recorded, "layer_name", None) or ""
     return [module for name, module in recorder.named_modules() if isinstance(module, module_class) and name_part in name]

@@ -62,6 +62,10 @@ LSG_DEFAULTS: dict[str, Any] = {
     "lsh_seed": 0,
     "legacy_sparse_window": False,
 }
+# Extra key of models with relative position terms (MPNet): the position of the global tokens in those
+# terms. 0, the first token's: global 0 is made from the [CLS] / <s> embedding at position 0, so every
+# query sees it with the term it gave that token, and the global queries see the text as that token did.
+RELATIVE_POSITION_DEFAULTS: dict[str, Any] = {**LSG_DEFAULTS, "global_token_position": 0}
 # Extra key of encoder-decoder models: the decoder also attends to the encoder's global tokens.
 SEQ2SEQ_DEFAULTS: dict[str, Any] = {**LSG_DEFAULTS, "pass_global_tokens_to_decoder": True}
 # Keys the 2023 reference wrote into its configs that mean nothing here.
@@ -237,6 +241,9 @@ def validate_lsg_settings(config: Any, max_length: int | None = None) -> None:
         value = getattr(config, key)
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"{key}={value!r} is not an integer: use a whole number.")
+    position = getattr(config, "global_token_position", 0)
+    if isinstance(position, bool) or not isinstance(position, int):
+        raise ValueError(f"global_token_position={position!r} is not an integer: use a token position (0: the first token's).")
     if config.sparsity_type not in SPARSITY_TYPES:
         raise ValueError(f"sparsity_type={config.sparsity_type!r} is unknown: use one of {', '.join(SPARSITY_TYPES)}.")
     if config.block_size < 1:
@@ -339,7 +346,9 @@ class LSGModelMixin:
         lsg_positions_after_padding: positions start after the padding id (RoBERTa's convention), so
             the table holds ``pad_token_id + 1`` rows that no token reaches,
         lsg_attention: how LSG reaches the self-attention layers (lsg_attention_layers): by transformers'
-            dispatch (`DispatchedAttention`, the default) or by swapping modules (`SwappedAttention`).
+            dispatch (`DispatchedAttention`, the default) or by swapping modules (`SwappedAttention`),
+        lsg_recorded_outputs: output name -> the layer class that produces it, for a model that builds
+            its outputs by hand (MPNet: no ``_can_record_outputs``); None: the recorder's own.
     The hidden states are recorded (see `GlobalTokens`) by the encoder if it is a Hugging Face model
     of its own (BART's), otherwise by the base model, on the layers its ``_can_record_outputs`` names.
     The LSG steps around the recorder's forward (`RecorderSteps`) run in the model's `forward` where
@@ -372,6 +381,7 @@ class LSGModelMixin:
     lsg_decoder: str = "decoder"
     lsg_positions_after_padding: bool = False
     lsg_attention: AttentionReach = DispatchedAttention()
+    lsg_recorded_outputs: dict[str, type[nn.Module]] | None = None
 
     forward = RecorderForward()
     lsg_forward_steps: RecorderSteps | None = None  # where the model is its own recorder (see `forward`)
@@ -392,10 +402,15 @@ class LSGModelMixin:
         holds_pooler = getattr(config, POOLER_KEY, None)
         if holds_pooler is False and POOLER_KEY in inspect.signature(super().__init__).parameters:
             kwargs.setdefault(POOLER_KEY, False)
+        backend = None if config.lsg_dense_decoder else lsg_backend(config._attn_implementation)
+        if backend is not None:
+            config._attn_implementation_internal = self.lsg_attention.implementation_at_init(backend)
         super().__init__(config, *args, **kwargs)
         base = getattr(self, self.base_model_prefix, self)
         if holds_pooler:
             self._add_missing_pooler(base)
+        if backend is not None:  # what the source classes were shown while built; the model runs `backend`
+            config._attn_implementation_internal = backend
         for name, spec in (getattr(config, KEPT_WEIGHTS_KEY, None) or {}).items():
             self._hold_kept_weight(name, spec)
         decoder = dict(base.named_children()).get(self.lsg_decoder)
@@ -425,7 +440,7 @@ class LSGModelMixin:
         check = InputLengthCheck(self.config, self.lsg_positions_after_padding, "input")
         embeddings.register_forward_pre_hook(check, with_kwargs=True)
         base.get_submodule(self.lsg_prepend_before).register_forward_pre_hook(global_tokens.prepend)
-        for layer in recorded_modules(recorder, "hidden_states"):
+        for layer in recorded_modules(recorder, "hidden_states", self.lsg_recorded_outputs):
             layer.register_forward_pre_hook(global_tokens.layer_input)
             layer.register_forward_hook(global_tokens.layer_output)
         if encoder is not recorder:

@@ -1,0 +1,222 @@
+"""`lsg-convert`'s front end: reads and checks the command line with the standard library alone, so
+that --help, --version and every command-line mistake answer at once; torch, transformers and
+lsg_converter are imported only for a run (`lsg_converter.cli.convert`).
+
+A package of its own because importing anything under `lsg_converter` imports the package root, which
+registers the LSG classes with transformers (torch and transformers: seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import importlib.util
+import signal
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import Any, Iterator, NoReturn, Sequence
+
+EXAMPLES = """\
+examples:
+  lsg-convert bert-base-uncased --max-len 4096 --save-path bert-base-uncased-lsg-4096
+  lsg-convert ./my-bert --max-len 16384 --sparsity-type pooling --sparsity-factor 4 \\
+      --save-path ./my-bert-lsg-16k --overwrite
+  lsg-convert facebook/bart-base --max-len 16384 --save-path bart-base-lsg-16k --push-to-hub me/bart-base-lsg-16k
+  lsg-convert ./reference-lsg-checkpoint --max-len 4096 --save-path ./upgraded   # 2023 format -> new format
+
+exit codes: 0 done, 1 other error, 2 invalid setting or command line, 3 unsupported model or head,
+            4 source not found, 5 output folder exists (use --overwrite),
+            6 corrupt or truncated source files, 7 Hub unreachable or token/repository refused,
+            130 interrupted (Ctrl-C)
+"""
+PROG = "lsg-convert"
+USAGE_EXIT_CODE = 2
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as shells report Ctrl-C
+# The library's choices, written here so that the parser needs no torch (tests/test_cli.py checks
+# that they equal lsg_converter.models.lsg_sparse.SPARSITY_TYPES and lsg_converter.positions.POSITION_TILINGS).
+SPARSITY_TYPES = ("none", "norm", "pooling", "stride", "block_stride", "bos_pooling", "lsh")
+POSITION_TILINGS = ("body", "table")
+
+
+class _Parser(argparse.ArgumentParser):
+    """Command-line mistakes get the same one-line error as every other failure, with exit code 2; a
+    misspelt flag is named with the closest one, before any other mistake."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(USAGE_EXIT_CODE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> argparse.Namespace:
+        """As argparse's, but an unknown option is named without its value, which may be a secret
+        (`--tok hf_...`): the error shows what was typed up to the first `=` of words starting with -."""
+        words = list(sys.argv[1:] if args is None else args)
+        unknown = self._unknown_options(words)
+        if unknown:
+            self.error(self._unrecognized(unknown))
+        parsed, rest = self.parse_known_args(words, namespace)
+        if rest:
+            options = [word.partition("=")[0] for word in rest if word.startswith("-")]
+            self.error(self._unrecognized(options) if options else f"unrecognized arguments: {' '.join(rest)}")
+        return parsed
+
+    def _unknown_options(self, words: list[str]) -> list[str]:
+        """The long options (`--name`, `--name=value`) among `words` that the parser does not have,
+        without their values; none after a bare `--`."""
+        options = words[: words.index("--")] if "--" in words else words
+        names = [word.partition("=")[0] for word in options if word.startswith("--")]
+        return [name for name in names if name not in self._option_string_actions]
+
+    def _unrecognized(self, options: list[str]) -> str:
+        """'unrecognized arguments: --block-sise: did you mean --block-size?' (the hint where one is close)."""
+        names = {option.lstrip("-"): option for option in self._option_string_actions}  # dashes alike in all
+        closest = difflib.get_close_matches(options[0].lstrip("-"), sorted(names), n=1, cutoff=0.7)
+        hint = f": did you mean {names[closest[0]]}?" if closest and len(options) == 1 else ""
+        return f"unrecognized arguments: {' '.join(options)}{hint}"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number of tokens")
+    return value
+
+
+def package_version() -> str:
+    """lsg_converter's version, read from its _version.py without importing the package."""
+    package = importlib.util.find_spec("lsg_converter")
+    spec = importlib.util.spec_from_file_location("lsg_converter_version", Path(package.origin).with_name("_version.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.__version__
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `lsg-convert` parser. Each option's dest is the name of the Python parameter it sets
+    (--max-len sets max_sequence_length), which `lsg_converter.cli.flag_spelling` relies on."""
+    parser = _Parser(
+        prog=PROG,
+        description="Convert a pretrained BERT, RoBERTa, DistilBERT, ALBERT, CamemBERT, ELECTRA, XLM-RoBERTa, BART, "
+        "mBART (BARThez) or Pegasus checkpoint (or a 2023 LSG checkpoint) "
+        "into an LSG model that reads long inputs.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # `--tok` is no `--token`: a mistyped flag is refused, not guessed
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+    parser.add_argument("source", help="local folder (read from disk only) or Hub model id of the model to convert")
+    parser.add_argument(
+        "--max-len",
+        dest="max_sequence_length",
+        metavar="N",
+        type=_positive_int,
+        required=True,
+        help="new maximum sequence length, e.g. 4096",
+    )
+    parser.add_argument(
+        "--save-path", help="output folder (default: <source name>-lsg-<max-len>; none when only pushing)"
+    )
+    parser.add_argument("--architecture", help="head to build, e.g. BertForMaskedLM (default: the source's)")
+    settings = parser.add_argument_group("LSG settings")
+    settings.add_argument(
+        "--block-size", type=int, help="local block size (default: a third of the source's body positions, 170 for 512)"
+    )
+    settings.add_argument(
+        "--sparsity-type", choices=SPARSITY_TYPES, help="sparse selection (default none: local + global only)"
+    )
+    settings.add_argument("--sparse-block-size", type=int, help="sparse keys on each side of a block (default 128)")
+    settings.add_argument("--sparsity-factor", type=int, help="sparse compression factor (default 2)")
+    settings.add_argument("--num-global-tokens", type=int, help="global tokens, 0 to 512 (default 1)")
+    settings.add_argument(
+        "--position-tiling",
+        choices=POSITION_TILINGS,
+        default="body",
+        help="beyond the source's table, repeat its body rows (default) or the whole table (2023 reference)",
+    )
+    settings.add_argument(
+        "--pass-global-tokens-to-decoder",
+        action=argparse.BooleanOptionalAction,
+        help="BART: let the decoder attend to the encoder's global tokens (default on)",
+    )
+    tokens = parser.add_argument_group("global tokens")
+    tokens.add_argument("--seed", type=int, default=123, help="seed of the conversion's random draws (default 123)")
+    tokens.add_argument("--random-global-init", action="store_true", help="draw global tokens at random")
+    tokens.add_argument("--resize-lsg", action="store_true", help="LSG source: only resize the positions")
+    tokens.add_argument(
+        "--keep-first-global-token", action="store_true", help="LSG source: keep global 0, initialise the others"
+    )
+    tokens.add_argument(
+        "--reinit-global-tokens", action="store_true", help="LSG source: initialise all global tokens afresh"
+    )
+    hub = parser.add_argument_group("Hugging Face Hub")
+    hub.add_argument("--push-to-hub", metavar="REPO", help="push the converted model to this Hub repository")
+    hub.add_argument("--private", action="store_true", help="create the Hub repository as private")
+    hub.add_argument("--commit-message", help="message of the Hub commit")
+    hub.add_argument(
+        "--token", help="Hugging Face token for private sources and pushing (default: HF_TOKEN or the saved login)"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing non-empty output folder")
+    parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    return parser
+
+
+class Interruption:
+    """Ctrl-C (SIGINT) during a run: a KeyboardInterrupt while the run can still stop with nothing
+    written, and a note once what it writes is complete (the run then ends as done).
+
+    `received` also keeps a Ctrl-C whose KeyboardInterrupt some library caught: `stop_if_received`
+    raises it again before anything is written."""
+
+    def __init__(self) -> None:
+        self.received = False
+        self.stops_the_run = True
+
+    def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
+        self.received = True
+        if self.stops_the_run:
+            raise KeyboardInterrupt
+
+    @contextmanager
+    def handled(self) -> Iterator["Interruption"]:
+        """SIGINT goes to this object for the time of the block (the previous handler comes back after)."""
+        previous = signal.signal(signal.SIGINT, self._on_sigint)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def stop_if_received(self) -> None:
+        """KeyboardInterrupt if a Ctrl-C came (its first KeyboardInterrupt may have been caught by a library)."""
+        if self.received:
+            raise KeyboardInterrupt
+
+    def outlived(self) -> None:
+        """What the run writes is complete: a Ctrl-C from now on is noted and the run ends as done."""
+        self.stops_the_run = False
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (0 on success). Ctrl-C at any moment, the imports included,
+    ends it with one line and exit code 130 (see `Interruption`)."""
+    interruption = Interruption()
+    debug = False
+    try:
+        with interruption.handled():
+            parser = build_parser()
+            try:
+                args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+            except SystemExit as done:  # --help, --version, or a command-line mistake already reported on one line
+                return int(done.code or 0)
+            debug = args.debug
+            from lsg_converter.cli import convert
+
+            return convert(parser, args, interruption)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE

@@ -1,0 +1,165 @@
+"""`lsg-convert`'s front end (lsg_converter_cli): the command line answers before torch and
+transformers are imported, --version, the closest flag for a misspelt one, settings reported before
+an existing output folder, and Ctrl-C at any moment: one line and exit 130 with nothing written, or
+the run done (Saved, exit 0) once its folder is in place."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from helpers import closed_port_endpoint, hub_environment, python_command, run_process
+from lsg_converter._version import __version__
+from lsg_converter.models.lsg_sparse import SPARSITY_TYPES
+from lsg_converter.positions import POSITION_TILINGS
+import lsg_converter_cli
+from lsg_converter_cli import main
+
+# main() in a fresh Python, which then prints the heavy packages it imported
+HEAVY_IMPORTS_AFTER_MAIN = """
+import sys
+from lsg_converter_cli import main
+code = main(ARGV)
+print("HEAVY", [name for name in ("torch", "transformers", "lsg_converter") if name in sys.modules])
+sys.exit(code)
+"""
+
+
+@pytest.mark.parametrize(
+    "argv,code",
+    [
+        (["--help"], 0),
+        (["--version"], 0),
+        (["model", "--max-len", "512", "--block-sise", "3"], 2),
+        (["model", "--max-len", "4k"], 2),
+        (["model"], 2),
+    ],
+)
+def test_the_command_line_answers_without_importing_torch_or_transformers(argv, code, tmp_path):
+    script = HEAVY_IMPORTS_AFTER_MAIN.replace("ARGV", repr(argv))
+    result = run_process(python_command(script), tmp_path, hub_environment(closed_port_endpoint(), tmp_path / "hf"))
+
+    assert result.returncode == code, result.stderr
+    assert "HEAVY []" in result.stdout, result.stdout
+
+
+def test_version_prints_the_package_version(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"lsg-convert {__version__}\n"
+
+
+def test_a_misspelt_flag_is_named_with_the_closest_one_before_any_other_mistake(capsys):
+    assert main(["model", "--block-sise", "3"]) == 2  # --max-len is missing too
+    err = capsys.readouterr().err
+    assert err == (
+        "lsg-convert: error: unrecognized arguments: --block-sise: did you mean --block-size? (see lsg-convert --help)\n"
+    )
+
+
+def test_an_unknown_flag_far_from_every_flag_gets_no_guess(capsys):
+    assert main(["model", "--max-len", "512", "--frobnicate=hf_secret"]) == 2
+    assert capsys.readouterr().err == "lsg-convert: error: unrecognized arguments: --frobnicate (see lsg-convert --help)\n"
+
+
+def test_the_parser_offers_the_library_choices():
+    assert lsg_converter_cli.SPARSITY_TYPES == SPARSITY_TYPES
+    assert lsg_converter_cli.POSITION_TILINGS == POSITION_TILINGS
+
+
+@pytest.mark.parametrize(
+    "flag,value,code,named",
+    [("--num-global-tokens", "600", 2, "--num-global-tokens 600"), ("--architecture", "RobertaForMaskedLM", 3, "head")],
+)
+def test_settings_are_checked_before_the_output_folder(tiny_bert_dir, tmp_path, capsys, flag, value, code, named):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "kept.txt").write_text("kept")
+
+    assert main([str(tiny_bert_dir), "--max-len", "512", "--save-path", str(out), flag, value]) == code
+    err = capsys.readouterr().err
+    assert "already exists" not in err and named in err and len(err.splitlines()) == 1, err
+    assert [path.name for path in out.iterdir()] == ["kept.txt"]
+
+
+# the CLI run by a Python that pauses, once, at the first audit event EVENT whose first argument
+# (a path or a module name) holds MARKER, printing PAUSED; SWALLOW: it sends itself SIGINT there
+# instead and catches the KeyboardInterrupt, as a library that swallows it would.
+PAUSING_CLI = """
+import os, signal, sys, time
+from lsg_converter_cli import main
+
+def pause(event, args):
+    name = os.fsdecode(args[0]) if event == EVENT and isinstance(args[0], (str, bytes, os.PathLike)) else ""
+    if paused or MARKER not in name:
+        return
+    paused.append(name)
+    if SWALLOW:
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        except KeyboardInterrupt:
+            return
+    os.write(1, b"PAUSED\\n")
+    time.sleep(120)
+
+paused = []
+sys.addaudithook(pause)
+sys.exit(main(ARGV))
+"""
+
+
+def _run_interrupted(tiny_bert_dir, tmp_path, event: str, marker: str, swallow: bool = False) -> subprocess.Popen:
+    """The CLI converting a copy of `tiny_bert_dir` into tmp_path/out, sent SIGINT where it pauses."""
+    source = shutil.copytree(tiny_bert_dir, tmp_path / "source")
+    argv = [str(source), "--max-len", "512", "--save-path", str(tmp_path / "out")]
+    script = (
+        PAUSING_CLI.replace("EVENT", repr(event))
+        .replace("MARKER", repr(marker))
+        .replace("SWALLOW", repr(swallow))
+        .replace("ARGV", repr(argv))
+    )
+    environment = hub_environment(closed_port_endpoint(), tmp_path / "hf-home")
+    process = subprocess.Popen(
+        python_command(script), cwd=tmp_path, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    if not swallow:
+        assert process.stdout.readline() == "PAUSED\n", process.communicate(timeout=300)[1]
+        process.send_signal(signal.SIGINT)
+    return process
+
+
+@pytest.mark.parametrize(
+    "event,marker",
+    [("open", "_version.py"), ("import", "torch"), ("import", "transformers")],
+    ids=["reading the command line", "importing torch", "importing transformers"],
+)
+def test_ctrl_c_before_the_conversion_exits_130_in_one_line(tiny_bert_dir, tmp_path, event, marker):
+    process = _run_interrupted(tiny_bert_dir, tmp_path, event, marker)
+    out, err = process.communicate(timeout=300)
+
+    assert process.returncode == 130, err
+    assert err.splitlines() == ["lsg-convert: interrupted"] and out == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf-home", "source"]
+
+
+def test_a_ctrl_c_a_library_swallowed_stops_the_run_before_anything_is_written(tiny_bert_dir, tmp_path):
+    process = _run_interrupted(tiny_bert_dir, tmp_path, "open", "config.json", swallow=True)
+    out, err = process.communicate(timeout=300)
+
+    assert process.returncode == 130, err
+    assert err.splitlines()[-1:] == ["lsg-convert: interrupted"] and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf-home", "source"]
+
+
+def test_ctrl_c_once_the_folder_is_in_place_lets_the_run_end_as_done(tiny_bert_dir, tmp_path):
+    process = _run_interrupted(tiny_bert_dir, tmp_path, "shutil.rmtree", ".partial")  # after the rename
+    out, err = process.communicate(timeout=300)
+
+    assert process.returncode == 0, err
+    assert "interrupted" not in err and f"to {tmp_path / 'out'}" in out.splitlines()[-1]
+    assert (tmp_path / "out" / "model.safetensors").is_file() and (tmp_path / "out" / "config.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf-home", "out", "source"]
