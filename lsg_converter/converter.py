@@ -49,7 +49,9 @@ class LSGConverter:
             table: the positions text takes between [CLS] and the last [SEP] of a full window)
             repeat, so every stretch of P - 2 tokens reads like the body of one training window.
             ``"table"``: the whole table repeats (the 2023 reference; body tokens then also take the
-            [CLS] and [SEP] positions).
+            [CLS] and [SEP] positions). An LSG source keeps its longer table and continues the tiling
+            of the P rows it was pretrained with (``config.pretrained_positions``, see
+            `positions.pretrained_positions`), as a direct conversion of its source would.
         random_global_init: draw the global tokens from the word-embedding distribution instead of
             [CLS]/[MASK] + positions.
         global_positional_stride: stride between the source positions given to successive global tokens.
@@ -131,8 +133,9 @@ class LSGConverter:
                 or any other config key to override.
         Returns:
             (model in eval mode, tokenizer with model_max_length set and no truncation or padding of its
-            own, or None if the source has none). A sentence-transformers source's pipeline (modules.json,
-            Pooling, Dense, Normalize...) travels as ``model.sentence_transformers_pipeline``, which
+            own, or None if the source has none that fits the model, see `loading.load_tokenizer`). A
+            sentence-transformers source converted to the bare model keeps its pipeline (modules.json,
+            Pooling, Dense, Normalize...) as ``model.sentence_transformers_pipeline``, which
             `save_converted` writes.
 
         Everything is checked before the weights are loaded: an unknown keyword (UnknownSettingError,
