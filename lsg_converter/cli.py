@@ -68,7 +68,7 @@ def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace, interrup
             model,
             args.push_to_hub,
             command=recorded_command(parser, args),
-            license=source_license(args.source, args.token),
+            license=source_license(args.source, args.token),  # the record the conversion looked up
             save_path=save_path,
             has_tokenizer=tokenizer is not None,
         )

@@ -7,6 +7,7 @@ raise into one-line `HubError`s. A source that exists on disk is never looked up
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -119,9 +120,13 @@ def _declared_model_name(readme: Path) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=16)
 def hub_model_info(repo_id: str, token: str | bool | None = None) -> ModelInfo:
     """The Hub's record of model `repo_id` (a valid Hub id, see `is_hub_id`), in one request: no
     retries, HF_HUB_ETAG_TIMEOUT seconds at most (10 by default; the Hub's metadata timeout).
+
+    A record found is kept for the process (a failure is not): a conversion's choice of files and
+    its card's license read the same record, so `lsg-convert` asks the Hub once.
 
     Raises:
         SourceNotFoundError: the Hub has no model `repo_id` (or a private one the token cannot see).

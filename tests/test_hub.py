@@ -579,3 +579,26 @@ def test_a_failing_download_after_the_lookup_exits_7_in_one_line_within_15_secon
     assert main_seconds(result) < OFFLINE_SECONDS
     assert f"Cannot download {failing} of 'someone/model': the Hub answered HTTP {status}" in line
     assert not (tmp_path / "out").exists()
+
+
+def test_the_cards_license_reads_the_record_the_conversion_looked_up(tiny_bert_dir, tmp_path):
+    script = """
+        import os, urllib.error, urllib.request
+        from lsg_converter import LSGConverter
+        from lsg_converter.sources import source_license
+        LSGConverter(max_sequence_length=512).convert_from_pretrained("someone/model")
+        try:
+            urllib.request.urlopen(os.environ["HF_ENDPOINT"] + "/after-the-conversion")
+        except urllib.error.HTTPError:
+            pass
+        source_license("someone/model")
+        """
+    with FileHub(tiny_bert_dir) as hub:
+        environment = hub_environment(hub.endpoint, tmp_path / "hf-home", token=TOKEN)
+        result = run_process(python_command(script), tmp_path, environment)
+
+    assert result.returncode == 0, result.stderr
+    paths = [path.partition("?")[0] for _, path, _ in hub.requests]
+    before, after = paths[: paths.index("/after-the-conversion")], paths[paths.index("/after-the-conversion") :]
+    assert "/api/models/someone/model" in before
+    assert "/api/models/someone/model" not in after
