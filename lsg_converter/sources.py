@@ -28,7 +28,8 @@ from huggingface_hub import (
 )
 from huggingface_hub.errors import HFValidationError, HfHubHTTPError, OfflineModeIsEnabled, RepositoryNotFoundError
 from huggingface_hub.hf_api import ModelInfo
-from huggingface_hub.utils import validate_repo_id
+from huggingface_hub.utils import set_client_factory, validate_repo_id
+from huggingface_hub.utils._http import default_client_factory
 from transformers import AutoConfig
 from transformers.utils import CONFIG_NAME
 from transformers.utils import logging
@@ -37,6 +38,23 @@ from .architectures import find_architecture
 from .errors import CorruptCheckpointError, HubError, SourceNotFoundError, one_line
 
 logger = logging.get_logger(__name__)
+
+HUB_TIMEOUT_VARIABLE = "LSG_HUB_TIMEOUT"  # seconds a Hub request of lsg-convert may wait for an answer (60)
+
+
+def limit_hub_waits() -> None:
+    """Give every request this process makes to the Hub a deadline: `HUB_TIMEOUT_VARIABLE` seconds (60 by
+    default) to connect and between the bytes of an answer; sending an upload keeps no deadline.
+    huggingface_hub's own client waits forever on a server that accepts a connection and never answers
+    (a push would hang). Process-wide, so `lsg-convert` calls it, not the library's functions."""
+    seconds = float(os.environ.get(HUB_TIMEOUT_VARIABLE) or 60)
+
+    def client_with_deadlines() -> httpx.Client:
+        client = default_client_factory()  # huggingface_hub's client, its request hooks included
+        client.timeout = httpx.Timeout(seconds, write=None)
+        return client
+
+    set_client_factory(client_with_deadlines)
 
 # What huggingface_hub raises when the Hub cannot be reached or answers with an error: its own
 # HfHubHTTPError and the errors of its HTTP client (both httpx.HTTPError), OfflineModeIsEnabled (a

@@ -8,6 +8,7 @@ import hashlib
 import json
 import re
 import shutil
+import socket
 from pathlib import Path
 
 import httpx2 as httpx  # the HTTP client huggingface_hub 2.x is built on
@@ -34,6 +35,7 @@ from helpers import (
     timed_cli_command,
 )
 from lsg_converter import LSGBertConfig, LSGConverter, model_card, push_converted
+from lsg_converter.sources import HUB_TIMEOUT_VARIABLE
 from lsg_converter_cli import main
 
 REPO_ID = "me/tiny-bert-lsg-512"
@@ -481,6 +483,21 @@ def test_the_cli_push_to_an_unreachable_hub_exits_7_in_one_line_within_15_second
     assert main_seconds(result) < OFFLINE_SECONDS
     assert line.startswith(f"lsg-convert: error: Cannot push to '{REPO_ID}': the Hub at http://127.0.0.1:")
     assert "is unreachable" in line and "--token" in line
+
+
+def test_the_cli_push_to_a_hub_that_never_answers_exits_7_in_one_line_at_its_deadline(tiny_bert_dir, tmp_path):
+    with socket.socket() as silent_server:  # accepts connections (the kernel's backlog), never answers
+        silent_server.bind(("127.0.0.1", 0))
+        silent_server.listen(16)
+        endpoint = f"http://127.0.0.1:{silent_server.getsockname()[1]}"
+        environment = {**hub_environment(endpoint, tmp_path / "hf-home", token=TOKEN), HUB_TIMEOUT_VARIABLE: "2"}
+        command = timed_cli_command(tiny_bert_dir, "--max-len", "512", "--push-to-hub", REPO_ID)
+        result = run_process(command, tmp_path, environment)
+
+    line = assert_one_error_line(result)
+    assert result.returncode == 7
+    assert main_seconds(result) < 60  # without a deadline the push waits forever (run_process gives up at 300 s)
+    assert line.startswith(f"lsg-convert: error: Cannot push to '{REPO_ID}'") and "ReadTimeout" in line
 
 
 def test_push_converted_to_an_unreachable_hub_raises_hub_error_within_15_seconds(tiny_bert_dir, tmp_path):
