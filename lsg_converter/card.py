@@ -13,7 +13,7 @@ from transformers import PreTrainedModel
 from ._version import __version__
 from .architectures import find_architecture, max_length_of
 from .sbert import pipeline_of
-from .sources import is_hub_id, local_source, source_name
+from .sources import is_hub_id, local_source, source_license, source_model_name, source_name
 
 CITATION = """@inproceedings{condevaux2023lsg,
   title     = {{LSG} Attention: Extrapolation of pretrained Transformers to long sequences},
@@ -78,7 +78,9 @@ def model_card(
     Args:
         repo_id: the Hub repository the card is pushed to.
         command: the command that converted the model, recorded as it is (default: the Python call).
-        license: the source's license (see `source_license`).
+        license: the source's license; by default the one the source's model card declares, read as
+            `lsg-convert` reads it (`source_license`: the README.md of a local source, the Hub's record
+            of a Hub id).
         save_path: the folder the card is saved in (as given to `save_converted`).
         has_tokenizer: whether a tokenizer is saved or pushed with the model; without one, the
             transformers snippet runs the model on token ids instead of loading a tokenizer.
@@ -99,7 +101,7 @@ def model_card(
         usage = _transformers_usage(model, auto_class, name, max_length, has_tokenizer)
     data = ModelCardData(
         base_model=source if on_hub else None,
-        license=license,
+        license=license or source_license(source),
         library_name=library,
         pipeline_tag=pipeline_tag,
         tags=[*library_tags, "lsg", "long-context", config.model_type],
@@ -110,7 +112,7 @@ def model_card(
         if hasattr(config, key) and (key not in CARD_SETTINGS_WHEN_TRUE or getattr(config, key) is True)
     )
     how = command or f"LSGConverter(max_sequence_length={max_length}).convert_from_pretrained({named_source!r})"
-    source_mention = f"[{source}](https://huggingface.co/{source})" if on_hub else f"`{named_source}`"
+    source_mention = f"[{source}](https://huggingface.co/{source})" if on_hub else f"`{source_model_name(source)}`"
     where = (
         f"from the Hub repository `{name}`"
         if repo_id
@@ -180,8 +182,8 @@ def saved_folder_name(save_path: str | os.PathLike) -> str:
 
 def default_folder_name(source: str, max_length: int) -> str:
     """The folder a conversion of `source` to `max_length` tokens is saved to by default:
-    "<source's name>-lsg-<max_length>", the source's name without a Hub id's owner."""
-    return f"{source_name(source).rpartition('/')[2]}-lsg-{max_length}"
+    "<model's name>-lsg-<max_length>", the name `source_model_name` gives, without a Hub id's owner."""
+    return f"{source_model_name(source).rpartition('/')[2]}-lsg-{max_length}"
 
 
 def _transformers_usage(model: PreTrainedModel, auto_class: str, name: str, max_length: int, has_tokenizer: bool) -> str:
@@ -197,7 +199,7 @@ def _transformers_usage(model: PreTrainedModel, auto_class: str, name: str, max_
 from transformers import {auto_class}
 
 model = {auto_class}.from_pretrained("{name}", trust_remote_code=True)
-# converted without a tokenizer (its source had none): token ids of the source's vocabulary, up to {max_length:,}
+# converted without a tokenizer (the source had none that fits the model): token ids of the source's vocabulary, up to {max_length:,}
 input_ids = torch.randint(0, model.config.vocab_size, (1, {max_length}))
 {run}"""
     if model.can_generate():

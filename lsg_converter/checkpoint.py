@@ -13,10 +13,12 @@ import re
 from pathlib import Path
 
 import torch
+from huggingface_hub.hf_api import ModelInfo
 from safetensors import SafetensorError, safe_open
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME, cached_file
 
 from .errors import CorruptCheckpointError, SourceNotFoundError, UnsafeCheckpointError, one_line
+from .sources import download_hub_files, hub_file_names
 
 # In the order transformers prefers them.
 WEIGHT_FILE_NAMES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
@@ -24,10 +26,17 @@ WEIGHT_FILE_NAMES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, W
 BLOCKED_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
 
 
-def weight_files(source: str, token: str | bool | None = None) -> list[Path]:
-    """The weight files of `source` (a folder or a Hub id): one file, or the shards its index lists."""
+def weight_files(source: str, token: str | bool | None = None, record: ModelInfo | None = None) -> list[Path]:
+    """The weight files of `source` (a folder or a Hub id): one file, or the shards its index lists.
+
+    With `record` (the Hub's record of a Hub id, see `sources.look_up_source`) the file is chosen from
+    the files the record lists and downloaded with `sources.download_hub_files` (a failing download:
+    HubError, in seconds); without it, the first of `WEIGHT_FILE_NAMES` found is taken."""
+    names = WEIGHT_FILE_NAMES if record is None else [name for name in WEIGHT_FILE_NAMES if name in hub_file_names(record)]
     try:
-        for name in WEIGHT_FILE_NAMES:
+        for name in names:
+            if record is not None:
+                download_hub_files(record, [name], token)
             found = cached_file(source, name, token=token, _raise_exceptions_for_missing_entries=False)
             if found:
                 break
@@ -39,6 +48,8 @@ def weight_files(source: str, token: str | bool | None = None) -> list[Path]:
         if not name.endswith(".index.json"):
             return [Path(found)]
         shards = sorted(set(json.loads(Path(found).read_text())["weight_map"].values()))
+        if record is not None:
+            download_hub_files(record, shards, token)
         return [Path(cached_file(source, shard, token=token)) for shard in shards]
     except (OSError, ValueError, KeyError) as error:
         raise CorruptCheckpointError(

@@ -38,8 +38,9 @@ def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace, interrup
     from .card import default_folder_name
     from .push import check_can_push
     from .sbert import pipeline_of
-    from .sources import source_license
+    from .sources import limit_hub_waits, source_license
 
+    limit_hub_waits()
     lsg_kwargs = _lsg_settings(args)
     save_path = args.save_path
     if save_path is None and not args.push_to_hub:
@@ -68,7 +69,7 @@ def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace, interrup
             model,
             args.push_to_hub,
             command=recorded_command(parser, args),
-            license=source_license(args.source, args.token),
+            license=source_license(args.source, args.token),  # the record the conversion looked up
             save_path=save_path,
             has_tokenizer=tokenizer is not None,
         )

@@ -18,9 +18,15 @@ from .head_choice import choose_head
 from .loading import drop_source_lengths, kept_weights, load_model, load_tokenizer, report_loading
 from .lsg_config import build_lsg_config, check_setting_names, is_lsg_config, pooler_setting, unknown_setting_error
 from .models.lsg_model import KEPT_WEIGHTS_KEY, MAX_GLOBAL_TOKENS, SEQ2SEQ_DEFAULTS, validate_lsg_settings
-from .positions import POSITION_TILINGS, extend_positions, window_block_size
+from .positions import (
+    POSITION_TILINGS,
+    PRETRAINED_POSITIONS_KEY,
+    extend_positions,
+    pretrained_positions,
+    window_block_size,
+)
 from .sbert import carry_pipeline
-from .sources import load_source_config, local_source
+from .sources import load_source_config, local_source, look_up_source
 
 logger = logging.get_logger(__name__)
 
@@ -43,7 +49,9 @@ class LSGConverter:
             table: the positions text takes between [CLS] and the last [SEP] of a full window)
             repeat, so every stretch of P - 2 tokens reads like the body of one training window.
             ``"table"``: the whole table repeats (the 2023 reference; body tokens then also take the
-            [CLS] and [SEP] positions).
+            [CLS] and [SEP] positions). An LSG source keeps its longer table and continues the tiling
+            of the P rows it was pretrained with (``config.pretrained_positions``, see
+            `positions.pretrained_positions`), as a direct conversion of its source would.
         random_global_init: draw the global tokens from the word-embedding distribution instead of
             [CLS]/[MASK] + positions.
         global_positional_stride: stride between the source positions given to successive global tokens.
@@ -125,8 +133,9 @@ class LSGConverter:
                 or any other config key to override.
         Returns:
             (model in eval mode, tokenizer with model_max_length set and no truncation or padding of its
-            own, or None if the source has none). A sentence-transformers source's pipeline (modules.json,
-            Pooling, Dense, Normalize...) travels as ``model.sentence_transformers_pipeline``, which
+            own, or None if the source has none that fits the model, see `loading.load_tokenizer`). A
+            sentence-transformers source converted to the bare model keeps its pipeline (modules.json,
+            Pooling, Dense, Normalize...) as ``model.sentence_transformers_pipeline``, which
             `save_converted` writes.
 
         Everything is checked before the weights are loaded: an unknown keyword (UnknownSettingError,
@@ -144,12 +153,13 @@ class LSGConverter:
         """
         folder = local_source(model_name_or_path)  # a folder on disk is read from there, "~" expanded
         source = str(folder if folder is not None else model_name_or_path)
-        source_config = load_source_config(source, token)
+        record = look_up_source(source, token)  # a Hub id: its record (one request), from which files are chosen
+        source_config = load_source_config(source, token, record)
         arch = find_architecture(source_config.model_type)
         is_lsg = is_lsg_config(source_config)
         check_setting_names(arch, source_config, lsg_kwargs)
         build_lsg_config(arch, source_config, arch.lsg_class(arch.base_head), lsg_kwargs)  # refuse bad settings now
-        files = weight_files(source, token)
+        files = weight_files(source, token, record)
         settings = {**pooler_setting(arch, tensor_names(files)), **lsg_kwargs}
         run = choose_head(arch, source, source_config, settings, architecture, token)
         lsg_class, config = run.lsg_class, run.config
@@ -169,7 +179,7 @@ class LSGConverter:
         if kept:
             setattr(config, KEPT_WEIGHTS_KEY, {**(getattr(config, KEPT_WEIGHTS_KEY, None) or {}), **kept})
 
-        tokenizer = load_tokenizer(source, token)
+        tokenizer = load_tokenizer(source, token, source_config, record)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
             model, loading_info = load_model(lsg_class, source, config, token)
@@ -191,12 +201,12 @@ class LSGConverter:
                 )
             else:
                 logger.info("The source is an LSG model: its global tokens are kept.")
-            # an LSG source's table is already tiled: repeat it whole
-            tiling = "table" if is_lsg else self.position_tiling
-            added_rows = extend_positions(model, arch, self.max_sequence_length, tiling)
+            pretrained = pretrained_positions(model, arch, positions, is_lsg)
+            added_rows = extend_positions(model, arch, self.max_sequence_length, self.position_tiling, pretrained)
 
         # BART counts its 2 offset rows outside max_position_embeddings, RoBERTa inside: keep the source's way.
         config.max_position_embeddings += added_rows
+        setattr(config, PRETRAINED_POSITIONS_KEY, pretrained)
         config._name_or_path = source
         carry_pipeline(model, source, token, self.max_sequence_length)
         if tokenizer is not None:

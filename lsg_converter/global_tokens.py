@@ -49,36 +49,19 @@ def fill_global_tokens(
 def _global_token_ids(tokenizer: PreTrainedTokenizerBase | None, config: Any) -> tuple[int, int]:
     """(word of global token 0: bos or cls, word of global tokens k > 0: mask).
 
-    Taken from the tokenizer when its ids belong to the model's vocabulary, else from the config, with
-    a warning that names what is missing (no tokenizer, a tokenizer of another vocabulary, no mask id).
+    Taken from the tokenizer (one that fits the model, see `loading.load_tokenizer`), else from the
+    config, with a warning that names what is missing (no tokenizer, no mask id).
     """
-    problem = "no tokenizer" if tokenizer is None else _foreign_tokenizer(tokenizer, config)
-    ids = config if problem else tokenizer
+    ids = config if tokenizer is None else tokenizer
     first_name = next((name for name in ("bos_token_id", "cls_token_id") if getattr(ids, name, None) is not None), None)
     first_id = 0 if first_name is None else getattr(ids, first_name)
     mask_id = getattr(ids, "mask_token_id", None)
-    if config.num_global_tokens and (problem or first_name is None or mask_id is None):
-        origin = f"the config's ids ({problem})" if problem else "the tokenizer's ids"
+    if config.num_global_tokens and (tokenizer is None or first_name is None or mask_id is None):
+        origin = "the config's ids (no tokenizer)" if tokenizer is None else "the tokenizer's ids"
         first = f"{first_name} {first_id}" if first_name else "token 0 (no bos_token_id or cls_token_id)"
         others = f"mask_token_id {mask_id}" if mask_id is not None else f"token {first_id} (no mask_token_id)"
         logger.warning(f"Global tokens use {origin}: {first} for global token 0, {others} for the others.")
     return first_id, first_id if mask_id is None else mask_id
-
-
-def _foreign_tokenizer(tokenizer: PreTrainedTokenizerBase, config: Any) -> str | None:
-    """Why `tokenizer`'s ids do not belong to the model of `config` (None when they may): a special
-    token id that differs from the config's, or a bos/cls/mask id beyond the embedding table."""
-    name = type(tokenizer).__name__
-    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
-        theirs, ours = getattr(tokenizer, key, None), getattr(config, key, None)
-        if theirs is not None and ours is not None and theirs != ours:
-            return f"the source's {name} has {key} {theirs}, the model {ours}"
-    vocab_size = getattr(config, "vocab_size", None) or 0
-    for key in ("bos_token_id", "cls_token_id", "mask_token_id"):
-        theirs = getattr(tokenizer, key, None)
-        if theirs is not None and vocab_size and theirs >= vocab_size:
-            return f"the source's {name} has {key} {theirs}, beyond the model's {vocab_size} embeddings"
-    return None
 
 
 def _strided_positions(table: torch.Tensor, stride: int) -> torch.Tensor:

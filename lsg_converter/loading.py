@@ -7,19 +7,29 @@ import logging as pylogging
 import pickle
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
+from huggingface_hub.hf_api import ModelInfo
 from safetensors import SafetensorError
-from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, BertTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import cached_file, logging
 
 from .checkpoint import read_tensors
 from .errors import CorruptCheckpointError, listed, one_line
+from .sources import download_hub_files, hub_file_names
 
 logger = logging.get_logger(__name__)
 
 # tokenizer_config.json keys that transformers copies from tokenizer.json's truncation and padding
 TOKENIZER_LENGTH_SETTINGS = ("max_length", "stride", "truncation_strategy", "pad_to_multiple_of")
+# Suffixes of the files tokenizers read: JSON (tokenizer.json, vocab.json, special tokens), text
+# (vocab.txt, merges.txt) and sentencepiece models.
+TOKENIZER_FILE_SUFFIXES = (".json", ".txt", ".model")
+# A BERT-style WordPiece vocabulary, one token a line.
+VOCABULARY_FILE = "vocab.txt"
+# The smallest share of a model's ids that its tokenizer holds: an embedding table may have spare rows
+# (padded to a multiple of 64 or 128, reserved ids), never as many as the tokens it was trained on.
+MIN_VOCABULARY_SHARE = 0.5
 
 
 def load_model(
@@ -39,8 +49,76 @@ def load_model(
         ) from error
 
 
-def load_tokenizer(source: str, token: str | bool | None) -> PreTrainedTokenizerBase | None:
-    """The source's tokenizer; None, with a warning, when it has none or it cannot be read."""
+def load_tokenizer(
+    source: str, token: str | bool | None, config: Any, record: ModelInfo | None = None
+) -> PreTrainedTokenizerBase | None:
+    """The source's tokenizer, when it fits the model of `config` (see `tokenizer_misfit`).
+
+    With `record` (the Hub's record of a Hub id) its tokenizer files are downloaded first
+    (`sources.download_hub_files`: a failing download is a HubError, not a model without tokenizer).
+    A tokenizer that does not fit is never returned: a warning says why, and the source's vocab.txt,
+    where it has one, is read as the BERT WordPiece vocabulary it is (`vocabulary_tokenizer`;
+    rxnmapper's ALBERT ships a vocab.txt that transformers 5 loads as a 5-token AlbertTokenizer).
+    None, with a warning, when the source has no tokenizer, it cannot be read, or nothing fits."""
+    if record is not None:
+        download_hub_files(record, tokenizer_file_names(hub_file_names(record)), token)
+    tokenizer = _source_tokenizer(source, token)
+    misfit = tokenizer_misfit(tokenizer, config) if tokenizer is not None else None
+    if misfit is None:
+        return tokenizer
+    replacement = vocabulary_tokenizer(source, token)
+    if replacement is not None and tokenizer_misfit(replacement, config) is None:
+        logger.warning(
+            f"The source's tokenizer does not fit the model ({misfit}): its {VOCABULARY_FILE} is read as a BERT "
+            f"WordPiece vocabulary instead ({type(replacement).__name__}, {len(replacement)} tokens, "
+            f"{'lowercased' if replacement.do_lower_case else 'cased'}); check that it splits your text as the source's did."
+        )
+        return replacement
+    logger.warning(f"The source's tokenizer does not fit the model ({misfit}): no tokenizer is returned or saved.")
+    return None
+
+
+def tokenizer_file_names(names: Iterable[str]) -> set[str]:
+    """The files of a model's folder a tokenizer may read: those at its root with a suffix of
+    `TOKENIZER_FILE_SUFFIXES` (tokenizer.json, tokenizer_config.json, vocab.txt, merges.txt,
+    spiece.model, ...), weight indexes aside."""
+    return {
+        name for name in names
+        if "/" not in name and name.endswith(TOKENIZER_FILE_SUFFIXES) and not name.endswith(".index.json")
+    }
+
+
+def tokenizer_misfit(tokenizer: PreTrainedTokenizerBase, config: Any) -> str | None:
+    """Why `tokenizer` does not fit the model of `config` (None when it does): more tokens than the
+    model has ids, fewer than `MIN_VOCABULARY_SHARE` of them (a tokenizer built without its
+    vocabulary), or a special token id (pad, bos, eos) other than the config's."""
+    name = type(tokenizer).__name__
+    vocab_size = getattr(config, "vocab_size", None)
+    if vocab_size and not MIN_VOCABULARY_SHARE * vocab_size <= len(tokenizer) <= vocab_size:
+        return f"the source's {name} has {len(tokenizer)} tokens, the model {vocab_size} ids"
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        theirs, ours = getattr(tokenizer, key, None), getattr(config, key, None)
+        if theirs is not None and ours is not None and theirs != ours:
+            return f"the source's {name} has {key} {theirs}, the model {ours}"
+    return None
+
+
+def vocabulary_tokenizer(source: str, token: str | bool | None) -> BertTokenizer | None:
+    """A BertTokenizer reading the source's vocab.txt (None when it has none): a WordPiece vocabulary,
+    lowercasing only when the vocabulary holds no uppercase token besides its bracketed special ones."""
+    vocabulary = cached_file(
+        source, VOCABULARY_FILE, token=token,
+        _raise_exceptions_for_missing_entries=False, _raise_exceptions_for_connection_errors=False,
+    )
+    if not vocabulary:
+        return None
+    words = Path(vocabulary).read_text(encoding="utf-8").splitlines()
+    cased = any(word != word.lower() for word in words if not (word.startswith("[") and word.endswith("]")))
+    return BertTokenizer(vocab=vocabulary, do_lower_case=not cased)
+
+
+def _source_tokenizer(source: str, token: str | bool | None) -> PreTrainedTokenizerBase | None:
+    """The tokenizer transformers loads from `source`; None, with a warning, when it has none or it cannot be read."""
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, token=token)
     except (OSError, ValueError, TypeError) as error:

@@ -7,12 +7,18 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers.utils import logging
 
 from .architectures import Architecture
 from .models.lsg_pattern import uses_sparse_keys
 
+logger = logging.get_logger(__name__)
+
 # How the learned positions reach the new length (see LSGConverter).
 POSITION_TILINGS = ("body", "table")
+# LSG config key: the positions the model read before its first LSG conversion (512 for BERT and
+# RoBERTa), the length of the table that a longer conversion continues to tile.
+PRETRAINED_POSITIONS_KEY = "pretrained_positions"
 
 
 def window_block_size(source_positions: int, config: Any) -> int:
@@ -40,11 +46,58 @@ def tiled_position_rows(source_positions: int, max_length: int, tiling: str) -> 
     return torch.where(positions < source_positions, positions, 1 + (positions - 1) % body_rows)
 
 
-def extend_positions(model: nn.Module, arch: Architecture, max_length: int, tiling: str) -> int:
+def continued_position_rows(pretrained_positions: int, rows: int, max_length: int, tiling: str) -> torch.Tensor:
+    """Row of a `rows`-row table that each new position (max_length,) takes: the table's own rows
+    stay, later positions continue the tiling of its first `pretrained_positions` rows (the source's
+    table before any LSG conversion), so that converting 512 -> 1024 -> 4096 gives the table that
+    512 -> 4096 gives."""
+    continued = tiled_position_rows(pretrained_positions, max_length, tiling)
+    kept = min(rows, max_length)
+    continued[:kept] = torch.arange(kept)
+    return continued
+
+
+def inferred_pretrained_positions(table: torch.Tensor) -> int:
+    """The pretrained positions of an LSG model's learned table (rows, E) whose config does not
+    record them (`PRETRAINED_POSITIONS_KEY`): the shortest head of the table that the rest repeats,
+    by either tiling (logged); the whole table when none does (a table trained at its length; a
+    warning says so)."""
+    rows = table.shape[0]
+    repeats_row = (table[3:] == table[0]).all(dim=1) | (table[3:] == table[2]).all(dim=1)
+    for candidate in (3 + repeats_row.nonzero().flatten()).tolist():
+        for tiling in POSITION_TILINGS:
+            if torch.equal(table, table[tiled_position_rows(candidate, rows, tiling)]):
+                logger.info(
+                    f"The LSG source's config does not record {PRETRAINED_POSITIONS_KEY}: its {rows}-row position "
+                    f"table repeats its first {candidate} rows ({tiling} tiling), taken as the pretrained positions."
+                )
+                return candidate
+    logger.warning(
+        f"The LSG source's config does not record {PRETRAINED_POSITIONS_KEY} and its {rows}-row position table "
+        f"repeats no shorter head: the whole table is taken as the pretrained positions."
+    )
+    return rows
+
+
+def pretrained_positions(model: nn.Module, arch: Architecture, positions: int, is_lsg: bool) -> int:
+    """The positions `model` read before its first LSG conversion: `positions` (those it reads now)
+    for a plain source; for an LSG source, what its config records, else what its table shows
+    (`inferred_pretrained_positions`)."""
+    if not is_lsg or arch.sinusoidal_positions:
+        return positions
+    recorded = getattr(model.config, PRETRAINED_POSITIONS_KEY, None)
+    if recorded is not None:
+        return recorded
+    return inferred_pretrained_positions(arch.position_rows(model))
+
+
+def extend_positions(
+    model: nn.Module, arch: Architecture, max_length: int, tiling: str, pretrained_positions: int
+) -> int:
     """Bring every position table of an LSG model to `max_length` rows after its offset rows, in
-    place, and rebuild the position/token-type buffers beside it. Learned tables are extended with
-    `tiled_position_rows` (the offset rows kept once in front), sinusoidal ones regenerated.
-    Returns the rows added."""
+    place, and rebuild the position/token-type buffers beside it. Learned tables keep their rows and
+    continue the tiling of their first `pretrained_positions` rows (`continued_position_rows`; the
+    offset rows kept once in front), sinusoidal ones are regenerated. Returns the rows added."""
     base = model.base_model
     offset = arch.position_offset_of(model)
     added = 0
@@ -54,7 +107,7 @@ def extend_positions(model: nn.Module, arch: Architecture, max_length: int, tili
             extended = _sinusoidal_positions(max_length, old.shape[1]).to(old)
         else:
             learned = old[offset:]
-            extended = learned[tiled_position_rows(learned.shape[0], max_length, tiling)]
+            extended = learned[continued_position_rows(pretrained_positions, learned.shape[0], max_length, tiling)]
         weight = torch.cat([old[:offset], extended])
         table.weight = nn.Parameter(weight, requires_grad=table.weight.requires_grad)
         table.num_embeddings = weight.shape[0]

@@ -71,13 +71,30 @@ def carry_pipeline(model: PreTrainedModel, source: str, token: str | bool | None
     A local folder is read as it is (the Hub is never asked); for a Hub id, ``modules.json`` is resolved
     as transformers resolves ``config.json`` and the module folders come from the same snapshot.
     Logs the modules carried over; warns about each module that cannot be carried, and leaves it out.
+    Only the bare model (which outputs the token states the pipeline pools) carries the pipeline: for
+    a head (a classifier...), which sentence-transformers would load without its head, a warning says
+    that the pipeline is left out and the model is a transformers one.
     """
+    if model.base_model is not model:
+        _leave_pipeline_out(model, source, token)
+        return
     pipeline = _read_pipeline(source, token, max_seq_length)
     setattr(model, PIPELINE_ATTRIBUTE, pipeline)
     if pipeline is not None:
         logger.info(
             f"{source} is a sentence-transformers model: its pipeline ({' -> '.join(pipeline.module_names)}) "
             f"is carried over with max_seq_length {max_seq_length}; save_converted writes it."
+        )
+
+
+def _leave_pipeline_out(model: PreTrainedModel, source: str, token: str | bool | None) -> None:
+    """Attach no pipeline to `model`, a head; warn when `source` has one."""
+    setattr(model, PIPELINE_ATTRIBUTE, None)
+    if _resolve(source, local_source(source), MODULES_FILE, token) is not None:
+        logger.warning(
+            f"{source} is a sentence-transformers model, but {type(model).__name__} is no bare model: its "
+            "sentence-transformers pipeline would load the model without its head, so it is left out; "
+            "load the converted model with transformers."
         )
 
 

@@ -7,18 +7,31 @@ raise into one-line `HubError`s. A source that exists on disk is never looked up
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import httpx2 as httpx  # the HTTP client of huggingface_hub 2.x
-from huggingface_hub import HfApi, ModelCard, constants, is_offline_mode, try_to_load_from_cache
+from huggingface_hub import (
+    HfApi,
+    ModelCard,
+    constants,
+    get_hf_file_metadata,
+    hf_hub_download,
+    hf_hub_url,
+    is_offline_mode,
+    try_to_load_from_cache,
+)
 from huggingface_hub.errors import HFValidationError, HfHubHTTPError, OfflineModeIsEnabled, RepositoryNotFoundError
 from huggingface_hub.hf_api import ModelInfo
-from huggingface_hub.utils import validate_repo_id
+from huggingface_hub.utils import set_client_factory, validate_repo_id
+from huggingface_hub.utils._http import default_client_factory
 from transformers import AutoConfig
+from transformers.utils import CONFIG_NAME
 from transformers.utils import logging
 
 from .architectures import find_architecture
@@ -26,10 +39,31 @@ from .errors import CorruptCheckpointError, HubError, SourceNotFoundError, one_l
 
 logger = logging.get_logger(__name__)
 
+HUB_TIMEOUT_VARIABLE = "LSG_HUB_TIMEOUT"  # seconds a Hub request of lsg-convert may wait for an answer (60)
+
+
+def limit_hub_waits() -> None:
+    """Give every request this process makes to the Hub a deadline: `HUB_TIMEOUT_VARIABLE` seconds (60 by
+    default) to connect and between the bytes of an answer; sending an upload keeps no deadline.
+    huggingface_hub's own client waits forever on a server that accepts a connection and never answers
+    (a push would hang). Process-wide, so `lsg-convert` calls it, not the library's functions."""
+    seconds = float(os.environ.get(HUB_TIMEOUT_VARIABLE) or 60)
+
+    def client_with_deadlines() -> httpx.Client:
+        client = default_client_factory()  # huggingface_hub's client, its request hooks included
+        client.timeout = httpx.Timeout(seconds, write=None)
+        return client
+
+    set_client_factory(client_with_deadlines)
+
 # What huggingface_hub raises when the Hub cannot be reached or answers with an error: its own
 # HfHubHTTPError and the errors of its HTTP client (both httpx.HTTPError), OfflineModeIsEnabled (a
 # ConnectionError), and the standard library's connection errors and timeouts.
 HUB_ERRORS = (httpx.HTTPError, ConnectionError, TimeoutError)
+# A model's name as a card's title gives it: a Hub name, or a Hub id (owner/name).
+MODEL_NAME = re.compile(r"[\w.-]+(/[\w.-]+)?")
+# The titles sentence-transformers gives the card of a model it knows no name for: its class's name.
+UNNAMED_MODEL_TITLES = ("SentenceTransformer", "CrossEncoder", "SparseEncoder", "MultiVectorEncoder")
 
 
 @contextmanager
@@ -77,9 +111,40 @@ def source_name(source: str) -> str:
     return folder.resolve().name if folder else source
 
 
+def source_model_name(source: str) -> str:
+    """How a card and a default folder name the model `source` holds: a Hub id as it is; a local folder
+    by the name its model card declares (its ``model_name``, else its title when that is one word, as
+    ``# all-MiniLM-L6-v2`` in a sentence-transformers card), else by the folder's name (`source_name`).
+
+    config.json's ``_name_or_path`` is not used: it names the checkpoint the weights were loaded from
+    before they were saved (all-MiniLM-L6-v2's names its base, nreimers/MiniLM-L6-H384-uncased)."""
+    folder = local_source(source)
+    declared = _declared_model_name(folder / "README.md") if folder is not None else None
+    return declared or source_name(source)
+
+
+def _declared_model_name(readme: Path) -> str | None:
+    """The model name a model card declares: its ``model_name`` metadata, else a one-word title."""
+    if not readme.is_file():
+        return None
+    try:
+        card = ModelCard.load(readme, ignore_metadata_errors=True)
+    except (OSError, ValueError):
+        return None
+    title = next((line[2:].strip() for line in card.text.splitlines() if line.startswith("# ")), None)
+    for name in (getattr(card.data, "model_name", None), title):
+        if isinstance(name, str) and MODEL_NAME.fullmatch(name) and name not in UNNAMED_MODEL_TITLES:
+            return name
+    return None
+
+
+@functools.lru_cache(maxsize=16)
 def hub_model_info(repo_id: str, token: str | bool | None = None) -> ModelInfo:
     """The Hub's record of model `repo_id` (a valid Hub id, see `is_hub_id`), in one request: no
     retries, HF_HUB_ETAG_TIMEOUT seconds at most (10 by default; the Hub's metadata timeout).
+
+    A record found is kept for the process (a failure is not): a conversion's choice of files and
+    its card's license read the same record, so `lsg-convert` asks the Hub once.
 
     Raises:
         SourceNotFoundError: the Hub has no model `repo_id` (or a private one the token cannot see).
@@ -128,18 +193,48 @@ def source_license(source: str, token: str | bool | None = None) -> str | None:
         return None
 
 
-def load_source_config(source: str, token: str | bool | None) -> Any:
+def look_up_source(source: str, token: str | bool | None) -> ModelInfo | None:
+    """The Hub's record of `source` (one quick request: `hub_model_info`) when it is a Hub id to
+    download; None for a source on disk, with HF_HUB_OFFLINE=1 set, or for a name that is no Hub id
+    (`load_source_config` refuses it)."""
+    if local_source(source) is not None or is_offline_mode() or not is_hub_id(source):
+        return None
+    return hub_model_info(source, token)
+
+
+def hub_file_names(record: ModelInfo) -> set[str]:
+    """The paths of the files a Hub model's record lists."""
+    return {sibling.rfilename for sibling in record.siblings or ()}
+
+
+def download_hub_files(record: ModelInfo, names: Iterable[str], token: str | bool | None) -> None:
+    """Download the files `names` of the Hub model `record` describes, at its commit, into the Hugging
+    Face cache. Each file's metadata is asked once first (HF_HUB_ETAG_TIMEOUT seconds, no retries), so
+    that a Hub that fails or refuses a download is reported in seconds, not after huggingface_hub's
+    retries.
+
+    Raises:
+        HubError: a request fails or is refused.
+    """
+    for name in sorted(names):
+        with hub_errors(f"download {name} of {record.id!r}", "check the network and token=, and try again"):
+            url = hf_hub_url(record.id, name, revision=record.sha)
+            get_hf_file_metadata(url, token=token, timeout=constants.HF_HUB_ETAG_TIMEOUT)
+            hf_hub_download(record.id, name, revision=record.sha, token=token)
+
+
+def load_source_config(source: str, token: str | bool | None, record: ModelInfo | None = None) -> Any:
     """The source's config. A source that exists on disk is read from disk and nothing else; any other
-    is a Hub id, looked up on the Hub first (one quick request) unless HF_HUB_OFFLINE=1 is set, then
-    read through the Hugging Face cache."""
+    is a Hub id, whose config.json is downloaded first when `record` (its `look_up_source`) is given,
+    then read through the Hugging Face cache (only the cache with HF_HUB_OFFLINE=1)."""
     folder = local_source(source)
     if folder is not None:
         return _load_local_config(source, folder)
     if not is_hub_id(source):
         raise SourceNotFoundError(f"No folder at {source!r}: give an existing model folder or a Hub model id.")
     offline = is_offline_mode()
-    if not offline:
-        hub_model_info(source, token)  # not on the Hub: SourceNotFoundError; Hub unreachable: HubError
+    if record is not None:
+        download_hub_files(record, {CONFIG_NAME} & hub_file_names(record), token)
     try:
         with hub_errors(f"download the configuration of {source!r}", "check the network and try again"):
             return AutoConfig.from_pretrained(source, token=token)

@@ -28,6 +28,15 @@ TINY_SEED = 0
 TINY_MAX_POSITIONS = 128
 
 
+@pytest.fixture(autouse=True)
+def fresh_hub_records():
+    """Each test asks its own (fake) Hub: the records a process keeps (sources.hub_model_info) are dropped."""
+    yield
+    from lsg_converter.sources import hub_model_info
+
+    hub_model_info.cache_clear()
+
+
 @pytest.fixture(scope="session")
 def minilm_path() -> Path:
     """Folder of the real all-MiniLM-L6-v2 (a BertModel with its tokenizer, 512 positions)."""

@@ -92,6 +92,40 @@ def test_table_position_tiling_repeats_the_whole_source_table(tiny_bert_dir, sou
     torch.testing.assert_close(new_table, expected, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("arch, head", [("bert", "BertForMaskedLM"), ("roberta", "RobertaForMaskedLM"), ("bart", "BartModel")])
+@pytest.mark.parametrize("tiling", ["body", "table"])
+def test_converting_an_lsg_model_to_a_longer_length_gives_the_table_of_a_direct_conversion(arch, head, tiling, tmp_path):
+    source = save_tiny_source(tmp_path / "source", arch, head)
+    converter = LSGConverter(max_sequence_length=NEW_LENGTH, position_tiling=tiling)
+    shorter, tokenizer = LSGConverter(max_sequence_length=2 * TINY_LENGTH, position_tiling=tiling).convert_from_pretrained(source)
+    resized, _ = converter.convert_from_pretrained(save_converted(shorter, tokenizer, tmp_path / "shorter"))
+    direct, _ = converter.convert_from_pretrained(source)
+
+    tables = [
+        {name: weight for name, weight in model.state_dict().items() if name.endswith("positions.weight")
+         or name.endswith("position_embeddings.weight")}
+        for model in (resized, direct)
+    ]
+    assert tables[0].keys() == tables[1].keys() and tables[0]
+    for name in tables[0]:
+        assert torch.equal(tables[0][name], tables[1][name]), name
+    assert resized.config.pretrained_positions == direct.config.pretrained_positions == TINY_LENGTH
+
+
+def test_a_reference_checkpoint_without_recorded_positions_continues_its_source_table(caplog):
+    reference = LSGBertForMaskedLM.from_pretrained(FIXTURES / "bert-norm").bert.embeddings.position_embeddings.weight
+    pretrained = 128  # the reference tiled its tiny source's 128-row table whole up to 1024 rows
+    with caplog.at_level("INFO", logger="lsg_converter"):
+        model, _ = LSGConverter(max_sequence_length=2048).convert_from_pretrained(FIXTURES / "bert-norm")
+    table = model.bert.embeddings.position_embeddings.weight.detach()
+
+    assert model.config.pretrained_positions == pretrained
+    assert "repeats its first 128 rows" in caplog.text
+    assert torch.equal(table[:1024], reference.detach())
+    body_rows = 1 + (torch.arange(1024, 2048) - 1) % (pretrained - 2)
+    assert torch.equal(table[1024:], reference.detach()[body_rows])
+
+
 def test_unknown_position_tiling_raises_invalid_settings_error():
     with pytest.raises(InvalidSettingsError, match="body, table"):
         LSGConverter(position_tiling="mirror")
@@ -263,8 +297,13 @@ def test_source_without_tokenizer_files_takes_global_tokens_from_the_config_ids(
 def test_barthez_style_mbart_source_uses_its_tokenizer_of_another_class_when_the_ids_agree(tmp_path, caplog):
     """BARThez checkpoints are model_type "mbart" with a BarthezTokenizer: a tokenizer class other than
     MBartTokenizer whose special ids are the model's is used as it is."""
-    source_dir = save_tiny_source(tmp_path / "source", "mbart", "MBartForConditionalGeneration")
-    AutoTokenizer.from_pretrained(FIXTURES / "bart-norm").save_pretrained(source_dir)  # <s> 0 <pad> 1 </s> 2 <mask> 4
+    tokenizer = AutoTokenizer.from_pretrained(FIXTURES / "bart-norm")  # <s> 0 <pad> 1 </s> 2 <mask> 4
+    config = TINY_CONFIGS["mbart"]()
+    config.vocab_size = len(tokenizer)
+    source_dir = tmp_path / "source"
+    torch.manual_seed(0)
+    MBartForConditionalGeneration(config).save_pretrained(source_dir)
+    tokenizer.save_pretrained(source_dir)
 
     with caplog.at_level("WARNING", logger="lsg_converter"):
         model, tokenizer = LSGConverter(max_sequence_length=512).convert_from_pretrained(source_dir, num_global_tokens=2)
@@ -278,20 +317,39 @@ def test_barthez_style_mbart_source_uses_its_tokenizer_of_another_class_when_the
     torch.testing.assert_close(model.model.encoder.global_embeddings.weight[:2].detach(), expected)
 
 
-def test_tokenizer_of_another_vocabulary_gives_way_to_the_config_ids(tmp_path, minilm_path, caplog):
+def test_tokenizer_of_another_vocabulary_is_not_returned_and_the_config_ids_give_the_global_tokens(
+    tmp_path, minilm_path, caplog
+):
     source_dir = save_tiny_source(tmp_path / "source", "bart", "BartForConditionalGeneration")
-    bert_tokenizer = AutoTokenizer.from_pretrained(minilm_path)  # [CLS] 101, [MASK] 103, [PAD] 0: not BART's ids
+    bert_tokenizer = AutoTokenizer.from_pretrained(minilm_path)  # 30,522 tokens, [PAD] 0: not BART's ids
     bert_tokenizer.save_pretrained(source_dir)
 
     with caplog.at_level("WARNING", logger="lsg_converter"):
         model, tokenizer = LSGConverter(max_sequence_length=512).convert_from_pretrained(source_dir, num_global_tokens=2)
 
-    assert type(tokenizer) is type(bert_tokenizer)  # still returned: it is the source's, only its ids are not used
-    warning = " ".join(record.getMessage() for record in caplog.records)
-    assert type(bert_tokenizer).__name__ in warning and "config's ids" in warning
+    assert tokenizer is None
+    warnings = [record.getMessage() for record in caplog.records]
+    assert f"{type(bert_tokenizer).__name__} has 30522 tokens, the model 99 ids" in warnings[0]
+    assert "no tokenizer is returned or saved" in warnings[0]
+    assert "config's ids" in " ".join(warnings)
     bos = model.config.bos_token_id
     expected = _bart_globals(source_dir, [bos, bos], [0, 64])
     torch.testing.assert_close(model.model.encoder.global_embeddings.weight[:2].detach(), expected)
+
+
+def test_a_tokenizer_whose_special_ids_differ_from_the_configs_is_not_returned(tmp_path, caplog):
+    tokenizer = AutoTokenizer.from_pretrained(FIXTURES / "bart-norm")  # <pad> 1
+    config = TINY_CONFIGS["bart"]()
+    config.update(dict(vocab_size=len(tokenizer), pad_token_id=0))
+    source_dir = tmp_path / "source"
+    BartForConditionalGeneration(config).save_pretrained(source_dir)
+    tokenizer.save_pretrained(source_dir)
+
+    with caplog.at_level("WARNING", logger="lsg_converter"):
+        _, returned = LSGConverter(max_sequence_length=512).convert_from_pretrained(source_dir)
+
+    assert returned is None
+    assert "has pad_token_id 1, the model 0" in caplog.text
 
 
 # ---------------------------------------------------------------------------------------------- settings

@@ -4,8 +4,11 @@ request, or a closed local port for an unreachable Hub."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import shutil
+import socket
 from pathlib import Path
 
 import httpx2 as httpx  # the HTTP client huggingface_hub 2.x is built on
@@ -32,6 +35,7 @@ from helpers import (
     timed_cli_command,
 )
 from lsg_converter import LSGBertConfig, LSGConverter, model_card, push_converted
+from lsg_converter.sources import HUB_TIMEOUT_VARIABLE
 from lsg_converter_cli import main
 
 REPO_ID = "me/tiny-bert-lsg-512"
@@ -481,6 +485,21 @@ def test_the_cli_push_to_an_unreachable_hub_exits_7_in_one_line_within_15_second
     assert "is unreachable" in line and "--token" in line
 
 
+def test_the_cli_push_to_a_hub_that_never_answers_exits_7_in_one_line_at_its_deadline(tiny_bert_dir, tmp_path):
+    with socket.socket() as silent_server:  # accepts connections (the kernel's backlog), never answers
+        silent_server.bind(("127.0.0.1", 0))
+        silent_server.listen(16)
+        endpoint = f"http://127.0.0.1:{silent_server.getsockname()[1]}"
+        environment = {**hub_environment(endpoint, tmp_path / "hf-home", token=TOKEN), HUB_TIMEOUT_VARIABLE: "2"}
+        command = timed_cli_command(tiny_bert_dir, "--max-len", "512", "--push-to-hub", REPO_ID)
+        result = run_process(command, tmp_path, environment)
+
+    line = assert_one_error_line(result)
+    assert result.returncode == 7
+    assert main_seconds(result) < 60  # without a deadline the push waits forever (run_process gives up at 300 s)
+    assert line.startswith(f"lsg-convert: error: Cannot push to '{REPO_ID}'") and "ReadTimeout" in line
+
+
 def test_push_converted_to_an_unreachable_hub_raises_hub_error_within_15_seconds(tiny_bert_dir, tmp_path):
     script = f"""
         import time
@@ -500,3 +519,103 @@ def test_push_converted_to_an_unreachable_hub_raises_hub_error_within_15_seconds
     assert result.returncode == 0, result.stderr
     assert "EXIT_CODE 7" in result.stdout
     assert float(result.stdout.split("SECONDS")[1].split()[0]) < OFFLINE_SECONDS
+
+
+# ---------------------------------------------------------------------------------------------- failing downloads
+
+REVISION = "1" * 40
+
+
+class FileHub(RecordingHub):
+    """A stand-in for the Hub that lists and serves the files of `folder` as model 'someone/model'
+    (its record, an empty listing of any of its folders, each file's metadata and content at any
+    revision, 404 EntryNotFound for a file it does not have), answering the files of `failing` with
+    `status` instead."""
+
+    def __init__(self, folder: Path, failing: tuple[str, ...] = (), status: int = 500) -> None:
+        files = {path.relative_to(folder).as_posix(): path.read_bytes() for path in files_under(folder)}
+        record = {"id": "someone/model", "sha": REVISION, "siblings": [{"rfilename": name} for name in files]}
+        super().__init__({"/api/models/someone/model": record})
+        answer_record, requests = self.server.RequestHandlerClass.do_GET, self.requests
+        file_path = re.compile(r"/someone/model/resolve/[^/]+/(.+)")
+
+        def answer(handler, status: int, body: bytes, headers: dict[str, str]) -> None:
+            handler.send_response(status)
+            for key, value in {**headers, "Content-Length": str(len(body))}.items():
+                handler.send_header(key, value)
+            handler.end_headers()
+            if handler.command == "GET":
+                handler.wfile.write(body)
+
+        def do_GET(handler) -> None:
+            path = handler.path.partition("?")[0]
+            match = file_path.fullmatch(path)
+            if path.startswith("/api/models/someone/model/tree/"):
+                requests.append((handler.command, path, handler.headers.get("Authorization")))
+                return answer(handler, 200, b"[]", {"Content-Type": "application/json"})
+            if match is None:
+                return answer_record(handler)
+            requests.append((handler.command, path, handler.headers.get("Authorization")))
+            name = match[1]
+            if name not in files:
+                return answer(handler, 404, b"", {"X-Error-Code": "EntryNotFound"})
+            if name in failing:
+                return answer(handler, status, b'{"error": "failed"}', {"Content-Type": "application/json"})
+            body = files[name]
+            etag = f'"{hashlib.sha256(body).hexdigest()}"'
+            answer(handler, 200, body, {"X-Repo-Commit": REVISION, "ETag": etag})
+
+        self.server.RequestHandlerClass.do_GET = self.server.RequestHandlerClass.do_HEAD = do_GET
+
+
+def test_a_hub_id_whose_files_download_converts_reading_only_the_weights_its_record_lists(tiny_bert_dir, tmp_path):
+    with FileHub(tiny_bert_dir) as hub:
+        environment = hub_environment(hub.endpoint, tmp_path / "hf-home", token=TOKEN)
+        result = run_process(cli_command("someone/model", "--max-len", "512", "--save-path", "out"), tmp_path, environment)
+
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "out" / "model.safetensors").is_file() and (tmp_path / "out" / "tokenizer.json").is_file()
+    weight_requests = {path.rpartition("/")[2] for _, path, _ in hub.requests if "/resolve/" in path}
+    assert not weight_requests & {"pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json"}
+
+
+@pytest.mark.parametrize(
+    "failing, status",
+    [("model.safetensors", 500), ("model.safetensors", 403), ("tokenizer.json", 500)],
+    ids=["weights-fail", "weights-refused", "tokenizer-fails"],
+)
+def test_a_failing_download_after_the_lookup_exits_7_in_one_line_within_15_seconds(
+    tiny_bert_dir, tmp_path, failing, status
+):
+    with FileHub(tiny_bert_dir, failing=(failing,), status=status) as hub:
+        environment = hub_environment(hub.endpoint, tmp_path / "hf-home", token=TOKEN)
+        result = run_process(timed_cli_command("someone/model", "--max-len", "512", "--save-path", "out"), tmp_path, environment)
+
+    line = assert_one_error_line(result)
+    assert result.returncode == 7
+    assert main_seconds(result) < OFFLINE_SECONDS
+    assert f"Cannot download {failing} of 'someone/model': the Hub answered HTTP {status}" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_cards_license_reads_the_record_the_conversion_looked_up(tiny_bert_dir, tmp_path):
+    script = """
+        import os, urllib.error, urllib.request
+        from lsg_converter import LSGConverter
+        from lsg_converter.sources import source_license
+        LSGConverter(max_sequence_length=512).convert_from_pretrained("someone/model")
+        try:
+            urllib.request.urlopen(os.environ["HF_ENDPOINT"] + "/after-the-conversion")
+        except urllib.error.HTTPError:
+            pass
+        source_license("someone/model")
+        """
+    with FileHub(tiny_bert_dir) as hub:
+        environment = hub_environment(hub.endpoint, tmp_path / "hf-home", token=TOKEN)
+        result = run_process(python_command(script), tmp_path, environment)
+
+    assert result.returncode == 0, result.stderr
+    paths = [path.partition("?")[0] for _, path, _ in hub.requests]
+    before, after = paths[: paths.index("/after-the-conversion")], paths[paths.index("/after-the-conversion") :]
+    assert "/api/models/someone/model" in before
+    assert "/api/models/someone/model" not in after

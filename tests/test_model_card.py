@@ -7,6 +7,7 @@ lsg_converter, offline, with stdin closed. Cards pushed to the Hub: tests/test_h
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from transformers import AutoTokenizer, BartForConditionalGeneration
 from helpers import TINY_CONFIGS, run_without_lsg_converter, save_tiny_sentence_transformer, save_tiny_source
 from lsg_converter import ARCHITECTURES, LSGConverter, model_card
 from lsg_converter_cli import main
-from lsg_converter.card import PIPELINE_TAGS
+from lsg_converter.card import PIPELINE_TAGS, default_folder_name
 
 LENGTH = 256
 REMOTE_CODE_PROMPT = "[y/N]"  # what transformers asks when a load lacks trust_remote_code=True
@@ -74,6 +75,36 @@ def usage_snippet(card: ModelCard) -> str:
 def converted_card(source, **card_options) -> ModelCard:
     model, _ = LSGConverter(max_sequence_length=LENGTH).convert_from_pretrained(source)
     return model_card(model, **card_options)
+
+
+def test_a_card_made_in_python_declares_the_license_the_cli_card_declares(tiny_bert_dir, tmp_path, monkeypatch):
+    source = tmp_path / "tiny-bert"
+    shutil.copytree(tiny_bert_dir, source)
+    (source / "README.md").write_text("---\nlicense: apache-2.0\n---\n# tiny bert\n")
+
+    python_card = converted_card(source)
+    (tmp_path / "out").mkdir()
+    cli_card = saved_card(source, tmp_path / "out" / "converted", tmp_path / "out", monkeypatch)
+
+    assert cli_card.data.license == python_card.data.license == "apache-2.0"
+
+
+def test_a_folder_whose_card_names_the_model_is_converted_under_that_name(tiny_bert_dir, tmp_path, monkeypatch):
+    source = tmp_path / "model"
+    shutil.copytree(tiny_bert_dir, source)
+    (source / "README.md").write_text("---\nlicense: apache-2.0\n---\n\n# tiny-bert-v2\nA tiny BERT.\n")
+    (tmp_path / "out").mkdir()
+
+    card = saved_card(source, None, tmp_path / "out", monkeypatch)
+
+    assert (tmp_path / "out" / f"tiny-bert-v2-lsg-{LENGTH}" / "README.md").is_file()
+    assert "`tiny-bert-v2` converted" in card.text
+    assert f"lsg-convert model --max-len {LENGTH}" in card.text  # the command as it was run
+
+
+def test_the_real_all_minilm_l6_v2_folder_is_named_by_its_card(minilm_path):
+    assert minilm_path.name == "model"
+    assert default_folder_name(str(minilm_path), 4096) == "all-MiniLM-L6-v2-lsg-4096"
 
 
 def test_every_load_in_the_snippet_passes_trust_remote_code(any_source):

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 from tokenizers import Regex, pre_tokenizers
-from transformers import AlbertForMaskedLM, BertTokenizer, PreTrainedModel
+from transformers import AlbertForMaskedLM, AutoTokenizer, BertTokenizer, PreTrainedModel
 
-from lsg_converter import LSGConverter
+from lsg_converter import LSGConverter, save_converted
 
 pytestmark = [
     pytest.mark.slow,
@@ -221,3 +221,27 @@ def test_converted_rxnmapper_albert_reads_2048_token_rows_as_well_as_the_source_
         f"masked-token accuracy: source on 512-token rows {source_accuracy:.4f}, "
         f"converted on 2048-token rows {converted_accuracy:.4f} ({count} tokens)"
     )
+
+
+def test_the_folders_own_vocabulary_is_read_as_wordpiece_with_a_warning_and_gives_the_global_tokens(
+    tmp_path, smiles_tokenizer, caplog
+):
+    """The shipped folder has vocab.txt and an empty tokenizer_config.json, which transformers 5 loads as
+    a 5-token AlbertTokenizer: the converter says so and reads vocab.txt as the WordPiece vocabulary."""
+    folder = shutil.copytree(rxnmapper_model_folder(), tmp_path / "albert")
+    with caplog.at_level("WARNING", logger="lsg_converter"):
+        model, tokenizer = LSGConverter(max_sequence_length=1024).convert_from_pretrained(folder, num_global_tokens=2)
+    saved = AutoTokenizer.from_pretrained(save_converted(model, tokenizer, tmp_path / "converted"))
+
+    [warning] = [record.getMessage() for record in caplog.records if "does not fit" in record.getMessage()]
+    assert "AlbertTokenizer has 5 tokens, the model 591 ids" in warning and "vocab.txt" in warning
+    for loaded in (tokenizer, saved):
+        assert len(loaded) == model.config.vocab_size == len(smiles_tokenizer)
+        assert loaded.convert_tokens_to_ids(["[CLS]", "[MASK]", "Cl", "c"]) == smiles_tokenizer.convert_tokens_to_ids(
+            ["[CLS]", "[MASK]", "Cl", "c"]
+        )
+    embeddings = model.albert.embeddings
+    token_type_0 = embeddings.token_type_embeddings.weight[0]
+    words, positions = embeddings.word_embeddings.weight, embeddings.position_embeddings.weight
+    expected = torch.stack([words[smiles_tokenizer.cls_token_id] + positions[0], words[smiles_tokenizer.mask_token_id] + positions[64]])
+    torch.testing.assert_close(embeddings.global_embeddings.weight[:2], expected + token_type_0)

@@ -190,6 +190,23 @@ def test_cli_says_how_to_load_a_sentence_transformers_model(tiny_st_source, tmp_
     assert line == f"Load it with sentence-transformers: SentenceTransformer({str(target)!r}, trust_remote_code=True)"
 
 
+def test_a_head_converted_from_a_sentence_transformers_source_is_a_transformers_model(
+    tiny_st_source, tmp_path, capsys
+):
+    target = tmp_path / "classifier"
+    arguments = [str(tiny_st_source), "--max-len", str(TINY_LENGTH), "--save-path", str(target)]
+
+    assert main([*arguments, "--architecture", "BertForSequenceClassification"]) == 0
+
+    captured = capsys.readouterr()
+    assert "sentence-transformers" not in captured.out
+    assert "its sentence-transformers pipeline would load the model without its head" in captured.err
+    assert not [name for name in ST_FILES if (target / name).exists()]
+    card = (target / "README.md").read_text()
+    assert "pipeline_tag: text-classification" in card and "SentenceTransformer" not in card
+    assert "AutoModelForSequenceClassification.from_pretrained" in card
+
+
 def test_cli_quiet_prints_nothing_for_a_sentence_transformers_model(tiny_st_source, tmp_path, capsys):
     arguments = [str(tiny_st_source), "--max-len", str(TINY_LENGTH), "--save-path", str(tmp_path / "out"), "--quiet"]
     assert main(arguments) == 0
