@@ -44,9 +44,10 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import logging
 
 from .lsg_eager import EagerBackend
-from .lsg_flex import FLEX_ATTENTION_AVAILABLE, FlexBackend, FlexUnavailable
+from .lsg_flex import FLEX_ATTENTION_AVAILABLE, FlexBackend
 from .lsg_pattern import (
     Backend,
+    BackendUnavailable,
     KeyPattern,
     KeySequence,
     PositionTerms,
@@ -60,6 +61,7 @@ from .lsg_pattern import (
     pad_rows,
     relative_scores,
     sdpa_dense_attention,
+    token_key_rows,
     weighted_values,
 )
 from .lsg_sdpa import SdpaBackend
@@ -195,20 +197,6 @@ def lsg_attention(
     if padding:
         token_queries, token_keys, token_values = (pad_rows(x, 0, padding) for x in (token_queries, token_keys, token_values))
         token_mask = F.pad(token_mask, (0, padding), value=False)
-    sparse = None
-    if pattern.sparse_starts:
-        key_rows = None
-        if position_terms is not None and position_terms.key_rows is not None:
-            key_rows = F.pad(position_terms.key_rows[:, :, num_global:], (0, 0, 0, padding))  # (B, H, T, R)
-        sparse = sparse_context(
-            *(x.transpose(1, 2) for x in (token_queries, token_keys, token_values)),
-            token_mask,
-            config,
-            scaling,
-            key_rows=key_rows,
-            with_positions=position_terms is not None,
-            with_token_weights=kernel.returns_weights,
-        )
     job = TokenAttention(
         queries=token_queries,
         keys=token_keys,
@@ -217,12 +205,23 @@ def lsg_attention(
         global_keys=global_keys,
         global_values=global_values,
         global_mask=global_mask,
-        sparse=sparse,
+        sparse=None,
         pattern=pattern,
         scaling=scaling,
         num_tokens=num_tokens,
         positions=position_terms,
+        token_key_rows=token_key_rows(position_terms, num_global, padding),
     )
+    if pattern.sparse_starts:
+        job.sparse = sparse_context(
+            *(x.transpose(1, 2) for x in (token_queries, token_keys, token_values)),
+            token_mask,
+            config,
+            scaling,
+            key_rows=job.token_key_rows,
+            with_positions=position_terms is not None,
+            with_token_weights=kernel.returns_weights,
+        )
     if dropout:
         job.kept = block_dropout(job, heads, dropout)
     tokens = _token_attention(kernel, job)
@@ -237,10 +236,10 @@ def lsg_attention(
 
 
 def _token_attention(kernel: Backend, job: TokenAttention) -> TokenOutput:
-    """The backend's answer to `job`; the sdpa backend's where compiled flex_attention cannot take it."""
+    """The backend's answer to `job`; the sdpa backend's where the backend cannot take it after all."""
     try:
         return kernel.token_attention(job)
-    except FlexUnavailable:
+    except BackendUnavailable:
         return BACKENDS["sdpa"].token_attention(job)
 
 

@@ -17,7 +17,7 @@ those DropKey kept (drawn once by the core, `TokenAttention.kept`, the same for 
   every score). One compiled kernel per `KernelSignature` (the pattern, the score_mod's terms,
   dropout, training or inference, device, dtype), compiled once per process: the first length
   static, the next ones through one dynamic-shape graph (`MAX_COMPILES`). Where compiling fails
-  or a call would need more compiles than that, the call runs the sdpa backend (`FlexUnavailable`),
+  or a call would need more compiles than that, the call runs the sdpa backend (`BackendUnavailable`),
   never uncompiled flex.
 
 Position terms (`lsg_pattern.PositionTerms`) enter as a score_mod: each key of the sequence carries
@@ -27,7 +27,7 @@ The global queries see every key: the core runs their few rows through SDPA on t
 sequence (`TokenOutput.global_context`); inside the flex mask one thread block would carry the
 whole sequence. Where flex cannot run (gradients on a device without its backward pass), the core
 runs the sdpa backend instead (`FlexBackend.runs`), and likewise for a call compiled flex cannot
-take (`FlexUnavailable`).
+take (`BackendUnavailable`).
 
 This file travels with saved models as remote code: it imports torch, transformers and lsg_pattern only.
 """
@@ -41,10 +41,10 @@ from types import FunctionType
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from transformers.utils import is_torch_flex_attn_available, logging
 
 from .lsg_pattern import (
+    BackendUnavailable,
     KeyPattern,
     KeySequence,
     PositionTerms,
@@ -205,11 +205,6 @@ def _with_mask_mod(structure: BlockMask, mask_mod: Callable) -> BlockMask:
     )
 
 
-class FlexUnavailable(RuntimeError):
-    """Compiled flex_attention cannot take this call (its compile failed, or its budget is spent):
-    the core runs the sdpa backend for it."""
-
-
 @dataclass(frozen=True)
 class KernelSignature:
     """What fixes the graph of a flex_attention call, apart from the lengths: one compiled kernel each."""
@@ -250,7 +245,7 @@ class CompiledFlexAttention:
 
     The first call compiles for its shapes; a call with other lengths compiles once more with those
     lengths dynamic (torch.compile's automatic dynamic shapes), after which every length runs. A
-    call that would compile past the budget, or a compile that fails, raises `FlexUnavailable`
+    call that would compile past the budget, or a compile that fails, raises `BackendUnavailable`
     (with one warning): never an uncompiled flex_attention, which materialises every score.
     """
 
@@ -279,13 +274,13 @@ class CompiledFlexAttention:
             raise _unavailable(f"{self.name} has spent its compile budget", error) from error  # set_stance's refusal
 
 
-def _unavailable(reason: str, error: Exception) -> FlexUnavailable:
-    """The FlexUnavailable of a call compiled flex cannot take; one warning per process says so."""
+def _unavailable(reason: str, error: Exception) -> BackendUnavailable:
+    """The BackendUnavailable of a call compiled flex cannot take; one warning per process says so."""
     logger.warning_once(
         f"compiled flex_attention cannot take some calls (a compile failed, or they would need more than "
         f"{MAX_COMPILES} compiles per model and pattern): LSG runs its sdpa backend for them (same results)."
     )
-    return FlexUnavailable(f"{reason}: {error}")
+    return BackendUnavailable(f"{reason}: {error}")
 
 
 @functools.cache
@@ -365,8 +360,7 @@ class FlexBackend:
             key_positions = sequence([global_positions, token_positions, sparse_positions])  # (B, H, length)
             key_rows = None
             if terms.key_rows is not None:
-                tail = job.keys.shape[1] - num_queries
-                token_rows = F.pad(terms.key_rows[:, :, num_global:], (0, 0, 0, tail))  # (B, H, T, R)
+                token_rows = job.token_key_rows  # (B, H, T, R)
                 sparse_rows = no_sparse(token_rows) if sparse is None else sparse.key_rows
                 key_rows = sequence([terms.key_rows[:, :, :num_global], token_rows, sparse_rows])  # (B, H, length, R)
             score_mod = position_score_mod(terms, key_positions, key_rows, num_global)

@@ -236,6 +236,15 @@ def relative_scores(
     return total
 
 
+def token_key_rows(terms: PositionTerms | None, num_global: int, padding: int) -> torch.Tensor | None:
+    """The tokens' key-side position rows (`PositionTerms.key_rows` without the global rows), padded at
+    the end like the tokens: (B, H, T, R), or None. The core computes them once for the sparse
+    compression and the backend (`TokenAttention.token_key_rows`)."""
+    if terms is None or terms.key_rows is None:
+        return None
+    return F.pad(terms.key_rows[:, :, num_global:], (0, 0, 0, padding))
+
+
 def global_query_positions(terms: PositionTerms, num_global: int, device: torch.device) -> torch.Tensor:
     """(g,) int64: the position of each global token."""
     return torch.full((num_global,), terms.global_position, dtype=torch.long, device=device)
@@ -282,7 +291,8 @@ class TokenAttention:
     token_mask: (B, T) bool; global_keys, global_values: (B, g, H, D), global_mask: (B, g) bool;
     sparse: the sparse context, or None without sparse keys; kept: the keys DropKey leaves each block
     in training, (B, nb, H, 1 or b, K) bool in the order of `KeyPattern.key_columns` (drawn once, by
-    the core, see `block_dropout`), None otherwise; positions: the position terms, or None.
+    the core, see `block_dropout`), None otherwise; positions: the position terms, or None;
+    token_key_rows: the tokens' `PositionTerms.key_rows`, padded like the tokens (`token_key_rows`), or None.
     """
 
     queries: torch.Tensor
@@ -298,6 +308,7 @@ class TokenAttention:
     num_tokens: int
     kept: torch.Tensor | None = None
     positions: PositionTerms | None = None
+    token_key_rows: torch.Tensor | None = None
 
     @property
     def num_blocks(self) -> int:
@@ -324,6 +335,11 @@ class TokenOutput:
     output: torch.Tensor
     weights: torch.Tensor | None
     global_context: KeySequence | None
+
+
+class BackendUnavailable(RuntimeError):
+    """Raised by a backend's `token_attention` for a call it cannot take after all (compiled flex_attention
+    whose compile failed or whose budget is spent): the core runs the sdpa backend for it."""
 
 
 class Backend(Protocol):
@@ -494,10 +510,6 @@ def block_position_scores(job: TokenAttention) -> torch.Tensor:
     terms, pattern, num_blocks, sparse = job.positions, job.pattern, job.num_blocks, job.sparse
     block, num_global, device = pattern.block_size, pattern.num_global, job.keys.device
     padded_tokens = num_blocks * block
-    tail = padded_tokens - job.num_tokens
-
-    def token_rows(rows: torch.Tensor) -> torch.Tensor:  # (B, H, g + t, R) -> the tokens' (B, T, H, R)
-        return pad_rows(rows[:, :, num_global:].transpose(1, 2), 0, tail)
 
     def windows(pieces: list[torch.Tensor]) -> torch.Tensor:  # pieces (B, nb, K_i, H, ...) -> (B, nb, H, K, ...)
         return torch.cat(pieces, dim=2).transpose(2, 3)
@@ -505,13 +517,16 @@ def block_position_scores(job: TokenAttention) -> torch.Tensor:
     query_positions = torch.arange(padded_tokens, device=device).view(1, num_blocks, 1, block, 1)
     query_rows = None
     if terms.query_rows is not None:
-        query_rows = token_rows(terms.query_rows).unflatten(1, (num_blocks, block)).transpose(2, 3)  # (B, nb, H, b, R)
+        token_query_rows = pad_rows(terms.query_rows[:, :, num_global:].transpose(1, 2), 0, padded_tokens - job.num_tokens)
+        query_rows = token_query_rows.unflatten(1, (num_blocks, block)).transpose(2, 3)  # (B, nb, H, b, R)
     with_key_rows = terms.key_rows is not None
 
     # keys of each kind: positions (B or 1, nb, 1 or H, 1, K_i), key rows (B, nb, H, K_i, R)
     token_positions = torch.arange(padded_tokens, device=device).view(1, padded_tokens, 1)
     local_positions = windows(local_windows(pattern, token_positions, num_blocks))[:, :, :, None, :]
-    local_key_rows = windows(local_windows(pattern, token_rows(terms.key_rows), num_blocks)) if with_key_rows else None
+    local_key_rows = None
+    if with_key_rows:
+        local_key_rows = windows(local_windows(pattern, job.token_key_rows.transpose(1, 2), num_blocks))
     if query_rows is None and local_key_rows is None:
         local = relative_scores(terms, query_positions[:, 1:2], local_positions[:, 1:2])  # (1, 1, H, b, local)
     else:
