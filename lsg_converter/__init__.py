@@ -129,6 +129,15 @@ from .models.modeling_lsg_mpnet import (  # one class per head the config lists
     LSGMPNetForTokenClassification,
     LSGMPNetModel,
 )
+from .models.configuration_lsg_deberta_v2 import LSGDebertaV2Config
+from .models.modeling_lsg_deberta_v2 import (  # one class per head the config lists
+    LSGDebertaV2ForMaskedLM,
+    LSGDebertaV2ForMultipleChoice,
+    LSGDebertaV2ForQuestionAnswering,
+    LSGDebertaV2ForSequenceClassification,
+    LSGDebertaV2ForTokenClassification,
+    LSGDebertaV2Model,
+)
 
 register_auto_classes()
 
@@ -170,6 +179,13 @@ __all__ = [
     "LSGCamembertForTokenClassification",
     "LSGCamembertModel",
     "LSGConverter",
+    "LSGDebertaV2Config",
+    "LSGDebertaV2ForMaskedLM",
+    "LSGDebertaV2ForMultipleChoice",
+    "LSGDebertaV2ForQuestionAnswering",
+    "LSGDebertaV2ForSequenceClassification",
+    "LSGDebertaV2ForTokenClassification",
+    "LSGDebertaV2Model",
     "LSGDistilBertConfig",
     "LSGDistilBertForMaskedLM",
     "LSGDistilBertForMultipleChoice",

@@ -41,7 +41,8 @@ class Architecture:
             (dashes become underscores: "xlm-roberta" -> ``modeling_lsg_xlm_roberta.py``).
         position_tables: position embedding modules, relative to the base model; the first one gives
             the global tokens their positions. A decoder-only head of an encoder-decoder architecture
-            holds only the decoder's (see `position_tables_in`).
+            holds only the decoder's, a model without absolute positions (DeBERTa-v3) none (see
+            `position_tables_in`).
         sinusoidal_positions: the position tables are fixed sinusoids (Pegasus): the converter
             regenerates them at the new length instead of tiling them.
         token_type_table: token type embedding module added to the global tokens, if any.
@@ -117,8 +118,8 @@ class Architecture:
         """Rows in front of the learned positions of an LSG model's tables, which no token reaches and
         which are kept once: the rows of its first position table beyond `max_length_of` (2 for RoBERTa's
         padding rows and BART's offset, 0 for the others)."""
-        first_table = next(iter(self.position_tables_in(model.base_model).values()))
-        return first_table.weight.shape[0] - max_length_of(model)
+        first_table = next(iter(self.position_tables_in(model.base_model).values()), None)
+        return 0 if first_table is None else first_table.weight.shape[0] - max_length_of(model)
 
     @property
     def position_offset(self) -> int:
@@ -127,12 +128,21 @@ class Architecture:
             model = self.lsg_class(self.base_head)(self.config_class()())
         return self.position_offset_of(model)
 
-    def position_rows(self, model: nn.Module) -> torch.Tensor:
+    def position_rows(self, model: nn.Module) -> torch.Tensor | None:
         """The rows of an LSG model's first position table after the offset rows, detached: (positions, E).
 
-        Their count is the length the model reads (512 for BERT and RoBERTa)."""
-        table = next(iter(self.position_tables_in(model.base_model).values()))
-        return table.weight.detach()[self.position_offset_of(model) :]
+        Their count is the length the model reads (512 for BERT and RoBERTa). None for a model without
+        a position table (DeBERTa-v3: relative positions only)."""
+        table = next(iter(self.position_tables_in(model.base_model).values()), None)
+        return None if table is None else table.weight.detach()[self.position_offset_of(model) :]
+
+    def token_type_row(self, model: nn.Module) -> torch.Tensor | None:
+        """The type-0 row of the model's token type table, detached: (E,); None where it has none (the
+        architecture's, or a config with type_vocab_size=0)."""
+        if self.token_type_table is None:
+            return None
+        table = dict(model.base_model.named_modules()).get(self.token_type_table)
+        return None if table is None else table.weight.detach()[0]
 
 
 ENCODER_DECODER_POSITIONS = ("encoder.embed_positions", "decoder.embed_positions")
@@ -152,6 +162,8 @@ ARCHITECTURES: dict[str, Architecture] = {
         Architecture("mbart", position_tables=ENCODER_DECODER_POSITIONS),  # BARThez checkpoints are mBART ones
         Architecture("pegasus", position_tables=ENCODER_DECODER_POSITIONS, sinusoidal_positions=True),
         Architecture("mpnet"),  # plus a relative position bias, evaluated per block (modeling_lsg_mpnet)
+        # DeBERTa-v2 and v3: c2p and p2c terms per block (modeling_lsg_deberta_v2); v3 has no position table
+        Architecture("deberta-v2", token_type_table=TOKEN_TYPES),
     )
 }
 

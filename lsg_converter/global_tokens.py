@@ -25,11 +25,12 @@ def fill_global_tokens(
     use_token_ids: bool,
 ) -> None:
     """Fill `model`'s table of global tokens, in place: global 0 = [CLS]/<s> + position 0; global k =
-    [MASK] + a strided source position (+ type 0). See LSGConverter for the settings (`random_init`:
+    [MASK] + a strided source position (+ type 0); no position in a model without a position table. See LSGConverter for the settings (`random_init`:
     its random_global_init, `positional_stride`: its global_positional_stride); `keep_first` leaves
     global 0 as it is."""
     words = model.get_input_embeddings().weight.detach()
-    positions = _strided_positions(arch.position_rows(model), positional_stride)
+    position_rows = arch.position_rows(model)
+    positions = 0 if position_rows is None else _strided_positions(position_rows, positional_stride)
     first_id, mask_id = _global_token_ids(tokenizer, model.config)
     if random_init:
         word_part = torch.distributions.MultivariateNormal(words.mean(0).float(), torch.cov(words.T.float()))
@@ -38,8 +39,9 @@ def fill_global_tokens(
         word_part = words[mask_id].expand(MAX_GLOBAL_TOKENS, -1).clone()
     word_part[0] = words[first_id]
     global_tokens = word_part + positions
-    if use_token_ids and arch.token_type_table is not None:
-        global_tokens += model.base_model.get_submodule(arch.token_type_table).weight.detach()[0]
+    token_type = arch.token_type_row(model)
+    if use_token_ids and token_type is not None:
+        global_tokens += token_type
     weight = model.lsg_global_embeddings.weight
     with torch.no_grad():
         start = 1 if keep_first else 0

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from transformers.utils import logging
 
-from .architectures import Architecture
+from .architectures import Architecture, max_length_of
 from .models.lsg_pattern import uses_sparse_keys
 
 logger = logging.get_logger(__name__)
@@ -86,9 +86,10 @@ def pretrained_positions(model: nn.Module, arch: Architecture, positions: int, i
     if not is_lsg or arch.sinusoidal_positions:
         return positions
     recorded = getattr(model.config, PRETRAINED_POSITIONS_KEY, None)
-    if recorded is not None:
-        return recorded
-    return inferred_pretrained_positions(arch.position_rows(model))
+    rows = arch.position_rows(model)
+    if recorded is not None or rows is None:
+        return positions if recorded is None else recorded
+    return inferred_pretrained_positions(rows)
 
 
 def extend_positions(
@@ -97,10 +98,11 @@ def extend_positions(
     """Bring every position table of an LSG model to `max_length` rows after its offset rows, in
     place, and rebuild the position/token-type buffers beside it. Learned tables keep their rows and
     continue the tiling of their first `pretrained_positions` rows (`continued_position_rows`; the
-    offset rows kept once in front), sinusoidal ones are regenerated. Returns the rows added."""
+    offset rows kept once in front), sinusoidal ones are regenerated. Returns the positions added (also
+    for a model without a position table, which reads them through its relative positions)."""
     base = model.base_model
     offset = arch.position_offset_of(model)
-    added = 0
+    added = max_length - max_length_of(model)
     for table_name, table in arch.position_tables_in(base).items():
         old = table.weight.detach()
         if arch.sinusoidal_positions:
@@ -111,7 +113,6 @@ def extend_positions(
         weight = torch.cat([old[:offset], extended])
         table.weight = nn.Parameter(weight, requires_grad=table.weight.requires_grad)
         table.num_embeddings = weight.shape[0]
-        added = weight.shape[0] - old.shape[0]
         parent_name = table_name.rpartition(".")[0]
         parent = base.get_submodule(parent_name) if parent_name else base
         for buffer_name in ("position_ids", "token_type_ids"):

@@ -28,7 +28,7 @@ VOCAB = 99
 TINY_LENGTH = 128  # tokens the tiny sources read (RoBERTa's table has 2 more rows)
 PAD_ID = {
     "bert": 0, "distilbert": 0, "roberta": 1, "bart": 1, "albert": 0, "electra": 0, "camembert": 1, "xlm-roberta": 1,
-    "mbart": 1, "pegasus": 0, "mpnet": 1,
+    "mbart": 1, "pegasus": 0, "mpnet": 1, "deberta-v2": 0,
 }
 EOS_ID = 2
 SHARED = dict(vocab_size=VOCAB)
@@ -72,6 +72,13 @@ TINY_CONFIGS = {
     "mpnet": lambda: transformers.MPNetConfig(  # relative position bias: 32 buckets up to distance 128
         hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
         max_position_embeddings=TINY_LENGTH + 2, **SHARED,
+    ),
+    # DeBERTa-v3's attention: c2p and p2c from shared, normalised relative embeddings in 32 log buckets
+    # (exact below 16, up to 128); no absolute positions, no token types
+    "deberta-v2": lambda: transformers.DebertaV2Config(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+        max_position_embeddings=TINY_LENGTH, relative_attention=True, position_buckets=32, pos_att_type=["p2c", "c2p"],
+        position_biased_input=False, norm_rel_ebd="layer_norm", share_att_key=True, type_vocab_size=0, **SHARED,
     ),
     "pegasus": lambda: transformers.PegasusConfig(  # pad 0, eos 1 as in google/pegasus-*
         d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,

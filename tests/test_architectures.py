@@ -39,6 +39,11 @@ OUTPUT_FIELDS = [
 ]
 
 
+# Sources whose padded queries see no key at all (DeBERTa's mask is the product of the query and key
+# masks): their padded rows average every value, LSG's attend to the tokens; the tokens' rows are compared.
+MASKS_PADDED_QUERIES = ("deberta-v2",)
+
+
 def head_inputs(arch, head, lengths=(TINY_LENGTH, 90)):
     """A padded batch (BART builds its decoder inputs from input_ids, as its classification head expects)."""
     input_ids, attention_mask = padded_batch(list(lengths), TINY_LENGTH, arch)
@@ -68,7 +73,11 @@ def test_converted_head_equals_source_without_global_tokens_or_sparsity(arch, he
     compared = [field for field in OUTPUT_FIELDS if getattr(expected, field, None) is not None]
     assert compared
     for field in compared:
-        torch.testing.assert_close(getattr(output, field), getattr(expected, field), atol=1e-5, rtol=0)
+        lsg, dense = getattr(output, field), getattr(expected, field)
+        if arch in MASKS_PADDED_QUERIES and lsg.shape[:2] == inputs["attention_mask"].shape:
+            real = inputs["attention_mask"].bool()
+            lsg, dense = lsg[real], dense[real]
+        torch.testing.assert_close(lsg, dense, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("case", reference_cases())
@@ -117,6 +126,7 @@ DEFAULT_HEAD_AUTO_CLASS = {
     "mbart": "AutoModelForSeq2SeqLM",
     "pegasus": "AutoModelForSeq2SeqLM",
     "mpnet": "AutoModelForMaskedLM",
+    "deberta-v2": "AutoModelForMaskedLM",
 }
 
 

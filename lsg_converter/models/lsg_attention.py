@@ -407,7 +407,7 @@ def _cached_causal_attention(query, key, value, key_mask, config, dropout, scali
 # --------------------------------------------------------------------------------------------------
 
 
-def _padding_mask(attention_mask: torch.Tensor | None, num_keys: int, config: Any) -> torch.Tensor | None:
+def key_padding_mask(attention_mask: torch.Tensor | None, num_keys: int, config: Any) -> torch.Tensor | None:
     """The mask a model hands its LSG layers -> (B, g + t) bool, True for the keys that may be attended.
 
     It arrives as the user's (B, t) mask, 2D or as the (B, 1, 1, t) view the model passes through
@@ -450,7 +450,7 @@ def lsg_attention_forward(
     token weights (B, H, q, t) with the "eager" backend, None with the others.
     """
     config = module.config
-    padding_mask = _padding_mask(attention_mask, key.shape[2], config)
+    padding_mask = key_padding_mask(attention_mask, key.shape[2], config)
     causal = bool(getattr(config, "is_decoder", False) and getattr(module, "is_causal", False))
     if backend != "eager" and kwargs.get("output_attentions"):
         logger.warning_once(

@@ -171,6 +171,9 @@ class GlobalTokens:
                 call.token_states[-1], output.last_hidden_state = self.split_states(output.last_hidden_state)
             return output
         output.last_hidden_state = self.token_rows(output.last_hidden_state)
+        if getattr(output, "hidden_states", None) is not None:  # an encoder that returns them itself (DeBERTa's,
+            # whose model reads its output from the last one)
+            output.hidden_states = (*output.hidden_states[:-1], output.last_hidden_state)
         if self.splits_states(call):
             call.token_states[-1] = output.last_hidden_state
         return output

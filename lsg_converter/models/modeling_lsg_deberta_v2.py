@@ -1,0 +1,259 @@
+"""LSG-DeBERTa-v2: the DeBERTa-v2 and v3 heads of transformers with LSG attention and global tokens.
+
+DeBERTa's disentangled attention adds two relative position terms to each score q_i . k_j / sqrt(3d):
+content-to-position (c2p), query i's content against the embedding of the distance, Q_i . PosK[c],
+and position-to-content (p2c), key j's content against it, K_j . PosQ[c], where c is the column
+``clamp(span - bucket(j - i), 0, 2 span - 1)`` of the relative embeddings (DeBERTa's bucket: exact
+below position_buckets / 2, logarithmic up to max_relative_positions in v3; none in v2). transformers
+builds an (L, L) mask, (L, L) relative positions and, per layer and head, (L, L) c2p and p2c scores.
+
+Here each layer projects the shared relative embeddings as the source does and hands LSG attention
+the rows ``Q . PosK^T`` (one per query) and ``K . PosQ^T`` (one per key), (B, H, g + t, 2 span), as
+`lsg_pattern.PositionTerms` with DeBERTa's column function: every (query, key) pair LSG evaluates gets
+the source's c2p and p2c terms, block by block; a sparse key the rows of what it compresses, the
+global tokens ``config.global_token_position`` (0, the [CLS] position). Four source modules are
+swapped (`SwappedAttention`), each overriding only what LSG changes:
+
+* the embeddings multiply by the padding mask with the global tokens covered (the source's mask
+  multiplication after the LayerNorm would not fit the longer sequence);
+* the encoder passes the O(n) padding mask and the relative embeddings on, without building the
+  (L, L) mask and relative positions;
+* each layer runs the encoder's ConvLayer (DeBERTa-v2 xlarge / xxlarge, after the first layer) itself,
+  over the tokens with the global tokens kept out, so that its output is the hidden state recorded;
+* the attention computes queries, keys, values and the position rows and calls LSG attention.
+
+v3 has no absolute positions (position_biased_input=False): nothing is tiled, the global tokens are
+the [CLS] / [MASK] embeddings. v2 checkpoints with a position table have it tiled like BERT's.
+
+Each head ``LSGDebertaV2<Head>`` is the mixin below plus ``DebertaV2<Head>``, one class per head
+listed in LSGDebertaV2Config.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import torch
+from transformers.modeling_outputs import BaseModelOutput
+from transformers.models.deberta_v2.modeling_deberta_v2 import (
+    DebertaV2Embeddings,
+    DebertaV2Encoder,
+    DebertaV2ForMaskedLM,
+    DebertaV2ForMultipleChoice,
+    DebertaV2ForQuestionAnswering,
+    DebertaV2ForSequenceClassification,
+    DebertaV2ForTokenClassification,
+    DebertaV2Layer,
+    DebertaV2Model,
+    DisentangledSelfAttention,
+    make_log_bucket_position,
+)
+
+from .configuration_lsg_deberta_v2 import LSGDebertaV2Config
+from .lsg_attention import key_padding_mask
+from .lsg_attention_layers import SwappedAttention, adopted, swapped_attention_forward
+from .lsg_model import LSGModelMixin
+from .lsg_pattern import PositionTerms
+
+
+def relative_embedding_column(relative: torch.Tensor, span: int, buckets: int, max_position: int) -> torch.Tensor:
+    """The column of DeBERTa's relative embeddings for r = key position - query position (int64,
+    elementwise, so flex_attention can evaluate it in its score_mod): clamp(span - bucket(r), 0, 2 span - 1).
+
+    c2p reads column clamp(bucket(i - j) + span) and p2c column clamp(-bucket(j - i) + span) of the same
+    (2 span)-row table; DeBERTa's bucket is odd (bucket(-x) = -bucket(x)), so the two are this one."""
+    if buckets > 0 and max_position > 0:
+        relative = make_log_bucket_position(relative, buckets, max_position).long()
+    return (span - relative).clamp(0, 2 * span - 1)
+
+
+class LSGDebertaV2Embeddings(DebertaV2Embeddings):
+    """DebertaV2Embeddings whose padding mask covers the global tokens, prepended before its LayerNorm
+    (or before the projection to hidden_size, where it has one)."""
+
+    def forward(self, input_ids=None, token_type_ids=None, position_ids=None, mask=None, inputs_embeds=None):
+        # the source's dropout after its mask product: the same as the product after the dropout
+        embeddings = super().forward(input_ids, token_type_ids, position_ids, None, inputs_embeds)  # (B, g + t, E)
+        if mask is None:
+            return embeddings
+        covered = key_padding_mask(mask, embeddings.shape[1], self.config)  # (B, g + t) bool
+        return embeddings * covered[..., None].to(embeddings.dtype)
+
+
+class LSGDisentangledSelfAttention(DisentangledSelfAttention):
+    """DisentangledSelfAttention through LSG attention, its c2p and p2c terms as `PositionTerms` rows."""
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        output_attentions: bool = False,
+        query_states: torch.Tensor | None = None,
+        relative_pos: torch.Tensor | None = None,
+        rel_embeddings: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if query_states is not None or relative_pos is not None:
+            raise ValueError(
+                "LSG-DeBERTa evaluates relative positions block by block: call the attention without "
+                "query_states= or relative_pos=."
+            )
+        shape = (*hidden_states.shape[:-1], self.num_attention_heads, self.attention_head_size)  # (B, L, H, D)
+        query, key, value = (
+            layer(hidden_states).view(shape).transpose(1, 2) for layer in (self.query_proj, self.key_proj, self.value_proj)
+        )  # (B, H, L, D)
+        scale = math.sqrt(self.attention_head_size * (1 + len({"c2p", "p2c"} & set(self.pos_att_type))))
+        terms = self.position_terms(query, key, rel_embeddings, scale) if self.relative_attention else None
+        output, weights = swapped_attention_forward(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            scaling=1 / scale,
+            position_terms=terms,
+            output_attentions=output_attentions,
+        )  # output: (B, L, H, D)
+        return output.reshape(*hidden_states.shape[:-1], self.all_head_size), weights
+
+    def position_terms(
+        self, query: torch.Tensor, key: torch.Tensor, rel_embeddings: torch.Tensor, scale: float
+    ) -> PositionTerms | None:
+        """c2p as query rows Q . PosK^T and p2c as key rows K . PosQ^T, (B, H, L, 2 span), scaled as the source
+        scales them; None where the config has neither."""
+        span = self.pos_ebd_size
+        relative_embeddings = self.pos_dropout(rel_embeddings)[: 2 * span]  # (2 span, E)
+
+        def per_head(projection: torch.nn.Linear) -> torch.Tensor:  # (2 span, E) -> (H, D, 2 span)
+            projected = projection(relative_embeddings).view(2 * span, self.num_attention_heads, -1)
+            return projected.permute(1, 2, 0)
+
+        query_rows = key_rows = None
+        if "c2p" in self.pos_att_type:
+            query_rows = query @ per_head(self.key_proj if self.share_att_key else self.pos_key_proj) / scale
+        if "p2c" in self.pos_att_type:
+            key_rows = key @ per_head(self.query_proj if self.share_att_key else self.pos_query_proj) / scale
+        if query_rows is None and key_rows is None:
+            return None
+        return PositionTerms(
+            bucket=functools.partial(
+                relative_embedding_column, span=span, buckets=self.position_buckets, max_position=self.max_relative_positions
+            ),
+            query_rows=query_rows,
+            key_rows=key_rows,
+            global_position=self.config.global_token_position,
+        )
+
+
+class LSGDebertaV2Layer(DebertaV2Layer):
+    """DebertaV2Layer that runs the encoder's ConvLayer, where it is given one, over its tokens (the
+    global tokens kept out: their states pass as the layer left them)."""
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        query_states: torch.Tensor | None = None,
+        relative_pos: torch.Tensor | None = None,
+        rel_embeddings: torch.Tensor | None = None,
+        output_attentions: bool = False,
+        conv: torch.nn.Module | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        output, weights = super().forward(
+            hidden_states, attention_mask, query_states, relative_pos, rel_embeddings, output_attentions
+        )
+        if conv is None:
+            return output, weights
+        num_global = self.config.num_global_tokens
+        token_mask = key_padding_mask(attention_mask, hidden_states.shape[1], self.config)
+        if token_mask is None:
+            token_mask = torch.ones(hidden_states.shape[:2], dtype=torch.bool, device=hidden_states.device)
+        tokens = conv(hidden_states[:, num_global:], output[:, num_global:], token_mask[:, num_global:].long())
+        return torch.cat([output[:, :num_global], tokens], dim=1), weights
+
+
+class LSGDebertaV2Encoder(DebertaV2Encoder):
+    """DebertaV2Encoder that hands its layers the O(n) padding mask and the relative embeddings, without
+    the (L, L) attention mask and relative positions of the source."""
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        output_hidden_states: bool = True,
+        output_attentions: bool = False,
+        query_states: torch.Tensor | None = None,
+        relative_pos: torch.Tensor | None = None,
+        return_dict: bool = True,
+    ) -> BaseModelOutput | tuple:
+        if query_states is not None or relative_pos is not None:
+            raise ValueError(
+                "LSG-DeBERTa evaluates relative positions block by block: call the encoder without "
+                "query_states= or relative_pos=."
+            )
+        all_hidden_states = (hidden_states,) if output_hidden_states else None
+        all_attentions = () if output_attentions else None
+        rel_embeddings = self.get_rel_embedding()
+        for index, layer in enumerate(self.layer):
+            hidden_states, weights = layer(
+                hidden_states,
+                attention_mask,
+                rel_embeddings=rel_embeddings,
+                output_attentions=output_attentions,
+                conv=self.conv if index == 0 else None,
+            )
+            if output_attentions:
+                all_attentions += (weights,)
+            if output_hidden_states:
+                all_hidden_states += (hidden_states,)
+        if not return_dict:
+            return tuple(v for v in (hidden_states, all_hidden_states, all_attentions) if v is not None)
+        return BaseModelOutput(last_hidden_state=hidden_states, hidden_states=all_hidden_states, attentions=all_attentions)
+
+
+class LSGDebertaV2Mixin(LSGModelMixin):
+    """BERT's places (`embeddings.global_embeddings`, prepended before `embeddings.LayerNorm`, or before
+    `embeddings.embed_proj` where the embeddings are narrower than the layers); the embeddings, encoder,
+    layers and self-attention swapped; outputs built by hand, so their layers are named here."""
+
+    config_class = LSGDebertaV2Config
+    lsg_attention = SwappedAttention(
+        (DebertaV2Embeddings, adopted(LSGDebertaV2Embeddings)),
+        (DebertaV2Encoder, adopted(LSGDebertaV2Encoder)),
+        (DebertaV2Layer, adopted(LSGDebertaV2Layer)),
+        (DisentangledSelfAttention, adopted(LSGDisentangledSelfAttention)),
+    )
+    lsg_recorded_outputs = {"hidden_states": DebertaV2Layer, "attentions": LSGDisentangledSelfAttention}
+
+    @property
+    def lsg_prepend_before(self) -> str:
+        """The module the global tokens join before: the projection to hidden_size where the embeddings
+        have one (they are embedding_size wide, like the global tokens), else the LayerNorm."""
+        if self.base_model.embeddings.embed_proj is not None:
+            return "embeddings.embed_proj"
+        return "embeddings.LayerNorm"
+
+
+class LSGDebertaV2Model(LSGDebertaV2Mixin, DebertaV2Model):
+    """DebertaV2Model with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGDebertaV2ForMaskedLM(LSGDebertaV2Mixin, DebertaV2ForMaskedLM):
+    """DebertaV2ForMaskedLM with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGDebertaV2ForSequenceClassification(LSGDebertaV2Mixin, DebertaV2ForSequenceClassification):
+    """DebertaV2ForSequenceClassification with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGDebertaV2ForTokenClassification(LSGDebertaV2Mixin, DebertaV2ForTokenClassification):
+    """DebertaV2ForTokenClassification with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGDebertaV2ForQuestionAnswering(LSGDebertaV2Mixin, DebertaV2ForQuestionAnswering):
+    """DebertaV2ForQuestionAnswering with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGDebertaV2ForMultipleChoice(LSGDebertaV2Mixin, DebertaV2ForMultipleChoice):
+    """DebertaV2ForMultipleChoice with LSG attention (Local + Sparse + Global) and global tokens."""
