@@ -15,10 +15,12 @@ import contextlib
 import pytest
 import torch
 import transformers
+from transformers.models.deberta_v2.modeling_deberta_v2 import make_log_bucket_position
 
 from helpers import TINY_CONFIGS, TINY_LENGTH, VOCAB, OpRecorder, padded_batch
 from lsg_converter import LSGConverter, LSGDebertaV2Config, LSGDebertaV2Model
 from lsg_converter.models.lsg_sparse import SPARSITY_TYPES
+from lsg_converter.models.modeling_lsg_deberta_v2 import column_of, relative_embedding_columns
 from lsg_converter.positions import tiled_position_rows
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -187,6 +189,22 @@ def test_a_padded_row_equals_the_same_row_alone(variant, sparsity_type):
         alone = model(**{name: tensor[1:, :70] for name, tensor in inputs.items()}).last_hidden_state
 
     torch.testing.assert_close(batched[1, :70], alone[0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("span,buckets,max_position", [(256, 256, 512), (512, -1, 512), (16, 16, 128)])
+def test_the_column_of_every_distance_is_the_one_c2p_and_p2c_read_in_the_source(span, buckets, max_position):
+    relative = torch.arange(-20_000, 20_001)  # key position - query position
+
+    def bucket(distance):
+        if buckets > 0:
+            return make_log_bucket_position(distance, buckets, max_position).long()
+        return distance
+
+    columns, reach = relative_embedding_columns(span, buckets, max_position, relative.device)
+    looked_up = column_of(relative, columns, reach)
+
+    assert torch.equal(looked_up, (bucket(-relative) + span).clamp(0, 2 * span - 1))  # c2p: bucket(query - key)
+    assert torch.equal(looked_up, (-bucket(relative) + span).clamp(0, 2 * span - 1))  # p2c: -bucket(key - query)
 
 
 @pytest.mark.parametrize("position_term", ["c2p", "p2c"])

@@ -84,6 +84,21 @@ def test_compiled_flex_forward_equals_sdpa_forward_with_position_terms(sparsity_
     assert_flex_ran_and_equals_sdpa(sdpa, flex, mask)
 
 
+def test_compiled_flex_runs_deberta_s_c2p_and_p2c_as_sdpa_does():
+    """DeBERTa's log buckets (looked up, as flex's CPU lowering takes no tensor built inside a score_mod)."""
+    from test_deberta import head_inputs, lsg_deberta
+
+    model = lsg_deberta("v3", block_size=16, sparse_block_size=16, num_global_tokens=2)
+    inputs = head_inputs("DebertaV2Model")
+    outputs = []
+    for backend in ("sdpa", "flex_attention"):
+        model.set_attn_implementation(backend)
+        with torch.no_grad():
+            outputs.append(model(**inputs).last_hidden_state[:, None])  # (B, 1, L, hidden)
+
+    assert_flex_ran_and_equals_sdpa(*outputs, inputs["attention_mask"].bool())
+
+
 LONG_BERT = dict(  # 2 heads of 16, as random_qkv: the attention-only tests below reuse its kernel
     hidden_size=32, num_hidden_layers=2, num_attention_heads=HEADS, intermediate_size=37, vocab_size=99,
     max_position_embeddings=8192, block_size=128, sparse_block_size=128, sparsity_type="norm", num_global_tokens=1,

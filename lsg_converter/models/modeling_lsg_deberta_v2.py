@@ -58,15 +58,27 @@ from .lsg_model import LSGModelMixin
 from .lsg_pattern import PositionTerms
 
 
-def relative_embedding_column(relative: torch.Tensor, span: int, buckets: int, max_position: int) -> torch.Tensor:
-    """The column of DeBERTa's relative embeddings for r = key position - query position (int64,
-    elementwise, so flex_attention can evaluate it in its score_mod): clamp(span - bucket(r), 0, 2 span - 1).
+def relative_embedding_columns(span: int, buckets: int, max_position: int, device: torch.device) -> tuple[torch.Tensor, int]:
+    """The column of DeBERTa's relative embeddings for each r = key position - query position in
+    [-reach, reach]: (2 reach + 1,) int64, entry r + reach; beyond `reach` (returned) the column no
+    longer changes.
 
-    c2p reads column clamp(bucket(i - j) + span) and p2c column clamp(-bucket(j - i) + span) of the same
-    (2 span)-row table; DeBERTa's bucket is odd (bucket(-x) = -bucket(x)), so the two are this one."""
+    c2p reads column clamp(bucket(i - j) + span, 0, 2 span - 1) for query i and key j, p2c column
+    clamp(-bucket(j - i) + span, 0, 2 span - 1); DeBERTa's bucket (make_log_bucket_position: exact below
+    buckets / 2, logarithmic up to max_position; none in v2 without buckets) is odd, so both are this
+    one column. Computed once per call by the source's own function and looked up (`column_of`), so
+    that the score_mod of flex_attention gathers integers instead of evaluating logarithms."""
+    reach = 2 * max(span, max_position)  # |r| >= max_position: the last bucket; |r| >= span: clamped
+    distance = -torch.arange(-reach, reach + 1, device=device)  # DeBERTa's relative position: query - key
     if buckets > 0 and max_position > 0:
-        relative = make_log_bucket_position(relative, buckets, max_position).long()
-    return (span - relative).clamp(0, 2 * span - 1)
+        distance = make_log_bucket_position(distance, buckets, max_position).long()
+    return (distance + span).clamp(0, 2 * span - 1), reach
+
+
+def column_of(relative: torch.Tensor, columns: torch.Tensor, reach: int) -> torch.Tensor:
+    """The relative-embedding column of each r = key position - query position (int64, elementwise),
+    looked up in `relative_embedding_columns`."""
+    return columns[relative.clamp(-reach, reach) + reach]
 
 
 class LSGDebertaV2Embeddings(DebertaV2Embeddings):
@@ -136,10 +148,9 @@ class LSGDisentangledSelfAttention(DisentangledSelfAttention):
             key_rows = key @ per_head(self.query_proj if self.share_att_key else self.pos_query_proj) / scale
         if query_rows is None and key_rows is None:
             return None
+        columns, reach = relative_embedding_columns(span, self.position_buckets, self.max_relative_positions, query.device)
         return PositionTerms(
-            bucket=functools.partial(
-                relative_embedding_column, span=span, buckets=self.position_buckets, max_position=self.max_relative_positions
-            ),
+            bucket=functools.partial(column_of, columns=columns, reach=reach),
             query_rows=query_rows,
             key_rows=key_rows,
             global_position=self.config.global_token_position,
