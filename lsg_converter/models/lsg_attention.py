@@ -51,6 +51,7 @@ from .lsg_pattern import (
     KeyPattern,
     KeySequence,
     PositionTerms,
+    RowLookup,
     TokenAttention,
     TokenOutput,
     block_dropout,
@@ -61,7 +62,6 @@ from .lsg_pattern import (
     pad_rows,
     relative_scores,
     sdpa_dense_attention,
-    token_key_rows,
     weighted_values,
 )
 from .lsg_sdpa import SdpaBackend
@@ -210,7 +210,6 @@ def lsg_attention(
         scaling=scaling,
         num_tokens=num_tokens,
         positions=position_terms,
-        token_key_rows=token_key_rows(position_terms, num_global, padding),
     )
     if pattern.sparse_starts:
         job.sparse = sparse_context(
@@ -317,7 +316,7 @@ def _cached_causal_attention(query, key, value, key_mask, config, dropout, scali
     block_index = positions // block
     token_keys, token_values = key[:, num_global:], value[:, num_global:]
     token_mask = key_mask[:, num_global:]  # (B, T)
-    key_rows = None if terms is None or terms.key_rows is None else terms.key_rows.transpose(1, 2)  # (B, g + T, H, R)
+    key_rows = None if terms is None else terms.key_rows  # (B, H, g + T, R) or None
 
     # Local: the window of the query's block up to the query (indices outside are clamped, then masked).
     local_token = pattern.local_start(block_index)[:, None] + torch.arange(pattern.local_size, device=device)  # (q, 2b)
@@ -326,7 +325,7 @@ def _cached_causal_attention(query, key, value, key_mask, config, dropout, scali
     keys, values = [_rows(token_keys, local_index)], [_rows(token_values, local_index)]  # (B, q, 2b, H, D)
     masks = [(_rows(token_mask, local_index) & local_allowed)[:, :, None, None, :]]  # (B, q, 1, 1, 2b)
     key_positions = [local_token[None, :, None, None, :]]  # (1, q, 1, 1, 2b)
-    piece_key_rows = [None if key_rows is None else _rows(key_rows[:, num_global:], local_index)]  # (B, q, 2b, H, R)
+    piece_key_rows = [None if key_rows is None else RowLookup(key_rows, num_global + local_index[None, :, None, None, :])]
 
     # Sparse: the compressed positions of the query block's windows. Every sparsity type compresses
     # whole blocks independently, so only the blocks under those windows are compressed, [first,
@@ -343,7 +342,7 @@ def _cached_causal_attention(query, key, value, key_mask, config, dropout, scali
             token_mask[:, first:last],
             config,
             scaling,
-            key_rows=None if key_rows is None else key_rows[:, num_global + first : num_global + last].transpose(1, 2),
+            key_rows=None if key_rows is None else key_rows[:, :, num_global + first : num_global + last],
             with_positions=terms is not None,
         )
         # compressed positions of each window; those before the start are clamped, then masked
@@ -361,7 +360,7 @@ def _cached_causal_attention(query, key, value, key_mask, config, dropout, scali
         if terms is not None:
             sparse_positions = _rows(sparse.positions.transpose(1, 2), sparse_index) + first  # (B, q, s, H)
             key_positions.insert(0, sparse_positions.transpose(2, 3)[:, :, :, None, :])
-            piece_key_rows.insert(0, None if key_rows is None else _rows(sparse.key_rows.transpose(1, 2), sparse_index))
+            piece_key_rows.insert(0, None if key_rows is None else RowLookup(sparse.key_rows, sparse_index[None, :, None, None, :]))
 
     if num_global:
         keys.insert(0, key[:, None, :num_global].expand(-1, num_queries, -1, -1, -1))
@@ -370,21 +369,17 @@ def _cached_causal_attention(query, key, value, key_mask, config, dropout, scali
         if terms is not None:
             global_positions = torch.full((1, 1, 1, 1, num_global), terms.global_position, device=device)
             key_positions.insert(0, global_positions)
-            piece_key_rows.insert(
-                0, None if key_rows is None else key_rows[:, None, :num_global].expand(-1, num_queries, -1, -1, -1)
-            )
+            global_index = torch.arange(num_global, device=device).view(1, 1, 1, 1, num_global)
+            piece_key_rows.insert(0, None if key_rows is None else RowLookup(key_rows, global_index))
 
     allowed = torch.cat([m.expand(-1, -1, max(m.shape[2] for m in masks), -1, -1) for m in masks], dim=-1)
     scores = None
     if terms is not None:
         query_rows = None
-        if terms.query_rows is not None:  # (B, H, q, R) -> (B, q, H, 1, R)
-            query_rows = terms.query_rows.permute(0, 2, 1, 3)[:, :, :, None, :]
+        if terms.query_rows is not None:  # (B, H, q, R): one row per query of the step
+            query_rows = RowLookup(terms.query_rows, torch.arange(num_queries, device=device).view(1, -1, 1, 1, 1))
         pieces = [
-            relative_scores(
-                terms, positions[None, :, None, None, None], piece_positions, query_rows,
-                None if rows is None else rows.transpose(2, 3),  # (B, q, H, K_i, R)
-            )
+            relative_scores(terms, positions[None, :, None, None, None], piece_positions, query_rows, rows)
             for piece_positions, rows in zip(key_positions, piece_key_rows)
         ]  # (B or 1, q, H, 1, K_i)
         scores = torch.cat([piece.expand(query.shape[0], -1, query.shape[2], -1, -1) for piece in pieces], dim=-1)

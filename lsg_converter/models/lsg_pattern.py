@@ -210,39 +210,51 @@ def relative_scores(
     terms: PositionTerms,
     query_positions: torch.Tensor,
     key_positions: torch.Tensor,
-    query_rows: torch.Tensor | None = None,
-    key_rows: torch.Tensor | None = None,
+    query_rows: RowLookup | None = None,
+    key_rows: RowLookup | None = None,
 ) -> torch.Tensor:
-    """The position terms of a group of queries over their keys: (..., H, q, K).
+    """The position terms of a group of queries over their keys: (B or 1, ..., H, q, K).
 
-    query_positions: (..., 1 or H, q, 1) and key_positions: (..., 1 or H, 1, K), int64 tensors that
-    broadcast together; query_rows: (..., H, q, R), the `PositionTerms.query_rows` of these queries;
-    key_rows: (..., H, K, R), the `PositionTerms.key_rows` of these keys (each given where the term is).
+    query_positions: (B or 1, ..., 1 or H, q, 1) and key_positions: (B or 1, ..., 1 or H, 1, K), int64
+    tensors that broadcast together (at least 4 dimensions); query_rows and key_rows: where the rows of
+    `PositionTerms.query_rows` / `key_rows` of these queries and keys are (each given where the term is).
     """
-    relative = key_positions - query_positions  # (..., 1 or H, q, K)
+    relative = key_positions - query_positions  # (B or 1, ..., 1 or H, q, K)
     total = None
-    for side, rows, bucket in terms.parts():
-        index = bucket(relative)
+    for side, table, bucket in terms.parts():
+        column = bucket(relative)
         if side == "table":
-            heads, buckets = rows.shape
-            shape = torch.broadcast_shapes(index.shape[:-3] + (heads,) + index.shape[-2:-1] + (buckets,))
-            score = rows[:, None, :].expand(shape).gather(-1, index.expand(*shape[:-1], index.shape[-1]))
-        elif side == "query":
-            score = query_rows.gather(-1, index.expand(*query_rows.shape[:-1], index.shape[-1]))
-        else:  # key rows are indexed by key: gather over (K, q), then back to (q, K)
-            index = index.transpose(-1, -2)
-            score = key_rows.gather(-1, index.expand(*key_rows.shape[:-1], index.shape[-1])).transpose(-1, -2)
-        total = score if total is None else total + score
+            heads, buckets = table.shape
+            shape = torch.broadcast_shapes(column.shape[:-3] + (heads,) + column.shape[-2:-1] + (buckets,))
+            score = table[:, None, :].expand(shape).gather(-1, column.expand(*shape[:-1], column.shape[-1]))
+        else:
+            score = (query_rows if side == "query" else key_rows).scores(column)
+        if total is None:
+            total = score
+        else:  # each part is a tensor of its own: added in place where the shapes allow
+            total = total.add_(score) if total.shape == torch.broadcast_shapes(total.shape, score.shape) else total + score
     return total
 
 
-def token_key_rows(terms: PositionTerms | None, num_global: int, padding: int) -> torch.Tensor | None:
-    """The tokens' key-side position rows (`PositionTerms.key_rows` without the global rows), padded at
-    the end like the tokens: (B, H, T, R), or None. The core computes them once for the sparse
-    compression and the backend (`TokenAttention.token_key_rows`)."""
-    if terms is None or terms.key_rows is None:
-        return None
-    return F.pad(terms.key_rows[:, :, num_global:], (0, 0, 0, padding))
+@dataclass(frozen=True)
+class RowLookup:
+    """Where the position rows of some queries or keys are: `rows` (B, H, N, R) of a sequence and `index`,
+    the row of each query (B or 1, ..., 1 or H, q, 1) or key (B or 1, ..., 1 or H, 1, K), int64.
+
+    The rows are never copied per pair or per window: `scores` gathers each pair's column straight from
+    the flattened rows, with an index broadcast over the batch and the heads where it does not vary."""
+
+    rows: torch.Tensor
+    index: torch.Tensor
+
+    def scores(self, column: torch.Tensor) -> torch.Tensor:
+        """rows[b, h, index, column] of every pair, column: (B or 1, ..., 1 or H, q, K) -> (B, ..., H, q, K)."""
+        batch, heads, _, buckets = self.rows.shape
+        flat = (self.index * buckets + column).movedim(-3, 1)  # (B or 1, 1 or H, ..., q, K)
+        pairs = flat.shape[2:]
+        flat = flat.reshape(*flat.shape[:2], -1).expand(batch, heads, -1)
+        scores = self.rows.flatten(2).gather(2, flat)  # (B, H, pairs)
+        return scores.view(batch, heads, *pairs).movedim(1, -3)
 
 
 def global_query_positions(terms: PositionTerms, num_global: int, device: torch.device) -> torch.Tensor:
@@ -261,9 +273,10 @@ def dense_position_scores(terms: PositionTerms, query_index: torch.Tensor, key_i
     (B or 1, H, q, k). For the few global queries and for inputs shorter than two blocks."""
     length = max(int(query_index.max()) + 1, int(key_index.max()) + 1)
     positions = sequence_positions(terms, num_global, length - num_global, query_index.device)
-    query_rows = terms.query_rows[:, :, query_index] if terms.query_rows is not None else None
-    key_rows = terms.key_rows[:, :, key_index] if terms.key_rows is not None else None
-    return relative_scores(terms, positions[query_index][:, None], positions[key_index][None, :], query_rows, key_rows)
+    query_index, key_index = query_index.view(1, 1, -1, 1), key_index.view(1, 1, 1, -1)
+    query_rows = None if terms.query_rows is None else RowLookup(terms.query_rows, query_index)
+    key_rows = None if terms.key_rows is None else RowLookup(terms.key_rows, key_index)
+    return relative_scores(terms, positions[query_index], positions[key_index], query_rows, key_rows)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -291,8 +304,7 @@ class TokenAttention:
     token_mask: (B, T) bool; global_keys, global_values: (B, g, H, D), global_mask: (B, g) bool;
     sparse: the sparse context, or None without sparse keys; kept: the keys DropKey leaves each block
     in training, (B, nb, H, 1 or b, K) bool in the order of `KeyPattern.key_columns` (drawn once, by
-    the core, see `block_dropout`), None otherwise; positions: the position terms, or None;
-    token_key_rows: the tokens' `PositionTerms.key_rows`, padded like the tokens (`token_key_rows`), or None.
+    the core, see `block_dropout`), None otherwise; positions: the position terms, or None.
     """
 
     queries: torch.Tensor
@@ -308,11 +320,20 @@ class TokenAttention:
     num_tokens: int
     kept: torch.Tensor | None = None
     positions: PositionTerms | None = None
-    token_key_rows: torch.Tensor | None = None
 
     @property
     def num_blocks(self) -> int:
         return self.keys.shape[1] // self.pattern.block_size
+
+    @functools.cached_property
+    def token_key_rows(self) -> torch.Tensor | None:
+        """The tokens' `PositionTerms.key_rows` (the global rows left out), padded at the end like the
+        tokens: (B, H, T, R), or None. Made once, where a sequence of the tokens' rows is needed (the
+        sparse compression, flex's score_mod); the block backends look the rows up where they are."""
+        if self.positions is None or self.positions.key_rows is None:
+            return None
+        token_rows = self.positions.key_rows[:, :, self.pattern.num_global :]
+        return F.pad(token_rows, (0, 0, 0, self.keys.shape[1] - token_rows.shape[2]))
 
 
 @dataclass
@@ -506,46 +527,41 @@ def block_position_scores(job: TokenAttention) -> torch.Tensor:
 
     Local keys sit at the same distances from the rows of every block: without query or key rows
     their piece is computed once, for block 1 (whose window lies inside the sequence), and broadcast.
+    Query and key rows are looked up where they are (`RowLookup`), not copied into each block's window.
     """
     terms, pattern, num_blocks, sparse = job.positions, job.pattern, job.num_blocks, job.sparse
     block, num_global, device = pattern.block_size, pattern.num_global, job.keys.device
     padded_tokens = num_blocks * block
 
-    def windows(pieces: list[torch.Tensor]) -> torch.Tensor:  # pieces (B, nb, K_i, H, ...) -> (B, nb, H, K, ...)
-        return torch.cat(pieces, dim=2).transpose(2, 3)
+    def windows(pieces: list[torch.Tensor]) -> torch.Tensor:  # pieces (B, nb, K_i, H) -> (B, nb, H, 1, K)
+        return torch.cat(pieces, dim=2).transpose(2, 3)[:, :, :, None, :]
+
+    def key_rows(rows: torch.Tensor | None, index: torch.Tensor) -> RowLookup | None:
+        return None if rows is None else RowLookup(rows, index)
 
     query_positions = torch.arange(padded_tokens, device=device).view(1, num_blocks, 1, block, 1)
     query_rows = None
-    if terms.query_rows is not None:
-        token_query_rows = pad_rows(terms.query_rows[:, :, num_global:].transpose(1, 2), 0, padded_tokens - job.num_tokens)
-        query_rows = token_query_rows.unflatten(1, (num_blocks, block)).transpose(2, 3)  # (B, nb, H, b, R)
-    with_key_rows = terms.key_rows is not None
+    if terms.query_rows is not None:  # the padding queries read the last token's row (their output is dropped)
+        query_rows = RowLookup(terms.query_rows, num_global + query_positions.clamp(max=job.num_tokens - 1))
 
-    # keys of each kind: positions (B or 1, nb, 1 or H, 1, K_i), key rows (B, nb, H, K_i, R)
+    # keys of each kind: positions and rows (B or 1, nb, 1 or H, 1, K_i); windows outside the sequence read row 0
     token_positions = torch.arange(padded_tokens, device=device).view(1, padded_tokens, 1)
-    local_positions = windows(local_windows(pattern, token_positions, num_blocks))[:, :, :, None, :]
-    local_key_rows = None
-    if with_key_rows:
-        local_key_rows = windows(local_windows(pattern, job.token_key_rows.transpose(1, 2), num_blocks))
-    if query_rows is None and local_key_rows is None:
+    local_positions = windows(local_windows(pattern, token_positions, num_blocks))
+    local_rows = key_rows(terms.key_rows, num_global + local_positions.clamp(max=job.num_tokens - 1))  # padding: masked
+    if query_rows is None and local_rows is None:
         local = relative_scores(terms, query_positions[:, 1:2], local_positions[:, 1:2])  # (1, 1, H, b, local)
     else:
-        local = relative_scores(terms, query_positions, local_positions, query_rows, local_key_rows)
+        local = relative_scores(terms, query_positions, local_positions, query_rows, local_rows)
     pieces = [local]
     if sparse is not None:
         sparse_positions = windows(sparse_windows(pattern, sparse.positions.transpose(1, 2), num_blocks))
-        sparse_key_rows = None
-        if with_key_rows:
-            sparse_key_rows = windows(sparse_windows(pattern, sparse.key_rows.transpose(1, 2), num_blocks))
-        pieces.insert(
-            0, relative_scores(terms, query_positions, sparse_positions[:, :, :, None, :], query_rows, sparse_key_rows)
-        )
+        compressed = torch.arange(sparse.keys.shape[2], device=device).view(1, -1, 1)
+        sparse_rows = key_rows(sparse.key_rows, windows(sparse_windows(pattern, compressed, num_blocks)))
+        pieces.insert(0, relative_scores(terms, query_positions, sparse_positions, query_rows, sparse_rows))
     if num_global:
         global_positions = global_query_positions(terms, num_global, device).view(1, 1, 1, 1, num_global)
-        global_key_rows = None
-        if with_key_rows:
-            global_key_rows = terms.key_rows[:, None, :, :num_global].expand(-1, num_blocks, -1, -1, -1)  # (B, nb, H, g, R)
-        pieces.insert(0, relative_scores(terms, query_positions, global_positions, query_rows, global_key_rows))
+        global_rows = key_rows(terms.key_rows, torch.arange(num_global, device=device).view(1, 1, 1, 1, num_global))
+        pieces.insert(0, relative_scores(terms, query_positions, global_positions, query_rows, global_rows))
     batch = max(piece.shape[0] for piece in pieces)
     heads = max(piece.shape[2] for piece in pieces)
     return torch.cat([piece.expand(batch, num_blocks, heads, block, -1) for piece in pieces], dim=-1)
