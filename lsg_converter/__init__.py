@@ -1,4 +1,5 @@
-"""lsg_converter: turn pretrained BERT-family, BART, mBART and Pegasus checkpoints into LSG models for long inputs.
+"""lsg_converter: turn pretrained BERT-family (MPNet and DeBERTa-v2/v3 included), BART, mBART and Pegasus
+checkpoints into LSG models for long inputs.
 
     from lsg_converter import LSGConverter
     model, tokenizer = LSGConverter(max_sequence_length=4096).convert_from_pretrained("bert-base-uncased")

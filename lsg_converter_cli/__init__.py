@@ -99,8 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     (--max-len sets max_sequence_length), which `lsg_converter.cli.flag_spelling` relies on."""
     parser = _Parser(
         prog=PROG,
-        description="Convert a pretrained BERT, RoBERTa, DistilBERT, ALBERT, CamemBERT, ELECTRA, XLM-RoBERTa, BART, "
-        "mBART (BARThez) or Pegasus checkpoint (or a 2023 LSG checkpoint) "
+        description="Convert a pretrained BERT, RoBERTa, DistilBERT, ALBERT, CamemBERT, ELECTRA, XLM-RoBERTa, MPNet, "
+        "DeBERTa-v2/v3, BART, mBART (BARThez) or Pegasus checkpoint (or a 2023 LSG checkpoint) "
         "into an LSG model that reads long inputs.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 import torch
@@ -320,20 +320,22 @@ class TokenAttention:
     num_tokens: int
     kept: torch.Tensor | None = None
     positions: PositionTerms | None = None
+    _token_key_rows: torch.Tensor | None = field(default=None, init=False, repr=False)
 
     @property
     def num_blocks(self) -> int:
         return self.keys.shape[1] // self.pattern.block_size
 
-    @functools.cached_property
+    @property
     def token_key_rows(self) -> torch.Tensor | None:
         """The tokens' `PositionTerms.key_rows` (the global rows left out), padded at the end like the
         tokens: (B, H, T, R), or None. Made once, where a sequence of the tokens' rows is needed (the
-        sparse compression, flex's score_mod); the block backends look the rows up where they are."""
-        if self.positions is None or self.positions.key_rows is None:
-            return None
-        token_rows = self.positions.key_rows[:, :, self.pattern.num_global :]
-        return F.pad(token_rows, (0, 0, 0, self.keys.shape[1] - token_rows.shape[2]))
+        sparse compression, flex's score_mod); the block backends look the rows up where they are.
+        (Kept in a field, not a functools.cached_property, whose lock torch.compile cannot trace.)"""
+        if self._token_key_rows is None and self.positions is not None and self.positions.key_rows is not None:
+            token_rows = self.positions.key_rows[:, :, self.pattern.num_global :]
+            self._token_key_rows = F.pad(token_rows, (0, 0, 0, self.keys.shape[1] - token_rows.shape[2]))
+        return self._token_key_rows
 
 
 @dataclass
