@@ -12,8 +12,9 @@ token ids, batch 1.
 For each length it measures, each model in a process of its own (peak memory is a process-wide
 figure): the forward pass (eval mode, no grad) and a training step (train mode, activation
 checkpointing on, forward + backward of the mean square of the last hidden states): the median
-time of ``--repeats`` runs after one warm-up at 512 tokens, and the peak resident set of one run
-above the resident set before it (Linux: the peak is reset through /proc/self/clear_refs first).
+time of ``--repeats`` runs after one warm-up run at the same length, and the peak resident set of one run
+above the resident set before it (Linux: the peak is reset through /proc/self/clear_refs first; the
+gradients the warm-up allocated are kept, zeroed, so the training peak is the step's activations).
 ``--results`` writes the tables into benchmarks/RESULTS.md under that title.
 """
 
@@ -57,7 +58,7 @@ def step(model: torch.nn.Module, input_ids: torch.Tensor, mode: str) -> None:
         with torch.no_grad():
             model(input_ids=input_ids)
     else:
-        model.zero_grad(set_to_none=True)
+        model.zero_grad(set_to_none=False)  # the gradients of the warm-up stay: the peak is the step's own
         model(input_ids=input_ids).last_hidden_state.square().mean().backward()
 
 
@@ -70,9 +71,8 @@ def measure(folder: str, mode: str, length: int, repeats: int) -> dict[str, floa
         model.eval()
     else:
         model.train().activation_checkpointing_enable()
-    generator = torch.Generator().manual_seed(0)
-    step(model, torch.randint(5, 128000, (1, 512), generator=generator), mode)  # warm-up
-    input_ids = torch.randint(5, 128000, (1, length), generator=generator)
+    input_ids = torch.randint(5, 128000, (1, length), generator=torch.Generator().manual_seed(0))
+    step(model, input_ids, mode)  # warm-up: a first step at a new length peaks higher (allocations, gradients)
     times, peaks = [], []
     for _ in range(repeats):
         before = resident_mib("VmRSS")
@@ -115,7 +115,7 @@ def ratio(dense: float | None, lsg: float | None) -> str:
 
 def table(rows: dict, lengths: list[int], mode: str) -> list[str]:
     lines = [
-        f"| tokens | dense time | LSG time | dense / LSG | dense peak | LSG peak | dense / LSG |",
+        "| tokens | dense time | LSG time | dense / LSG | dense peak | LSG peak | dense / LSG |",
         "|---|---|---|---|---|---|---|",
     ]
     for length in lengths:
@@ -167,7 +167,7 @@ def main() -> None:
     machine = (
         f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads; torch {torch.__version__}, "
         f"transformers {transformers.__version__}; float32, batch 1, DeBERTa-v3-base dimensions, {args.layers} layers; "
-        f"LSG: the conversion defaults (local 170, 1 global token); median of {args.repeats} after a warm-up"
+        f"LSG: the conversion defaults (local 170, 1 global token); median of {args.repeats} after a warm-up run"
     )
     lines = [
         f"## DeBERTa-v3 against LSG-DeBERTa ({args.results or 'this run'})",
