@@ -205,6 +205,49 @@ def test_default_settings_read_4000_tokens_with_finite_outputs(arch, tmp_path):
         assert outputs[0].shape[:2] == (2, 4000)
 
 
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+def test_hidden_states_asked_for_in_the_config_leave_the_global_tokens_out(arch, tmp_path):
+    """A head that passes output_hidden_states=None on to its base model (DeBERTa's, MPNet's) reads it
+    from the config, as the base model does."""
+    head = ARCHITECTURES[arch].default_head
+    model, _ = LSGConverter(max_sequence_length=1024).convert_from_pretrained(
+        save_tiny_source(tmp_path / "source", arch, head), block_size=16, sparse_block_size=16, num_global_tokens=2
+    )
+    model.config.output_hidden_states = True
+    inputs = dict(zip(("input_ids", "attention_mask"), padded_batch([100, 70], 100, arch)))
+    if model.config.is_encoder_decoder:
+        inputs["decoder_input_ids"] = inputs["input_ids"][:, :8]
+
+    with torch.no_grad():
+        output = model(**inputs)
+
+    hidden_states = output.encoder_hidden_states if model.config.is_encoder_decoder else output.hidden_states
+    assert {tuple(state.shape) for state in hidden_states} == {(2, 100, model.config.hidden_size)}
+
+
+ENCODER_ARCHS = [arch for arch in ARCHITECTURES if not TINY_CONFIGS[arch]().is_encoder_decoder]
+
+
+@pytest.mark.parametrize("arch", ENCODER_ARCHS)  # transformers' encoder-decoders fail with return_dict=False in the config
+def test_a_tuple_asked_for_in_the_config_is_the_source_s_tuple(arch, tmp_path):
+    head = ARCHITECTURES[arch].default_head
+    source = getattr(transformers, head).from_pretrained(save_tiny_source(tmp_path / "source", arch, head)).eval()
+    model, _ = LSGConverter(max_sequence_length=1024).convert_from_pretrained(
+        str(tmp_path / "source"), num_global_tokens=0, sparsity_type="none", block_size=64
+    )
+    inputs = dict(zip(("input_ids", "attention_mask"), padded_batch([100, 70], 100, arch)))
+    for config in (source.config, model.config):
+        config.output_hidden_states, config.return_dict = True, False
+
+    with torch.no_grad():
+        expected, output = source(**inputs), model(**inputs)
+
+    assert isinstance(output, tuple)
+    assert [type(item).__name__ for item in output] == [type(item).__name__ for item in expected]
+    real = inputs["attention_mask"].bool()
+    torch.testing.assert_close(output[-1][-1][real], expected[-1][-1][real], atol=1e-5, rtol=0)  # last hidden state
+
+
 @pytest.mark.parametrize("arch", ["albert", "electra"])
 def test_factorised_embeddings_carry_the_global_tokens_in_the_embedding_space(arch, tmp_path):
     source_dir = save_tiny_source(tmp_path / "source", arch, ARCHITECTURES[arch].default_head)

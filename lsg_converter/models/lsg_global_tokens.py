@@ -9,7 +9,7 @@ This file travels with saved models as remote code: it imports torch and transfo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -62,9 +62,10 @@ class GlobalTokens:
     from the first real token.
     """
 
-    def __init__(self, table: nn.Embedding, config: Any) -> None:
+    def __init__(self, table: nn.Embedding, config: Any, output_tuple: Callable[[Any], tuple] | None = None) -> None:
         self.table = table
         self.config = config
+        self.output_tuple = output_tuple  # the recorder's tuple of its ModelOutput (None: ModelOutput.to_tuple)
         self.calls: list[ForwardCall] = []  # the forward passes under way, innermost last
 
     @property
@@ -104,9 +105,12 @@ class GlobalTokens:
     def open(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """Before the recorder's forward: open its `ForwardCall` and have it return a ModelOutput (turned
         into a tuple in `finish`); -> the forward's keyword arguments."""
-        recording = kwargs.get("output_hidden_states", getattr(self.config, "output_hidden_states", False))
-        returns_tuple = kwargs.get("return_dict", getattr(self.config, "return_dict", True)) is False
-        self.calls.append(ForwardCall(recording=bool(recording), returns_tuple=returns_tuple))
+        def asked(name: str, default: bool) -> bool:  # a head passes its own argument on, None included
+            value = kwargs.get(name)
+            return bool(getattr(self.config, name, default) if value is None else value)
+
+        recording, returns_tuple = asked("output_hidden_states", False), not asked("return_dict", True)
+        self.calls.append(ForwardCall(recording=recording, returns_tuple=returns_tuple))
         return {**kwargs, "return_dict": True}
 
     def close(self) -> None:
@@ -196,4 +200,6 @@ class GlobalTokens:
             output.hidden_states = tuple(
                 None if recorded is None else rows for recorded, rows in zip(output.hidden_states, call.token_states)
             )
-        return output.to_tuple() if call.returns_tuple else output
+        if not call.returns_tuple:
+            return output
+        return output.to_tuple() if self.output_tuple is None else self.output_tuple(output)

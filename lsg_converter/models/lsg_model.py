@@ -16,7 +16,7 @@ This file travels with saved models as remote code: it imports torch and transfo
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -349,6 +349,9 @@ class LSGModelMixin:
             dispatch (`DispatchedAttention`, the default) or by swapping modules (`SwappedAttention`),
         lsg_recorded_outputs: output name -> the layer class that produces it, for a model that builds
             its outputs by hand (MPNet: no ``_can_record_outputs``); None: the recorder's own.
+        lsg_output_tuple: the tuple the recorder returns for ``return_dict=False``, made from its
+            ModelOutput (the LSG steps run it with return_dict=True), where it is not
+            ``ModelOutput.to_tuple()``: MPNet's keeps a None pooler output, whose place its heads count on.
     The hidden states are recorded (see `GlobalTokens`) by the encoder if it is a Hugging Face model
     of its own (BART's), otherwise by the base model, on the layers its ``_can_record_outputs`` names.
     The LSG steps around the recorder's forward (`RecorderSteps`) run in the model's `forward` where
@@ -382,6 +385,7 @@ class LSGModelMixin:
     lsg_positions_after_padding: bool = False
     lsg_attention: AttentionReach = DispatchedAttention()
     lsg_recorded_outputs: dict[str, type[nn.Module]] | None = None
+    lsg_output_tuple: Callable[[Any], tuple] | None = None
 
     forward = RecorderForward()
     lsg_forward_steps: RecorderSteps | None = None  # where the model is its own recorder (see `forward`)
@@ -435,7 +439,7 @@ class LSGModelMixin:
         """Hook the global tokens in (see `GlobalTokens`): decided and length-checked at the embeddings,
         prepended before `lsg_prepend_before`, split from the recorded layers' states, dropped by the encoder."""
         embeddings = base.get_submodule(self.lsg_embeddings)
-        global_tokens = GlobalTokens(embeddings.global_embeddings, self.config)
+        global_tokens = GlobalTokens(embeddings.global_embeddings, self.config, self.lsg_output_tuple)
         embeddings.register_forward_pre_hook(global_tokens.before_embeddings, with_kwargs=True)
         check = InputLengthCheck(self.config, self.lsg_positions_after_padding, "input")
         embeddings.register_forward_pre_hook(check, with_kwargs=True)

@@ -89,6 +89,13 @@ class LSGMPNetMixin(LSGModelMixin):
     )
     lsg_recorded_outputs = {"hidden_states": MPNetLayer, "attentions": LSGMPNetSelfAttention}
 
+    @staticmethod
+    def lsg_output_tuple(output) -> tuple:
+        """MPNetModel's own tuple: the pooler output kept in its place, None included (its heads read
+        the hidden states and attentions from index 2 on)."""
+        extras = (output.hidden_states, output.attentions)
+        return (output.last_hidden_state, output.pooler_output, *(extra for extra in extras if extra is not None))
+
 
 class LSGMPNetModel(LSGMPNetMixin, MPNetModel):
     """MPNetModel with LSG attention (Local + Sparse + Global) and global tokens."""
