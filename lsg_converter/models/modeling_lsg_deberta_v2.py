@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
 
 import torch
 from transformers.modeling_outputs import BaseModelOutput
