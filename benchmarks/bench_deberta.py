@@ -24,6 +24,7 @@ import argparse
 import json
 import platform
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -173,7 +174,7 @@ def main() -> None:
         "",
         machine,
         "",
-        f"`python benchmarks/bench_deberta.py {' '.join(sys.argv[1:])}`",
+        f"`python benchmarks/bench_deberta.py {shlex.join(sys.argv[1:])}`",
         "",
         "Forward (eval, no grad); peak: resident set above the loaded model",
         "",
