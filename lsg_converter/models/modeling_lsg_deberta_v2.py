@@ -140,11 +140,11 @@ class LSGDisentangledSelfAttention(DisentangledSelfAttention):
             projected = projection(relative_embeddings).view(2 * span, self.num_attention_heads, -1)
             return projected.permute(1, 2, 0)
 
-        query_rows = key_rows = None
+        query_rows = key_rows = None  # divided in place: the product's own memory, the source's rounding
         if "c2p" in self.pos_att_type:
-            query_rows = query @ per_head(self.key_proj if self.share_att_key else self.pos_key_proj) / scale
+            query_rows = (query @ per_head(self.key_proj if self.share_att_key else self.pos_key_proj)).div_(scale)
         if "p2c" in self.pos_att_type:
-            key_rows = key @ per_head(self.query_proj if self.share_att_key else self.pos_query_proj) / scale
+            key_rows = (key @ per_head(self.query_proj if self.share_att_key else self.pos_query_proj)).div_(scale)
         if query_rows is None and key_rows is None:
             return None
         columns, reach = relative_embedding_columns(span, self.position_buckets, self.max_relative_positions, query.device)
