@@ -34,7 +34,8 @@ def convert(parser: argparse.ArgumentParser, args: argparse.Namespace, interrupt
 
 
 def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace, interruption: Interruption) -> int:
-    from . import LSGConverter, LSGError, model_card, push_converted
+    from . import LSGConverter, LSGError, MissingDependencyError, model_card, push_converted
+    from .errors import missing_package
     from .card import default_folder_name
     from .push import check_can_push
     from .sbert import pipeline_of
@@ -98,6 +99,11 @@ def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace, interrup
             raise
         print(f"{parser.prog}: error: {flag_spelling(parser, one_line(error))}", file=sys.stderr)
         return error.exit_code
+    except ImportError as error:  # a package that a library needs only when it runs
+        if args.debug:
+            raise
+        print(f"{parser.prog}: error: {one_line(missing_package(error))}", file=sys.stderr)
+        return MissingDependencyError.exit_code
     finally:
         progress.close()
     if not args.quiet:

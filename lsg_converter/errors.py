@@ -6,6 +6,7 @@ the CLI prints it on one line.
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Iterable
 
 
@@ -63,3 +64,34 @@ class UnsafeCheckpointError(CorruptCheckpointError, exit_code=6):
 
 class HubError(LSGError, exit_code=7):
     """The Hugging Face Hub is unreachable or refuses the token or the repository."""
+
+
+class MissingDependencyError(LSGError, ImportError, exit_code=8):
+    """A package the run needs is not installed: the message names the one to install."""
+
+
+def pip_name(module: str) -> str:
+    """The package pip installs for the top-level module `module` ("sentence_transformers" ->
+    "sentence-transformers")."""
+    return module.split(".")[0].replace("_", "-")
+
+
+def require(module: str, purpose: str) -> None:
+    """Raise `MissingDependencyError` if `module` cannot be imported; `purpose` says what needs it."""
+    if importlib.util.find_spec(module) is None:
+        raise MissingDependencyError(
+            f"{purpose} needs the package {pip_name(module)}, which is not installed: pip install {pip_name(module)}",
+            name=module,
+        )
+
+
+def missing_package(error: ImportError) -> MissingDependencyError:
+    """`error` (an import that failed) as a `MissingDependencyError` naming the package to install."""
+    if isinstance(error, MissingDependencyError):
+        return error
+    if not error.name:
+        return MissingDependencyError(f"{one_line(error)}: reinstall or upgrade the package that raised it")
+    package = pip_name(error.name)
+    return MissingDependencyError(
+        f"{one_line(error)}: the package {package} is missing or too old: pip install -U {package}", name=error.name
+    )

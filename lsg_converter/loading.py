@@ -15,7 +15,7 @@ from transformers import AutoTokenizer, BertTokenizer, PreTrainedModel, PreTrain
 from transformers.utils import cached_file, logging
 
 from .checkpoint import read_tensors
-from .errors import CorruptCheckpointError, listed, one_line
+from .errors import CorruptCheckpointError, listed, one_line, require
 from .sources import download_hub_files, hub_file_names
 
 logger = logging.get_logger(__name__)
@@ -36,7 +36,10 @@ def load_model(
     lsg_class: type, source: str, config: Any, token: str | bool | None, device_map: str | None = None
 ) -> tuple[PreTrainedModel, dict[str, Any]]:
     """`lsg_class` loaded from `source` with `config`, and transformers' loading info (missing and
-    unexpected keys). The load report is not logged: `report_loading` says what matters."""
+    unexpected keys). The load report is not logged: `report_loading` says what matters.
+    A `device_map` (the converter's dry runs on the meta device) needs accelerate."""
+    if device_map is not None:
+        require("accelerate", f"Loading {source!r} with device_map={device_map!r}")
     try:
         with _load_report_hidden():
             return lsg_class.from_pretrained(

@@ -29,10 +29,12 @@ examples:
 exit codes: 0 done, 1 other error, 2 invalid setting or command line, 3 unsupported model or head,
             4 source not found, 5 output folder exists (use --overwrite),
             6 corrupt or truncated source files, 7 Hub unreachable or token/repository refused,
+            8 a package it needs is missing (the error names it),
             130 interrupted (Ctrl-C)
 """
 PROG = "lsg-convert"
 USAGE_EXIT_CODE = 2
+MISSING_DEPENDENCY_EXIT_CODE = 8  # lsg_converter.errors.MissingDependencyError's
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as shells report Ctrl-C
 # The library's choices, written here so that the parser needs no torch (tests/test_cli.py checks
 # that they equal lsg_converter.models.lsg_sparse.SPARSITY_TYPES and lsg_converter.positions.POSITION_TILINGS).
@@ -212,7 +214,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             except SystemExit as done:  # --help, --version, or a command-line mistake already reported on one line
                 return int(done.code or 0)
             debug = args.debug
-            from lsg_converter.cli import convert
+            try:
+                from lsg_converter.cli import convert
+            except ImportError as error:  # torch, transformers, ... missing or broken
+                if debug:
+                    raise
+                package = (error.name or "lsg-converter").split(".")[0].replace("_", "-")
+                print(f"{PROG}: error: {' '.join(str(error).split())}: pip install -U {package}", file=sys.stderr)
+                return MISSING_DEPENDENCY_EXIT_CODE
 
             return convert(parser, args, interruption)
     except KeyboardInterrupt:

@@ -40,7 +40,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import AttentionInterface
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import logging
 
 from .lsg_eager import EagerBackend
@@ -66,6 +65,7 @@ from .lsg_pattern import (
 )
 from .lsg_sdpa import SdpaBackend
 from .lsg_sparse import sparse_context
+from .lsg_transformers import ALL_ATTENTION_FUNCTIONS
 
 logger = logging.get_logger(__name__)
 

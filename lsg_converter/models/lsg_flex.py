@@ -29,7 +29,7 @@ whole sequence. Where flex cannot run (gradients on a device without its backwar
 runs the sdpa backend instead (`FlexBackend.runs`), and likewise for a call compiled flex cannot
 take (`BackendUnavailable`).
 
-This file travels with saved models as remote code: it imports torch, transformers and lsg_pattern only.
+This file travels with saved models as remote code: it imports torch, transformers, lsg_pattern and lsg_transformers only.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from types import FunctionType
 from typing import Callable
 
 import torch
-from transformers.utils import is_torch_flex_attn_available, logging
+from transformers.utils import logging
 
 from .lsg_pattern import (
     BackendUnavailable,
@@ -53,6 +53,7 @@ from .lsg_pattern import (
     global_query_positions,
     sdpa_dense_attention,
 )
+from .lsg_transformers import is_torch_flex_attn_available
 
 logger = logging.get_logger(__name__)
 

@@ -14,6 +14,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from .lsg_transformers import past_length, with_past_length
+
 
 @dataclass
 class ForwardCall:
@@ -57,7 +59,7 @@ class GlobalTokens:
     inside another (a hook calling the model) keeps its own. Outside a forward pass of the recorder (a
     module called on its own) the hooks leave the calls as they are.
 
-    A causal decoder that continues from its cache (``past_key_values_length > 0``) already holds the
+    A causal decoder that continues from its cache (a past length > 0, see lsg_transformers.past_length) already holds the
     global tokens there: that forward pass prepends nothing, drops nothing, and counts its positions
     from the first real token.
     """
@@ -122,10 +124,10 @@ class GlobalTokens:
         call = self.current
         if call is None:
             return None
-        past_length = kwargs.get("past_key_values_length") or 0
-        call.prepended = not past_length
-        if past_length:
-            kwargs = {**kwargs, "past_key_values_length": past_length - self.config.num_global_tokens}
+        cached = past_length(kwargs)
+        call.prepended = not cached
+        if cached:
+            kwargs = with_past_length(kwargs, cached - self.config.num_global_tokens)
         return args, kwargs
 
     def prepend(self, module: nn.Module, args: tuple) -> tuple:

@@ -28,6 +28,7 @@ from .lsg_sparse import SPARSITY_TYPES
 from .lsg_attention_layers import AttentionLayerConfig, AttentionReach, DispatchedAttention, recorded_modules
 from .lsg_global_tokens import GlobalTokens
 from .lsg_recorder import ArgumentRewrite, RecorderForward, RecorderSteps
+from .lsg_transformers import past_length, warn_if_untested_transformers
 
 # The files a saved model carries as remote code ("{stem}": its model_type with "_" for "-", as
 # "lsg_bert"): the architecture's pair and every file of this folder they import (see `remote_code_files`).
@@ -44,6 +45,7 @@ REMOTE_CODE_FILES = (
     "lsg_sdpa.py",
     "lsg_eager.py",
     "lsg_flex.py",
+    "lsg_transformers.py",
 )
 MAX_GLOBAL_TOKENS = 512  # rows of the global embedding table, as in the 2023 reference checkpoints
 POOLER_KEY = "add_pooling_layer"  # config key: whether the base model holds a pooler (see LSGModelMixin)
@@ -302,7 +304,7 @@ class InputLengthCheck:
 
     Refuses an input longer than the position table with a ValueError that names both lengths, where
     the model would otherwise fail deep inside (an IndexError or a size mismatch in the embeddings).
-    A decoder's length counts its cache; ``past_key_values_length`` arrives without the global tokens
+    A decoder's length counts its cache; the embeddings' past length arrives without the global tokens
     (see `GlobalTokens.before_embeddings`, which runs first).
     """
 
@@ -321,11 +323,10 @@ class InputLengthCheck:
         tokens = next((value for value in candidates if isinstance(value, torch.Tensor)), None)
         if tokens is None:
             return
-        cache = kwargs.get("past_key_values")
-        past_length = cache.get_seq_length() if cache is not None else kwargs.get("past_key_values_length") or 0
-        length = tokens.shape[1] + past_length
+        cached = past_length(kwargs)
+        length = tokens.shape[1] + cached
         if length > self.max_length:
-            counted = " (cache included)" if past_length else ""
+            counted = " (cache included)" if cached else ""
             raise ValueError(
                 f"The {self.name} has {length} tokens{counted}, more than the {self.max_length} this model reads: "
                 f"truncate it (tokenizer(..., truncation=True, max_length={self.max_length})) or convert the source "
@@ -338,7 +339,7 @@ class LSGModelMixin:
 
     The architecture file names, relative to the base model (``self.<base_model_prefix>`` for heads):
         lsg_embeddings: module that holds ``global_embeddings`` (where the reference stored it) and
-            whose forward receives ``past_key_values_length`` in decoders,
+            whose forward receives the past length in decoders (lsg_transformers.past_length),
         lsg_prepend_before: module whose input (the summed embeddings) gets the global tokens in
             front: the embedding normalisation, or the first layer in a model without one (Pegasus),
         lsg_encoder: module whose output drops the global tokens again,
@@ -403,6 +404,7 @@ class LSGModelMixin:
             cls.register_for_auto_class(auto_class)
 
     def __init__(self, config, *args: Any, **kwargs: Any) -> None:
+        warn_if_untested_transformers()
         holds_pooler = getattr(config, POOLER_KEY, None)
         if holds_pooler is False and POOLER_KEY in inspect.signature(super().__init__).parameters:
             kwargs.setdefault(POOLER_KEY, False)

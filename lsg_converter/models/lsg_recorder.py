@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from .lsg_global_tokens import GlobalTokens
+from .lsg_transformers import past_length
 
 
 class ArgumentRewrite:
@@ -53,8 +54,7 @@ def padding_mask_view(arguments: dict[str, Any]) -> torch.Tensor | None:
         tokens = next((arguments[name] for name in ("input_ids", "inputs_embeds") if arguments.get(name) is not None), None)
         if tokens is None:
             return None
-        cache = arguments.get("past_key_values")
-        length = tokens.shape[1] + (cache.get_seq_length() if cache is not None else 0)
+        length = tokens.shape[1] + past_length(arguments)
         mask = torch.ones(tokens.shape[0], length, dtype=torch.bool, device=tokens.device)
     elif mask.dim() != 2:
         return None

@@ -6,18 +6,20 @@ they are prepended before `embeddings.LayerNorm` and mapped to ``hidden_size`` b
 `embedding_hidden_mapping_in` with the other tokens. The shared layers all run the one LSG attention.
 """
 
-from transformers.models.albert.modeling_albert import (
-    AlbertForMaskedLM,
-    AlbertForMultipleChoice,
-    AlbertForPreTraining,
-    AlbertForQuestionAnswering,
-    AlbertForSequenceClassification,
-    AlbertForTokenClassification,
-    AlbertModel,
-)
-
 from .configuration_lsg_albert import LSGAlbertConfig
 from .lsg_model import LSGModelMixin
+from .lsg_transformers import transformers_names
+
+with transformers_names():  # one line naming both versions if a release removed one of these
+    from transformers.models.albert.modeling_albert import (
+        AlbertForMaskedLM,
+        AlbertForMultipleChoice,
+        AlbertForPreTraining,
+        AlbertForQuestionAnswering,
+        AlbertForSequenceClassification,
+        AlbertForTokenClassification,
+        AlbertModel,
+    )
 
 
 class LSGAlbertMixin(LSGModelMixin):

@@ -8,16 +8,18 @@ keeps its global tokens in front and the cross-attention mask is extended over t
 pretrained decoder alone: dense, with a longer position table.
 """
 
-from transformers.models.bart.modeling_bart import (
-    BartForCausalLM,
-    BartForConditionalGeneration,
-    BartForQuestionAnswering,
-    BartForSequenceClassification,
-    BartModel,
-)
-
 from .configuration_lsg_bart import LSGBartConfig
 from .lsg_model import LSGModelMixin
+from .lsg_transformers import transformers_names
+
+with transformers_names():  # one line naming both versions if a release removed one of these
+    from transformers.models.bart.modeling_bart import (
+        BartForCausalLM,
+        BartForConditionalGeneration,
+        BartForQuestionAnswering,
+        BartForSequenceClassification,
+        BartModel,
+    )
 
 
 class LSGBartMixin(LSGModelMixin):

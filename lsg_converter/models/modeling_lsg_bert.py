@@ -3,20 +3,22 @@
 Each head ``LSGBert<Head>`` is the mixin below plus ``Bert<Head>``, one class per head listed in LSGBertConfig.
 """
 
-from transformers.models.bert.modeling_bert import (
-    BertForMaskedLM,
-    BertForMultipleChoice,
-    BertForNextSentencePrediction,
-    BertForPreTraining,
-    BertForQuestionAnswering,
-    BertForSequenceClassification,
-    BertForTokenClassification,
-    BertLMHeadModel,
-    BertModel,
-)
-
 from .configuration_lsg_bert import LSGBertConfig
 from .lsg_model import LSGModelMixin
+from .lsg_transformers import transformers_names
+
+with transformers_names():  # one line naming both versions if a release removed one of these
+    from transformers.models.bert.modeling_bert import (
+        BertForMaskedLM,
+        BertForMultipleChoice,
+        BertForNextSentencePrediction,
+        BertForPreTraining,
+        BertForQuestionAnswering,
+        BertForSequenceClassification,
+        BertForTokenClassification,
+        BertLMHeadModel,
+        BertModel,
+    )
 
 
 class LSGBertMixin(LSGModelMixin):

@@ -4,18 +4,20 @@ Each head ``LSGCamembert<Head>`` is the mixin below plus ``Camembert<Head>``, on
 LSGCamembertConfig. Positions keep RoBERTa's padding_idx convention (2 offset rows).
 """
 
-from transformers.models.camembert.modeling_camembert import (
-    CamembertForCausalLM,
-    CamembertForMaskedLM,
-    CamembertForMultipleChoice,
-    CamembertForQuestionAnswering,
-    CamembertForSequenceClassification,
-    CamembertForTokenClassification,
-    CamembertModel,
-)
-
 from .configuration_lsg_camembert import LSGCamembertConfig
 from .lsg_model import LSGModelMixin
+from .lsg_transformers import transformers_names
+
+with transformers_names():  # one line naming both versions if a release removed one of these
+    from transformers.models.camembert.modeling_camembert import (
+        CamembertForCausalLM,
+        CamembertForMaskedLM,
+        CamembertForMultipleChoice,
+        CamembertForQuestionAnswering,
+        CamembertForSequenceClassification,
+        CamembertForTokenClassification,
+        CamembertModel,
+    )
 
 
 class LSGCamembertMixin(LSGModelMixin):

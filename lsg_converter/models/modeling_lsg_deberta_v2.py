@@ -35,26 +35,29 @@ import functools
 import math
 
 import torch
-from transformers.modeling_outputs import BaseModelOutput
-from transformers.models.deberta_v2.modeling_deberta_v2 import (
-    DebertaV2Embeddings,
-    DebertaV2Encoder,
-    DebertaV2ForMaskedLM,
-    DebertaV2ForMultipleChoice,
-    DebertaV2ForQuestionAnswering,
-    DebertaV2ForSequenceClassification,
-    DebertaV2ForTokenClassification,
-    DebertaV2Layer,
-    DebertaV2Model,
-    DisentangledSelfAttention,
-    make_log_bucket_position,
-)
 
 from .configuration_lsg_deberta_v2 import LSGDebertaV2Config
 from .lsg_attention import key_padding_mask
 from .lsg_attention_layers import SwappedAttention, adopted, swapped_attention_forward
 from .lsg_model import LSGModelMixin
 from .lsg_pattern import PositionTerms
+from .lsg_transformers import transformers_names
+
+with transformers_names():  # one line naming both versions if a release removed one of these
+    from transformers.modeling_outputs import BaseModelOutput
+    from transformers.models.deberta_v2.modeling_deberta_v2 import (
+        DebertaV2Embeddings,
+        DebertaV2Encoder,
+        DebertaV2ForMaskedLM,
+        DebertaV2ForMultipleChoice,
+        DebertaV2ForQuestionAnswering,
+        DebertaV2ForSequenceClassification,
+        DebertaV2ForTokenClassification,
+        DebertaV2Layer,
+        DebertaV2Model,
+        DisentangledSelfAttention,
+        make_log_bucket_position,
+    )
 
 
 def relative_embedding_columns(span: int, buckets: int, max_position: int, device: torch.device) -> tuple[torch.Tensor, int]:

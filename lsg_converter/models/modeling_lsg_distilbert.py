@@ -4,17 +4,19 @@ Each head ``LSGDistilBert<Head>`` is the mixin below plus ``DistilBert<Head>``, 
 LSGDistilBertConfig. ``inputs_embeds`` works like ``input_ids``: the global tokens join at the norm.
 """
 
-from transformers.models.distilbert.modeling_distilbert import (
-    DistilBertForMaskedLM,
-    DistilBertForMultipleChoice,
-    DistilBertForQuestionAnswering,
-    DistilBertForSequenceClassification,
-    DistilBertForTokenClassification,
-    DistilBertModel,
-)
-
 from .configuration_lsg_distilbert import LSGDistilBertConfig
 from .lsg_model import LSGModelMixin
+from .lsg_transformers import transformers_names
+
+with transformers_names():  # one line naming both versions if a release removed one of these
+    from transformers.models.distilbert.modeling_distilbert import (
+        DistilBertForMaskedLM,
+        DistilBertForMultipleChoice,
+        DistilBertForQuestionAnswering,
+        DistilBertForSequenceClassification,
+        DistilBertForTokenClassification,
+        DistilBertModel,
+    )
 
 
 class LSGDistilBertMixin(LSGModelMixin):

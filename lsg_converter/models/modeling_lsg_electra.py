@@ -6,19 +6,21 @@ prepended before `embeddings.LayerNorm`, then `embeddings_project` (present when
 differs from ``hidden_size``) maps them to ``hidden_size`` with the other tokens.
 """
 
-from transformers.models.electra.modeling_electra import (
-    ElectraForCausalLM,
-    ElectraForMaskedLM,
-    ElectraForMultipleChoice,
-    ElectraForPreTraining,
-    ElectraForQuestionAnswering,
-    ElectraForSequenceClassification,
-    ElectraForTokenClassification,
-    ElectraModel,
-)
-
 from .configuration_lsg_electra import LSGElectraConfig
 from .lsg_model import LSGModelMixin
+from .lsg_transformers import transformers_names
+
+with transformers_names():  # one line naming both versions if a release removed one of these
+    from transformers.models.electra.modeling_electra import (
+        ElectraForCausalLM,
+        ElectraForMaskedLM,
+        ElectraForMultipleChoice,
+        ElectraForPreTraining,
+        ElectraForQuestionAnswering,
+        ElectraForSequenceClassification,
+        ElectraForTokenClassification,
+        ElectraModel,
+    )
 
 
 class LSGElectraMixin(LSGModelMixin):

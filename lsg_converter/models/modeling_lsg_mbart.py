@@ -5,16 +5,18 @@ LSGMBartConfig. As in BART, the decoder's self- and cross-attention stay dense w
 cache, and ``LSGMBartForCausalLM`` is the pretrained decoder alone, dense, with a longer position table.
 """
 
-from transformers.models.mbart.modeling_mbart import (
-    MBartForCausalLM,
-    MBartForConditionalGeneration,
-    MBartForQuestionAnswering,
-    MBartForSequenceClassification,
-    MBartModel,
-)
-
 from .configuration_lsg_mbart import LSGMBartConfig
 from .lsg_model import LSGModelMixin
+from .lsg_transformers import transformers_names
+
+with transformers_names():  # one line naming both versions if a release removed one of these
+    from transformers.models.mbart.modeling_mbart import (
+        MBartForCausalLM,
+        MBartForConditionalGeneration,
+        MBartForQuestionAnswering,
+        MBartForSequenceClassification,
+        MBartModel,
+    )
 
 
 class LSGMBartMixin(LSGModelMixin):

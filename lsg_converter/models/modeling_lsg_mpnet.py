@@ -20,22 +20,25 @@ import functools
 from typing import Any
 
 import torch
-from transformers.models.mpnet.modeling_mpnet import (
-    MPNetEncoder,
-    MPNetForMaskedLM,
-    MPNetForMultipleChoice,
-    MPNetForQuestionAnswering,
-    MPNetForSequenceClassification,
-    MPNetForTokenClassification,
-    MPNetLayer,
-    MPNetModel,
-    MPNetSelfAttention,
-)
 
 from .configuration_lsg_mpnet import LSGMPNetConfig
 from .lsg_attention_layers import SwappedAttention, adopted, swapped_attention_forward
 from .lsg_model import LSGModelMixin
 from .lsg_pattern import PositionTerms
+from .lsg_transformers import transformers_names
+
+with transformers_names():  # one line naming both versions if a release removed one of these
+    from transformers.models.mpnet.modeling_mpnet import (
+        MPNetEncoder,
+        MPNetForMaskedLM,
+        MPNetForMultipleChoice,
+        MPNetForQuestionAnswering,
+        MPNetForSequenceClassification,
+        MPNetForTokenClassification,
+        MPNetLayer,
+        MPNetModel,
+        MPNetSelfAttention,
+    )
 
 
 class LSGMPNetEncoder(MPNetEncoder):

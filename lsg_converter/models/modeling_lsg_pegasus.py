@@ -5,14 +5,16 @@ LSGPegasusConfig. The decoder stays dense with the KV cache; ``LSGPegasusForCaus
 pretrained decoder alone. Positions are sinusoidal: the converter regenerates them at the new length.
 """
 
-from transformers.models.pegasus.modeling_pegasus import (
-    PegasusForCausalLM,
-    PegasusForConditionalGeneration,
-    PegasusModel,
-)
-
 from .configuration_lsg_pegasus import LSGPegasusConfig
 from .lsg_model import LSGModelMixin
+from .lsg_transformers import transformers_names
+
+with transformers_names():  # one line naming both versions if a release removed one of these
+    from transformers.models.pegasus.modeling_pegasus import (
+        PegasusForCausalLM,
+        PegasusForConditionalGeneration,
+        PegasusModel,
+    )
 
 
 class LSGPegasusMixin(LSGModelMixin):

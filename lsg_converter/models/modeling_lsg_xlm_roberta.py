@@ -4,18 +4,20 @@ Each head ``LSGXLMRoberta<Head>`` is the mixin below plus ``XLMRoberta<Head>``, 
 LSGXLMRobertaConfig. Positions keep RoBERTa's padding_idx convention (2 offset rows).
 """
 
-from transformers.models.xlm_roberta.modeling_xlm_roberta import (
-    XLMRobertaForCausalLM,
-    XLMRobertaForMaskedLM,
-    XLMRobertaForMultipleChoice,
-    XLMRobertaForQuestionAnswering,
-    XLMRobertaForSequenceClassification,
-    XLMRobertaForTokenClassification,
-    XLMRobertaModel,
-)
-
 from .configuration_lsg_xlm_roberta import LSGXLMRobertaConfig
 from .lsg_model import LSGModelMixin
+from .lsg_transformers import transformers_names
+
+with transformers_names():  # one line naming both versions if a release removed one of these
+    from transformers.models.xlm_roberta.modeling_xlm_roberta import (
+        XLMRobertaForCausalLM,
+        XLMRobertaForMaskedLM,
+        XLMRobertaForMultipleChoice,
+        XLMRobertaForQuestionAnswering,
+        XLMRobertaForSequenceClassification,
+        XLMRobertaForTokenClassification,
+        XLMRobertaModel,
+    )
 
 
 class LSGXLMRobertaMixin(LSGModelMixin):

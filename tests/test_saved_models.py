@@ -1,0 +1,110 @@
+"""Models saved by earlier releases keep working: every set under tests/fixtures/saved-models/ (one per
+release, written by tests/make_saved_models.py) loads through its own saved code on the installed
+transformers, in a process without lsg_converter, and gives the outputs recorded when it was saved."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import run_without_lsg_converter
+
+SAVED_MODELS = Path(__file__).resolve().parent / "fixtures" / "saved-models"
+CASES = sorted(path.parent for path in SAVED_MODELS.glob("*/*/case.json"))
+TOLERANCE = 1e-5
+
+LOAD_EVERY_CASE = """
+import json, sys, torch, transformers
+from safetensors.torch import load_file
+
+results = {}
+for folder in sys.argv[1:]:
+    case = json.load(open(f"{folder}/case.json"))
+    model = getattr(transformers, case["auto_class"]).from_pretrained(folder, trust_remote_code=True).eval()
+    recorded = load_file(f"{folder}/outputs.safetensors")
+    inputs = {name: recorded[name] for name in ("input_ids", "attention_mask", "decoder_input_ids") if name in recorded}
+    with torch.no_grad():
+        logits = model(**inputs).logits
+        result = {
+            "module": type(model).__module__,
+            "class": type(model).__name__,
+            "logits": (logits - recorded["logits"]).abs().max().item(),
+        }
+        if "generated_ids" in recorded:
+            expected = recorded["generated_ids"]
+            prompt = expected[:, :40]
+            generated = model.generate(
+                prompt, max_new_tokens=expected.shape[1] - 40, min_new_tokens=expected.shape[1] - 40, do_sample=False
+            )
+            result["same_generation"] = torch.equal(generated, expected)
+    results[folder] = result
+print("RESULTS" + json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory) -> dict[str, dict]:
+    """What each saved case gave, loaded without lsg_converter: folder -> result. One process per release
+    (transformers names a folder's code module after the folder, and every release has the same case names)."""
+    results = {}
+    for release in sorted({case.parent for case in CASES}):
+        folders = [str(case) for case in CASES if case.parent == release]
+        script = LOAD_EVERY_CASE.replace("sys.argv[1:]", repr(folders))
+        process = run_without_lsg_converter(script, cwd=tmp_path_factory.mktemp(release.name))
+        assert process.returncode == 0, process.stderr[-3000:]
+        results.update(json.loads(process.stdout.split("RESULTS", 1)[1]))
+    return results
+
+
+def test_every_release_set_holds_the_five_families():
+    releases = sorted({case.parent.name for case in CASES})
+    assert releases, "no saved models under tests/fixtures/saved-models"
+    for release in releases:
+        names = {case.name for case in CASES if case.parent.name == release}
+        assert {"bert-masked-lm", "mpnet-masked-lm", "deberta-v3-masked-lm", "bart-conditional-generation",
+                "bert-causal-lm"} <= names, release
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: f"{case.parent.name}/{case.name}")
+def test_saved_model_loads_through_its_own_code_and_gives_its_recorded_outputs(case, loaded):
+    result = loaded[str(case)]
+    recorded = json.loads((case / "case.json").read_text())
+    assert result["module"].startswith("transformers_modules"), result["module"]
+    assert result["class"] == recorded["class"]
+    assert result["logits"] <= TOLERANCE, f"{case.name}: logits differ by {result['logits']:.2e}"
+
+
+@pytest.mark.parametrize("case", [case for case in CASES if "causal" in case.name], ids=lambda case: case.parent.name)
+def test_saved_causal_model_generates_its_recorded_tokens_with_its_cache(case, loaded):
+    assert loaded[str(case)]["same_generation"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: f"{case.parent.name}/{case.name}")
+def test_saved_model_converted_again_at_its_length_carries_the_current_code_and_the_same_outputs(case, tmp_path):
+    """What the version warning advises (`lsg-convert <model> --max-len <same>`): the re-saved model
+    holds this release's remote code and gives the outputs recorded when it was first saved."""
+    import torch
+    from safetensors.torch import load_file
+
+    from lsg_converter import LSGConverter, save_converted
+
+    max_length = json.loads((case / "case.json").read_text())["max_sequence_length"]
+    model, _ = LSGConverter(max_sequence_length=max_length).convert_from_pretrained(str(case))
+    folder = save_converted(model, None, tmp_path / "resaved")
+    recorded = load_file(case / "outputs.safetensors")
+    inputs = {name: recorded[name] for name in ("input_ids", "attention_mask", "decoder_input_ids") if name in recorded}
+    with torch.no_grad():
+        logits = model.eval()(**inputs).logits
+
+    assert (logits - recorded["logits"]).abs().max().item() <= TOLERANCE
+    package_code = Path(lsg_transformers_file()).parent
+    for code in folder.glob("*.py"):
+        assert code.read_text() == (package_code / code.name).read_text(), code.name
+
+
+def lsg_transformers_file() -> str:
+    from lsg_converter.models import lsg_transformers
+
+    return lsg_transformers.__file__
