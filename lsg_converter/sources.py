@@ -8,6 +8,7 @@ raise into one-line `HubError`s. A source that exists on disk is never looked up
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import os
 import re
@@ -15,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-import httpx2 as httpx  # the HTTP client of huggingface_hub 2.x
+import huggingface_hub
 from huggingface_hub import (
     HfApi,
     ModelCard,
@@ -38,6 +39,10 @@ from .architectures import find_architecture
 from .errors import CorruptCheckpointError, HubError, SourceNotFoundError, one_line
 
 logger = logging.get_logger(__name__)
+
+# The HTTP client huggingface_hub makes its requests with: httpx2 from its 2.x releases, httpx in 1.x
+# (the same API under two names).
+httpx = importlib.import_module("httpx2" if int(huggingface_hub.__version__.split(".")[0]) >= 2 else "httpx")
 
 HUB_TIMEOUT_VARIABLE = "LSG_HUB_TIMEOUT"  # seconds a Hub request of lsg-convert may wait for an answer (60)
 

@@ -57,6 +57,7 @@ def head_inputs(arch, head, lengths=(TINY_LENGTH, 90)):
     return inputs
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("arch,head", ARCH_HEADS, ids=[head for _, head in ARCH_HEADS])
 def test_converted_head_equals_source_without_global_tokens_or_sparsity(arch, head, tmp_path):
     source_dir = save_tiny_source(tmp_path / "source", arch, head)
@@ -67,7 +68,11 @@ def test_converted_head_equals_source_without_global_tokens_or_sparsity(arch, he
     inputs = head_inputs(arch, head)
 
     with torch.no_grad():
-        expected, output = source(**inputs), model(**inputs)
+        try:
+            expected = source(**inputs)
+        except IndexError as error:  # transformers 5.11's CamembertForMultipleChoice and XLMRoberta's: no pooler
+            pytest.skip(f"the source {head} itself fails on transformers {transformers.__version__}: {error!r}")
+        output = model(**inputs)
 
     assert type(model).__name__ == f"LSG{head}"
     compared = [field for field in OUTPUT_FIELDS if getattr(expected, field, None) is not None]
@@ -80,6 +85,7 @@ def test_converted_head_equals_source_without_global_tokens_or_sparsity(arch, he
         torch.testing.assert_close(lsg, dense, atol=1e-5, rtol=0)
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("case", reference_cases())
 def test_reference_checkpoint_reproduces_reference_outputs(case):
     settings = json.loads((FIXTURES / case / "case.json").read_text())
@@ -130,6 +136,7 @@ DEFAULT_HEAD_AUTO_CLASS = {
 }
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("arch", list(ARCHITECTURES))
 def test_saved_folder_loads_as_remote_code_without_lsg_converter(arch, tmp_path):
     head = ARCHITECTURES[arch].default_head

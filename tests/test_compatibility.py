@@ -29,6 +29,9 @@ from lsg_converter.models.lsg_transformers import (
 )
 
 
+pytestmark = pytest.mark.compat
+
+
 def filled_cache(tokens: int) -> DynamicCache:
     import torch
 
@@ -130,7 +133,19 @@ def test_installed_metadata_declares_what_pyproject_declares():
     assert installed == set(declared())
 
 
-@pytest.mark.parametrize("package", ["transformers", "huggingface_hub"])
-def test_every_runtime_dependency_that_ci_tests_at_both_ends_has_a_lower_bound(package):
-    specifier = declared()[package]
-    assert ">=" in specifier, specifier
+def oldest_pins() -> dict[str, str]:
+    """.ci/oldest-constraints.txt: package -> the version CI's oldest environment installs."""
+    lines = (REPO_ROOT / ".ci" / "oldest-constraints.txt").read_text().splitlines()
+    return dict(line.split("==") for line in lines if line and not line.startswith("#"))
+
+
+@pytest.mark.parametrize("package", ["transformers", "huggingface_hub", "accelerate", "sentence-transformers"])
+def test_each_declared_lower_bound_is_the_version_ci_runs_at_the_oldest_end(package):
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    requirements = [*project["dependencies"], *project["optional-dependencies"]["sentence-transformers"]]
+    specifier = next(item for item in requirements if re.match(rf"{package}\b", item))
+    assert f">={oldest_pins()[package]}" in specifier, specifier
+
+
+def test_the_remote_code_s_tested_range_starts_at_the_oldest_version_ci_runs():
+    assert TESTED_TRANSFORMERS[0] == oldest_pins()["transformers"]

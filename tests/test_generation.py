@@ -111,6 +111,7 @@ def causal_model(tmp_path, arch, head, sparsity_type="norm"):
     return model
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("sparsity_type", ["norm", "pooling", "stride", "lsh", "none"])
 @pytest.mark.parametrize("arch,head", CAUSAL_HEADS)
 def test_causal_generation_is_the_same_with_and_without_cache(arch, head, sparsity_type, tmp_path):
@@ -126,6 +127,7 @@ def test_causal_generation_is_the_same_with_and_without_cache(arch, head, sparsi
     assert torch.equal(with_cache, without_cache)
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("arch,head", CAUSAL_HEADS)
 def test_causal_forward_step_by_step_with_cache_equals_one_full_pass(arch, head, tmp_path):
     model = causal_model(tmp_path, arch, head)

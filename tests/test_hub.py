@@ -11,7 +11,6 @@ import shutil
 import socket
 from pathlib import Path
 
-import httpx2 as httpx  # the HTTP client huggingface_hub 2.x is built on
 import huggingface_hub
 import pytest
 import torch
@@ -37,6 +36,7 @@ from helpers import (
 from lsg_converter import LSGBertConfig, LSGConverter, model_card, push_converted
 from lsg_converter.sources import HUB_TIMEOUT_VARIABLE
 from lsg_converter_cli import main
+from lsg_converter.sources import httpx  # the HTTP client of the installed huggingface_hub
 
 REPO_ID = "me/tiny-bert-lsg-512"
 TOKEN = "hf_" + "tEsT" * 8 + "xy"  # spelt like a real token: hf_ and 34 letters

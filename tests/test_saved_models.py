@@ -11,6 +11,8 @@ import pytest
 
 from helpers import run_without_lsg_converter
 
+pytestmark = pytest.mark.compat
+
 SAVED_MODELS = Path(__file__).resolve().parent / "fixtures" / "saved-models"
 CASES = sorted(path.parent for path in SAVED_MODELS.glob("*/*/case.json"))
 TOLERANCE = 1e-5

@@ -190,6 +190,7 @@ def test_cli_says_how_to_load_a_sentence_transformers_model(tiny_st_source, tmp_
     assert line == f"Load it with sentence-transformers: SentenceTransformer({str(target)!r}, trust_remote_code=True)"
 
 
+@pytest.mark.compat
 def test_a_head_converted_from_a_sentence_transformers_source_is_a_transformers_model(
     tiny_st_source, tmp_path, capsys
 ):
@@ -216,6 +217,7 @@ def test_cli_quiet_prints_nothing_for_a_sentence_transformers_model(tiny_st_sour
 # ---------------------------------------------------------------------------- the real all-MiniLM-L6-v2
 
 
+@pytest.mark.compat
 @pytest.mark.slow
 def test_pipeline_has_the_source_modules_in_order(minilm_source, minilm_converted):
     assert [type(module) for module in minilm_converted] == [type(module) for module in minilm_source]
@@ -229,6 +231,7 @@ def test_max_seq_length_is_the_new_length(minilm_source, minilm_converted):
     assert minilm_converted.max_seq_length == LENGTH
 
 
+@pytest.mark.compat
 @pytest.mark.slow
 def test_short_texts_embed_as_the_source_without_global_tokens(minilm_source, minilm_converted, short_texts):
     expected = minilm_source.encode(short_texts, convert_to_tensor=True)
@@ -262,6 +265,7 @@ def test_long_text_embedding_depends_on_tokens_past_512(minilm_converted, plays)
     assert torch.nn.functional.cosine_similarity(embeddings[0], embeddings[1], dim=0) < 0.999
 
 
+@pytest.mark.compat
 @pytest.mark.slow
 def test_saved_folder_loads_with_sentence_transformers_without_lsg_converter(minilm_exact, minilm_converted, tmp_path):
     text = "Now, fair Hippolyta, our nuptial hour draws on apace."
