@@ -34,8 +34,7 @@ def check_setting_names(arch: Architecture, source_config: Any, lsg_kwargs: dict
     """UnknownSettingError for a keyword that is neither an LSG setting nor a key of the source's config."""
     valid = {
         *source_config.to_dict(),
-        *(field.name for field in (dataclasses.fields(source_config) if dataclasses.is_dataclass(source_config) else ())),
-        *inspect.signature(type(source_config).__init__).parameters,  # a config that is no dataclass (before 5.1x)
+        *(field.name for field in dataclasses.fields(source_config)),
         *(name for name, value in vars(PretrainedConfig).items() if isinstance(value, property) and value.fset),
         *arch.config_class().lsg_defaults,
     }
