@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 import torch
 import transformers
@@ -43,15 +44,26 @@ class Architecture:
             the global tokens their positions. A decoder-only head of an encoder-decoder architecture
             holds only the decoder's, a model without absolute positions (DeBERTa-v3) none (see
             `position_tables_in`).
-        sinusoidal_positions: the position tables are fixed sinusoids (Pegasus): the converter
-            regenerates them at the new length instead of tiling them.
+        sinusoidal_positions: the layout of fixed sinusoidal position tables, which the converter
+            regenerates at the new length instead of tiling them (`positions.SINUSOID_LAYOUTS`):
+            "halves" (Pegasus: sines, then cosines) or "interleaved" (DistilBERT: sine, cosine, ...);
+            None for learned tables.
+        sinusoidal_switch: the config key that makes the tables sinusoidal (DistilBERT's
+            ``sinusoidal_pos_embds``: learned otherwise); None where `sinusoidal_positions` always holds.
         token_type_table: token type embedding module added to the global tokens, if any.
     """
 
     model_type: str
     position_tables: tuple[str, ...] = ("embeddings.position_embeddings",)
-    sinusoidal_positions: bool = False
+    sinusoidal_positions: str | None = None
+    sinusoidal_switch: str | None = None
     token_type_table: str | None = None
+
+    def sinusoid_layout(self, config: Any) -> str | None:
+        """The layout of the sinusoidal position tables of a model with `config`; None where they are learned."""
+        if self.sinusoidal_switch is not None and not getattr(config, self.sinusoidal_switch, False):
+            return None
+        return self.sinusoidal_positions
 
     @property
     def lsg_model_type(self) -> str:
@@ -153,14 +165,14 @@ ARCHITECTURES: dict[str, Architecture] = {
     for arch in (
         Architecture("bert", token_type_table=TOKEN_TYPES),
         Architecture("roberta"),
-        Architecture("distilbert"),
+        Architecture("distilbert", sinusoidal_positions="interleaved", sinusoidal_switch="sinusoidal_pos_embds"),
         Architecture("albert", token_type_table=TOKEN_TYPES),
         Architecture("electra", token_type_table=TOKEN_TYPES),
         Architecture("camembert"),
         Architecture("xlm-roberta"),
         Architecture("bart", position_tables=ENCODER_DECODER_POSITIONS),
         Architecture("mbart", position_tables=ENCODER_DECODER_POSITIONS),  # BARThez checkpoints are mBART ones
-        Architecture("pegasus", position_tables=ENCODER_DECODER_POSITIONS, sinusoidal_positions=True),
+        Architecture("pegasus", position_tables=ENCODER_DECODER_POSITIONS, sinusoidal_positions="halves"),
         Architecture("mpnet"),  # plus a relative position bias, evaluated per block (modeling_lsg_mpnet)
         # DeBERTa-v2 and v3: c2p and p2c terms per block (modeling_lsg_deberta_v2); v3 has no position table
         Architecture("deberta-v2", token_type_table=TOKEN_TYPES),

@@ -16,6 +16,8 @@ logger = logging.get_logger(__name__)
 
 # How the learned positions reach the new length (see LSGConverter).
 POSITION_TILINGS = ("body", "table")
+# How fixed sinusoidal tables lay out their sines and cosines (see `sinusoidal_positions`).
+SINUSOID_LAYOUTS = ("halves", "interleaved")
 # LSG config key: the positions the model read before its first LSG conversion (512 for BERT and
 # RoBERTa), the length of the table that a longer conversion continues to tile.
 PRETRAINED_POSITIONS_KEY = "pretrained_positions"
@@ -83,7 +85,7 @@ def pretrained_positions(model: nn.Module, arch: Architecture, positions: int, i
     """The positions `model` read before its first LSG conversion: `positions` (those it reads now)
     for a plain source; for an LSG source, what its config records, else what its table shows
     (`inferred_pretrained_positions`)."""
-    if not is_lsg or arch.sinusoidal_positions:
+    if not is_lsg or arch.sinusoid_layout(model.config):
         return positions
     recorded = getattr(model.config, PRETRAINED_POSITIONS_KEY, None)
     rows = arch.position_rows(model)
@@ -103,10 +105,11 @@ def extend_positions(
     base = model.base_model
     offset = arch.position_offset_of(model)
     added = max_length - max_length_of(model)
+    layout = arch.sinusoid_layout(model.config)
     for table_name, table in arch.position_tables_in(base).items():
         old = table.weight.detach()
-        if arch.sinusoidal_positions:
-            extended = _sinusoidal_positions(max_length, old.shape[1]).to(old)
+        if layout:
+            extended = sinusoidal_positions(max_length, old.shape[1], layout).to(old)
         else:
             learned = old[offset:]
             extended = learned[continued_position_rows(pretrained_positions, learned.shape[0], max_length, tiling)]
@@ -123,12 +126,21 @@ def extend_positions(
     return added
 
 
-def _sinusoidal_positions(rows: int, width: int) -> torch.Tensor:
-    """(rows, width) fixed sinusoidal positions, sines in the first half and cosines in the second
-    (the non-interleaved layout of Pegasus and Marian): row p, column j < width/2 holds
-    sin(p / 10000^(2j/width)), column width/2 + j holds cos of the same angle."""
-    sines = (width + 1) // 2
+def sinusoidal_positions(rows: int, width: int, layout: str) -> torch.Tensor:
+    """(rows, width) fixed sinusoidal positions in `layout` (one of `SINUSOID_LAYOUTS`), computed in
+    float64 as the sources compute them:
+
+    * "halves" (Pegasus, Marian): row p, column j < width/2 holds sin(p / 10000^(2j/width)), column
+      width/2 + j the cosine of the same angle;
+    * "interleaved" (DistilBERT): columns 2k and 2k + 1 hold the sine and the cosine of
+      p / 10000^(2k/width).
+    """
     positions = torch.arange(rows, dtype=torch.float64)[:, None]
-    frequencies = 10000 ** (-2 * torch.arange(sines, dtype=torch.float64) / width)
-    angles = positions * frequencies
-    return torch.cat([angles.sin(), angles[:, : width // 2].cos()], dim=1).float()
+    if layout == "halves":
+        sines = (width + 1) // 2
+        angles = positions * 10000 ** (-2 * torch.arange(sines, dtype=torch.float64) / width)
+        return torch.cat([angles.sin(), angles[:, : width // 2].cos()], dim=1).float()
+    if layout == "interleaved":
+        angles = positions * 10000 ** (-2 * (torch.arange(width, dtype=torch.float64) // 2) / width)
+        return torch.where(torch.arange(width) % 2 == 0, angles.sin(), angles.cos()).float()
+    raise ValueError(f"Unknown sinusoid layout {layout!r}: use one of {SINUSOID_LAYOUTS}.")

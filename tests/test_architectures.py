@@ -298,6 +298,73 @@ def test_pegasus_positions_are_regenerated_sinusoids_and_give_the_global_tokens_
     torch.testing.assert_close(model.model.encoder.global_embeddings.weight[:4].detach(), expected)
 
 
+def save_sinusoidal_distilbert(folder, head="DistilBertForMaskedLM"):
+    config = TINY_CONFIGS["distilbert"]()
+    config.sinusoidal_pos_embds = True
+    torch.manual_seed(0)
+    getattr(transformers, head)(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("head", ["DistilBertModel", "DistilBertForMaskedLM", "DistilBertForSequenceClassification"])
+def test_sinusoidal_distilbert_equals_the_source_without_global_tokens_or_sparsity(head, tmp_path):
+    source_dir = save_sinusoidal_distilbert(tmp_path / "source", head)
+    source = getattr(transformers, head).from_pretrained(source_dir).eval()
+    model, _ = LSGConverter(max_sequence_length=1024).convert_from_pretrained(
+        source_dir, num_global_tokens=0, sparsity_type="none", block_size=TINY_LENGTH
+    )
+    inputs = head_inputs("distilbert", head)
+
+    with torch.no_grad():
+        expected, output = source(**inputs)[0], model(**inputs)[0]
+
+    assert model.config.sinusoidal_pos_embds
+    torch.testing.assert_close(output, expected, atol=1e-5, rtol=0)
+
+
+def test_sinusoidal_distilbert_positions_are_distilbert_s_own_sinusoids_at_the_new_length(tmp_path):
+    from transformers.models.distilbert.modeling_distilbert import create_sinusoidal_embeddings
+
+    source_dir = save_sinusoidal_distilbert(tmp_path / "source")
+    model, _ = LSGConverter(max_sequence_length=4096).convert_from_pretrained(source_dir, num_global_tokens=2)
+
+    dim = model.config.dim
+    sinusoids = create_sinusoidal_embeddings(4096, dim, torch.empty(4096, dim))
+    table = model.distilbert.embeddings.position_embeddings.weight.detach()
+    torch.testing.assert_close(table, sinusoids, atol=0, rtol=0)
+    assert model.config.max_position_embeddings == 4096
+    word = model.distilbert.embeddings.word_embeddings.weight[0].detach()  # no tokenizer: token 0
+    torch.testing.assert_close(model.distilbert.embeddings.global_embeddings.weight[1].detach(), word + sinusoids[64])
+
+
+def test_learned_distilbert_positions_are_still_tiled(tmp_path):
+    source_dir = save_tiny_source(tmp_path / "source", "distilbert", "DistilBertForMaskedLM")
+    learned = transformers.DistilBertForMaskedLM.from_pretrained(source_dir).distilbert.embeddings.position_embeddings.weight
+
+    model, _ = LSGConverter(max_sequence_length=4 * TINY_LENGTH).convert_from_pretrained(source_dir)
+
+    table = model.distilbert.embeddings.position_embeddings.weight.detach()
+    assert not model.config.sinusoidal_pos_embds
+    assert table.shape[0] == 4 * TINY_LENGTH
+    torch.testing.assert_close(table[:TINY_LENGTH], learned.detach(), atol=0, rtol=0)
+    assert (table[:, None] == learned.detach()[None]).all(-1).any(1).all()  # every new row is a learned row
+
+
+def test_sinusoidal_distilbert_saved_and_reloaded_gives_the_same_outputs(tmp_path):
+    model, _ = LSGConverter(max_sequence_length=1024).convert_from_pretrained(
+        save_sinusoidal_distilbert(tmp_path / "source"), block_size=16, sparse_block_size=16, sparsity_type="norm"
+    )
+    folder = save_converted(model, None, tmp_path / "converted")
+    reloaded = transformers.AutoModelForMaskedLM.from_pretrained(folder).eval()
+    inputs = dict(zip(("input_ids", "attention_mask"), padded_batch([300, 260], 300, "distilbert")))
+
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(**inputs).logits, model(**inputs).logits, atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        reloaded.distilbert.embeddings.position_embeddings.weight, model.distilbert.embeddings.position_embeddings.weight
+    )
+
+
 def test_pegasus_encoder_layerdrop_is_refused_as_it_could_skip_the_layer_the_global_tokens_join(tmp_path):
     from lsg_converter import InvalidSettingsError
 

@@ -74,12 +74,10 @@ SEQ2SEQ_DEFAULTS: dict[str, Any] = {**LSG_DEFAULTS, "pass_global_tokens_to_decod
 LEGACY_CONFIG_KEYS = ("base_model_prefix",)
 # LSG keys whose presence, under a plain model_type ("bert", ...), marks a config of the 2023 reference.
 REFERENCE_CONFIG_MARKERS = ("block_size", "num_global_tokens")
-# Source settings that change attention or positions in a way LSG does not carry -> the values it can carry.
-# Relative position embeddings add learned distance terms inside attention; DistilBERT's sinusoidal table
-# would be tiled like a learned one.
+# Source settings that change attention in a way LSG does not carry -> the values it can carry.
+# Relative position embeddings add learned distance terms inside attention.
 UNSUPPORTED_SETTINGS: dict[str, tuple[Any, ...]] = {
     "position_embedding_type": (None, "absolute"),
-    "sinusoidal_pos_embds": (None, False),
 }
 
 # The heads every BERT-like encoder has (suffixes of the Hugging Face class names).
