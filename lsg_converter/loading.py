@@ -39,7 +39,7 @@ def load_model(
     unexpected keys). The load report is not logged: `report_loading` says what matters.
     A `device_map` (the converter's dry runs on the meta device) needs accelerate."""
     if device_map is not None:
-        require("accelerate", f"Loading {source!r} with device_map={device_map!r}")
+        require("accelerate", f"Converting {source!r} (its heads are tried on the {device_map} device)")
     try:
         with _load_report_hidden():
             return lsg_class.from_pretrained(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import re
+import subprocess
 import tomllib
 from importlib.metadata import requires
 
@@ -13,7 +14,7 @@ import pytest
 import transformers
 from transformers import DynamicCache
 
-from helpers import REPO_ROOT
+from helpers import REPO_ROOT, python_command
 from lsg_converter import MissingDependencyError, __version__
 from lsg_converter.errors import missing_package, require
 from lsg_converter.models import lsg_transformers
@@ -149,3 +150,20 @@ def test_each_declared_lower_bound_is_the_version_ci_runs_at_the_oldest_end(pack
 
 def test_the_remote_code_s_tested_range_starts_at_the_oldest_version_ci_runs():
     assert TESTED_TRANSFORMERS[0] == oldest_pins()["transformers"]
+
+
+def run_cli_without(module: str, arguments: list[str], cwd) -> subprocess.CompletedProcess:
+    """lsg-convert `arguments` in a fresh process in which `import <module>` fails as if it were not installed."""
+    script = f"import sys\nsys.modules[{module!r}] = None\nfrom lsg_converter_cli import main\nsys.exit(main({arguments!r}))"
+    return subprocess.run(python_command(script), cwd=cwd, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("module,package", [("accelerate", "accelerate"), ("torch", "torch")])
+def test_lsg_convert_without_a_dependency_names_it_in_one_line_and_writes_nothing(module, package, tiny_bert_dir, tmp_path):
+    result = run_cli_without(module, [str(tiny_bert_dir), "--max-len", "256", "--save-path", "out"], tmp_path)
+
+    assert result.returncode == MissingDependencyError.exit_code
+    assert result.stderr.startswith("lsg-convert: error: ") and result.stderr.count("\n") == 1, result.stderr
+    assert f"pip install -U {package}" in result.stderr or f"pip install {package}" in result.stderr
+    assert "corrupt" not in result.stderr
+    assert not (tmp_path / "out").exists()
