@@ -12,7 +12,8 @@ this module (ARCHITECTURE.md lists them).
 * Private helpers imported: ``transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS`` (transformers'
   own attention functions, by name), ``transformers.utils.is_torch_flex_attn_available``.
 * Private class attributes and methods LSG models read or override (lsg_model, lsg_attention_layers):
-  ``_can_record_outputs`` (which layers the output recorder hooks), ``_attn_implementation_internal``
+  ``can_record_outputs`` / ``_can_record_outputs`` and ``OutputRecorder.target_class`` /
+  ``layer_name`` (which layers the output recorder hooks), ``_attn_implementation_internal``
   and ``get_correct_attn_implementation`` (how a model's attention implementation is set and checked),
   ``_supports_sdpa`` / ``_supports_flex_attn`` / ``_supports_flash_attn`` /
   ``_supports_attention_backend``, ``_init_weights``, ``_auto_class``, ``post_init``.
