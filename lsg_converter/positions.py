@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from transformers.utils import logging
@@ -127,20 +128,23 @@ def extend_positions(
 
 
 def sinusoidal_positions(rows: int, width: int, layout: str) -> torch.Tensor:
-    """(rows, width) fixed sinusoidal positions in `layout` (one of `SINUSOID_LAYOUTS`), computed in
-    float64 as the sources compute them:
+    """(rows, width) fixed sinusoidal positions in `layout` (one of `SINUSOID_LAYOUTS`).
 
-    * "halves" (Pegasus, Marian): row p, column j < width/2 holds sin(p / 10000^(2j/width)), column
-      width/2 + j the cosine of the same angle;
-    * "interleaved" (DistilBERT): columns 2k and 2k + 1 hold the sine and the cosine of
-      p / 10000^(2k/width).
+    Position p has the angles p / 10000^(2i/width), i < ceil(width/2): their sines and the cosines of
+    the first floor(width/2), either sines then cosines ("halves": Pegasus, Marian) or alternating,
+    sines in the even columns ("interleaved": DistilBERT). Computed the way transformers builds both
+    (`PegasusSinusoidalPositionalEmbedding.create_weight`, DistilBERT's `create_sinusoidal_embeddings`):
+    numpy in float64, one scalar power per column, then float32, so a source's rows come out bit for
+    bit (torch's float64 sin and pow differ from numpy's in the last bit, which float32 keeps now and then).
     """
-    positions = torch.arange(rows, dtype=torch.float64)[:, None]
+    divisors = np.array([np.power(10000, 2 * (column // 2) / width) for column in range(width)])
+    angles = np.arange(rows, dtype=np.float64)[:, None] / divisors
+    sines = torch.from_numpy(np.sin(angles[:, 0::2])).float()
+    cosines = torch.from_numpy(np.cos(angles[:, 1::2])).float()
     if layout == "halves":
-        sines = (width + 1) // 2
-        angles = positions * 10000 ** (-2 * torch.arange(sines, dtype=torch.float64) / width)
-        return torch.cat([angles.sin(), angles[:, : width // 2].cos()], dim=1).float()
+        return torch.cat([sines, cosines], dim=1)
     if layout == "interleaved":
-        angles = positions * 10000 ** (-2 * (torch.arange(width, dtype=torch.float64) // 2) / width)
-        return torch.where(torch.arange(width) % 2 == 0, angles.sin(), angles.cos()).float()
-    raise ValueError(f"Unknown sinusoid layout {layout!r}: use one of {SINUSOID_LAYOUTS}.")
+        table = torch.empty(rows, width)
+        table[:, 0::2], table[:, 1::2] = sines, cosines
+        return table
+    raise ValueError(f"Unknown sinusoid layout {layout!r}: use one of {', '.join(SINUSOID_LAYOUTS)}.")

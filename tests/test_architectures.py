@@ -21,9 +21,11 @@ from helpers import (
 )
 from lsg_converter import ARCHITECTURES, LSGConverter, save_converted
 from lsg_converter.models.lsg_model import lsg_auto_classes
-from lsg_converter.positions import tiled_position_rows
+from lsg_converter.positions import SINUSOID_LAYOUTS, sinusoidal_positions, tiled_position_rows
 
 import transformers
+from transformers.models.distilbert.modeling_distilbert import create_sinusoidal_embeddings
+from transformers.models.pegasus.modeling_pegasus import PegasusSinusoidalPositionalEmbedding
 
 ARCH_HEADS = [(arch, head) for arch in ARCHITECTURES for head in ARCHITECTURES[arch].heads]
 OUTPUT_FIELDS = [
@@ -279,8 +281,6 @@ def test_factorised_embeddings_carry_the_global_tokens_in_the_embedding_space(ar
 
 
 def test_pegasus_positions_are_regenerated_sinusoids_and_give_the_global_tokens_theirs(tmp_path):
-    from transformers.models.pegasus.modeling_pegasus import PegasusSinusoidalPositionalEmbedding
-
     config = TINY_CONFIGS["pegasus"]()
     config.max_position_embeddings = 1024  # as google/pegasus-large
     torch.manual_seed(0)
@@ -296,6 +296,20 @@ def test_pegasus_positions_are_regenerated_sinusoids_and_give_the_global_tokens_
     word = model.model.shared.weight[0].detach()
     expected = torch.stack([word + sinusoids[64 * k] for k in range(4)])
     torch.testing.assert_close(model.model.encoder.global_embeddings.weight[:4].detach(), expected)
+
+
+# transformers' own builders of the sinusoid tables, by layout
+TRANSFORMERS_SINUSOIDS = {
+    "halves": lambda rows, width: PegasusSinusoidalPositionalEmbedding(rows, width).create_weight(),
+    "interleaved": lambda rows, width: create_sinusoidal_embeddings(rows, width, torch.empty(rows, width)),
+}
+
+
+@pytest.mark.parametrize("layout", SINUSOID_LAYOUTS)
+def test_sinusoid_tables_are_transformers_own_bit_for_bit_at_a_real_width(layout):
+    """2,048 x 768: computed with torch in float64, 3 entries came out one float32 bit off numpy's."""
+    expected = TRANSFORMERS_SINUSOIDS[layout](2048, 768)
+    torch.testing.assert_close(sinusoidal_positions(2048, 768, layout), expected, atol=0, rtol=0)
 
 
 def save_sinusoidal_distilbert(folder, head="DistilBertForMaskedLM"):
@@ -323,8 +337,6 @@ def test_sinusoidal_distilbert_equals_the_source_without_global_tokens_or_sparsi
 
 
 def test_sinusoidal_distilbert_positions_are_distilbert_s_own_sinusoids_at_the_new_length(tmp_path):
-    from transformers.models.distilbert.modeling_distilbert import create_sinusoidal_embeddings
-
     source_dir = save_sinusoidal_distilbert(tmp_path / "source")
     model, _ = LSGConverter(max_sequence_length=4096).convert_from_pretrained(source_dir, num_global_tokens=2)
 

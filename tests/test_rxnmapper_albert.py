@@ -223,6 +223,7 @@ def test_converted_rxnmapper_albert_reads_2048_token_rows_as_well_as_the_source_
     )
 
 
+@pytest.mark.compat  # a real .bin checkpoint holding both tied weights: transformers < 5.13 failed on the meta device
 def test_the_folders_own_vocabulary_is_read_as_wordpiece_with_a_warning_and_gives_the_global_tokens(
     tmp_path, smiles_tokenizer, caplog
 ):
