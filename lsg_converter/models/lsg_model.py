@@ -469,6 +469,14 @@ class LSGModelMixin:
             self.base_model.get_submodule(self.lsg_embeddings).global_embeddings = nn.Embedding(MAX_GLOBAL_TOKENS, width)
         super().post_init()
 
+    @classmethod
+    def _can_set_attn_implementation(cls) -> bool:
+        """Whether ``set_attn_implementation`` may switch the model after loading: always, as LSG attention
+        reads the backend from the config at each call. transformers guesses it from the source of the
+        architecture's file, where a swapped attention module (MPNet, DeBERTa) does not match its
+        pattern, and transformers before 5.2x then ignored the switch with a warning."""
+        return True
+
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
         """transformers' check of an ``attn_implementation``: an LSG model takes "eager", "sdpa",
         "flex_attention" or None (flex_attention where CUDA is available, sdpa elsewhere) and runs its

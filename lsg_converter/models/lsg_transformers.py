@@ -13,8 +13,9 @@ this module (ARCHITECTURE.md lists them).
   own attention functions, by name), ``transformers.utils.is_torch_flex_attn_available``.
 * Private class attributes and methods LSG models read or override (lsg_model, lsg_attention_layers):
   ``can_record_outputs`` / ``_can_record_outputs`` and ``OutputRecorder.target_class`` /
-  ``layer_name`` (which layers the output recorder hooks), ``_attn_implementation_internal``
-  and ``get_correct_attn_implementation`` (how a model's attention implementation is set and checked),
+  ``layer_name`` (which layers the output recorder hooks), ``_attn_implementation_internal``,
+  ``get_correct_attn_implementation`` and ``_can_set_attn_implementation`` (how a model's attention
+  implementation is set, checked and switched),
   ``_supports_sdpa`` / ``_supports_flex_attn`` / ``_supports_flash_attn`` /
   ``_supports_attention_backend``, ``_init_weights``, ``_auto_class``, ``post_init``.
 * Module paths: each ``modeling_lsg_<arch>.py`` subclasses the classes of
