@@ -5,6 +5,7 @@ transformers, in a process without lsg_converter, and gives the outputs recorded
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -110,3 +111,32 @@ def lsg_transformers_file() -> str:
     from lsg_converter.models import lsg_transformers
 
     return lsg_transformers.__file__
+
+
+def test_a_saved_model_on_a_transformers_outside_its_tested_range_says_so_once(tmp_path):
+    """The saved code's own check: a copy whose recorded range ends before the installed transformers
+    loads, runs twice, and logs the warning once, naming both versions and how to re-save."""
+    import shutil
+
+    case = next(case for case in CASES if case.name == "bert-masked-lm")
+    folder = shutil.copytree(case, tmp_path / "old-range")
+    code = folder / "lsg_transformers.py"
+    code.write_text(re.sub(r"TESTED_TRANSFORMERS = \([^)]*\)", 'TESTED_TRANSFORMERS = ("1.0.0", "1.1.0")', code.read_text()))
+
+    process = run_without_lsg_converter(
+        f"""
+        import torch, transformers
+        from safetensors.torch import load_file
+        recorded = load_file({str(folder / "outputs.safetensors")!r})
+        for _ in range(2):
+            model = transformers.AutoModelForMaskedLM.from_pretrained({str(folder)!r}, trust_remote_code=True).eval()
+            with torch.no_grad():
+                model(input_ids=recorded["input_ids"][:, :40])
+        """,
+        cwd=tmp_path,
+    )
+
+    assert process.returncode == 0, process.stderr[-2000:]
+    warnings = [line for line in process.stderr.splitlines() if "tested with transformers 1.0.0 to 1.1.0" in line]
+    assert len(warnings) == 1, process.stderr[-2000:]
+    assert "is newer" in warnings[0] and "lsg-convert <model> --max-len" in warnings[0]
