@@ -191,6 +191,17 @@ def find_architecture(model_type: str) -> Architecture:
     return arch
 
 
+def lsg_classes() -> dict[str, type]:
+    """Every LSG configuration and head class of the table, by class name."""
+    classes: dict[str, type] = {}
+    for arch in ARCHITECTURES.values():
+        config_class = arch.config_class()
+        modeling = arch.modeling_module()
+        classes[config_class.__name__] = config_class
+        classes.update({name: getattr(modeling, name) for name in lsg_auto_classes(config_class).values()})
+    return classes
+
+
 def register_auto_classes() -> None:
     """Let transformers' Auto classes load LSG checkpoints natively while lsg_converter is installed."""
     for arch in ARCHITECTURES.values():
