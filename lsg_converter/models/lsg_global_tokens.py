@@ -59,9 +59,9 @@ class GlobalTokens:
     inside another (a hook calling the model) keeps its own. Outside a forward pass of the recorder (a
     module called on its own) the hooks leave the calls as they are.
 
-    A causal decoder that continues from its cache (a past length > 0, see lsg_transformers.past_length) already holds the
-    global tokens there: that forward pass prepends nothing, drops nothing, and counts its positions
-    from the first real token.
+    A causal decoder that continues from its cache (a past length > 0, see lsg_transformers.past_length)
+    already holds the global tokens there: that forward pass prepends nothing, drops nothing, and counts
+    its positions from the first real token.
     """
 
     def __init__(self, table: nn.Embedding, config: Any, output_tuple: Callable[[Any], tuple] | None = None) -> None:
