@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from huggingface_hub import snapshot_download
+from huggingface_hub import is_offline_mode, snapshot_download
 from transformers import PreTrainedModel
 from transformers.utils import cached_file, logging
 
@@ -176,10 +176,15 @@ def _resolve(source: str, local_folder: Path | None, name: str, token: str | boo
 
 
 def _hub_snapshot(repo_id: str, revision: str, module_paths: list[str], token: str | bool | None) -> Path:
-    """The snapshot folder of `repo_id` at `revision` with its sentence-transformers files downloaded."""
+    """The snapshot folder of `repo_id` at `revision` with its sentence-transformers files downloaded; with
+    HF_HUB_OFFLINE=1, the cached one (huggingface_hub 1.26 to 2.1 would still ask the Hub for the files of a commit)."""
     patterns = [TRANSFORMER_SETTINGS_FILE, PACKAGE_SETTINGS_FILE] + [f"{path}/*" for path in module_paths if path]
     with hub_errors(f"download the sentence-transformers modules of {repo_id!r}", "check the network and token="):
-        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns, token=token))
+        return Path(
+            snapshot_download(
+                repo_id, revision=revision, allow_patterns=patterns, token=token, local_files_only=is_offline_mode()
+            )
+        )
 
 
 def _as_model_module(module: dict[str, Any]) -> dict[str, Any]:
