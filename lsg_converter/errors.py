@@ -87,8 +87,6 @@ def require(module: str, purpose: str) -> None:
 
 def missing_package(error: ImportError) -> MissingDependencyError:
     """`error` (an import that failed) as a `MissingDependencyError` naming the package to install."""
-    if isinstance(error, MissingDependencyError):
-        return error
     if not error.name:
         return MissingDependencyError(f"{one_line(error)}: reinstall or upgrade the package that raised it")
     package = pip_name(error.name)

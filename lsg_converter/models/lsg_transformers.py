@@ -75,12 +75,16 @@ def _version(text: str) -> tuple[int, ...]:
 def untested_transformers(installed: str = transformers.__version__) -> str | None:
     """Why `installed` is outside `TESTED_TRANSFORMERS`, or None where it is inside."""
     oldest, newest = TESTED_TRANSFORMERS
-    tested = f"tested with transformers {oldest} to {newest}"
     if _version(installed) < _version(oldest):
-        return f"This LSG model's code (lsg-converter {LSG_CODE_VERSION}) was {tested}; transformers {installed} is older"
-    if _version(installed)[:2] > _version(newest)[:2]:
-        return f"This LSG model's code (lsg-converter {LSG_CODE_VERSION}) was {tested}; transformers {installed} is newer"
-    return None
+        relation = "older"
+    elif _version(installed)[:2] > _version(newest)[:2]:  # a patch release of the newest counts as tested
+        relation = "newer"
+    else:
+        return None
+    return (
+        f"This LSG model's code (lsg-converter {LSG_CODE_VERSION}) was tested with transformers {oldest} to "
+        f"{newest}; transformers {installed} is {relation}"
+    )
 
 
 def warn_if_untested_transformers() -> None:
