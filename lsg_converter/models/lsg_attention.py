@@ -61,6 +61,7 @@ from .lsg_pattern import (
     pad_rows,
     relative_scores,
     sdpa_dense_attention,
+    sequence_positions,
     weighted_values,
 )
 from .lsg_sdpa import SdpaBackend
@@ -295,106 +296,94 @@ def _global_attention(kernel, global_queries, key_mask, context: KeySequence, ca
     return output.transpose(1, 2)
 
 
-def _rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """Copies of the rows `index` (q, K) of x (B, L, ...): (B, q, K, ...)."""
-    return x.index_select(1, index.flatten()).unflatten(1, index.shape)
-
-
 def _cached_causal_attention(query, key, value, key_mask, config, dropout, scaling, terms) -> torch.Tensor:
-    """Causal LSG for queries that are the last q of the cached keys (decoding): each gathers its own keys.
+    """Causal LSG for queries that are the last q of the cached keys (decoding).
 
-    query: (B, q, H, D); key, value: (B, g + T, H, D); key_mask: (B, g + T) bool. Returns (B, q, H, D).
-    The keys are those a query at the same position gets in a whole causal pass.
+    Each query gathers the keys of its block in the layout every backend uses (`KeyPattern.key_columns`)
+    from the sequence [g globals | T tokens | the compressed keys its sparse windows reach | a masked
+    row for the keys outside], and sees the local ones up to itself: the keys a query at the same
+    position gets in a whole causal pass. query: (B, q, H, D); key, value: (B, g + T, H, D); key_mask:
+    (B, g + T) bool. Returns (B, q, H, D).
     """
     pattern = KeyPattern.of(config, causal=True)
-    block, num_global = pattern.block_size, pattern.num_global
-    num_queries, num_tokens = query.shape[1], key.shape[1] - num_global
+    block, num_global, factor = pattern.block_size, pattern.num_global, config.sparsity_factor
+    batch, num_queries, heads, _ = query.shape
+    num_tokens = key.shape[1] - num_global
     if num_tokens < num_queries:
         raise ValueError("A cached causal LSG step must not start inside the global tokens: run the prompt first.")
     device = query.device
-    positions = torch.arange(num_tokens - num_queries, num_tokens, device=device)  # token position of each query
-    block_index = positions // block
-    token_keys, token_values = key[:, num_global:], value[:, num_global:]
-    token_mask = key_mask[:, num_global:]  # (B, T)
+    positions = torch.arange(num_tokens - num_queries, num_tokens, device=device)  # (q,) token position of each query
     key_rows = None if terms is None else terms.key_rows  # (B, H, g + T, R) or None
 
-    # Local: the window of the query's block up to the query (indices outside are clamped, then masked).
-    local_token = pattern.local_start(block_index)[:, None] + torch.arange(pattern.local_size, device=device)  # (q, 2b)
-    local_allowed = (local_token >= 0) & pattern.sees_token(positions[:, None], local_token)
-    local_index = local_token.clamp(0, num_tokens - 1)
-    keys, values = [_rows(token_keys, local_index)], [_rows(token_values, local_index)]  # (B, q, 2b, H, D)
-    masks = [(_rows(token_mask, local_index) & local_allowed)[:, :, None, None, :]]  # (B, q, 1, 1, 2b)
-    key_positions = [local_token[None, :, None, None, :]]  # (1, q, 1, 1, 2b)
-    piece_key_rows = [None if key_rows is None else RowLookup(key_rows, num_global + local_index[None, :, None, None, :])]
-
-    # Sparse: the compressed positions of the query block's windows. Every sparsity type compresses
-    # whole blocks independently, so only the blocks under those windows are compressed, [first,
-    # last): O(s f) per step, not the whole history.
-    step, factor = pattern.compressed_per_block, config.sparsity_factor
+    # The sequence the columns index, piece by piece: keys and values (B, N_i, H, D), mask (B, 1 or H,
+    # N_i), positions (B or 1, 1 or H, N_i), key rows (B, H, N_i, R).
+    keys, values, masks = [key], [value], [key_mask[:, None]]
+    key_positions = [sequence_positions(terms, num_global, num_tokens, device)[None, None]] if terms is not None else []
+    row_pieces = [] if key_rows is None else [key_rows]
+    # Sparse: every sparsity type compresses whole blocks independently, so only the blocks under the
+    # windows of the step's queries are compressed, tokens [first, last): O(s f) per step, not the history.
     first_block = (num_tokens - num_queries) // block
-    first = max((first_block * step + min(pattern.sparse_starts, default=0)) * factor // block * block, 0)
+    first = max((first_block * pattern.compressed_per_block + min(pattern.sparse_starts, default=0)) * factor // block * block, 0)
     last = max((num_tokens - 1) // block * block - block, 0)  # the complete blocks before the last local window
+    compressed = (0, 0)  # compressed positions [start, end) in the sequence
     if pattern.sparse_starts and last > first:
+        token_keys, token_values = key[:, num_global + first : num_global + last], value[:, num_global + first : num_global + last]
         sparse = sparse_context(
             query.transpose(1, 2),
-            token_keys[:, first:last].transpose(1, 2),
-            token_values[:, first:last].transpose(1, 2),
-            token_mask[:, first:last],
+            token_keys.transpose(1, 2),
+            token_values.transpose(1, 2),
+            key_mask[:, num_global + first : num_global + last],
             config,
             scaling,
             key_rows=None if key_rows is None else key_rows[:, :, num_global + first : num_global + last],
             with_positions=terms is not None,
         )
-        # compressed positions of each window; those before the start are clamped, then masked
-        sparse_position = torch.cat(
-            [(block_index * step + start)[:, None] + torch.arange(pattern.sparse_size, device=device)
-             for start in pattern.sparse_starts],
-            dim=1,
-        )  # (q, s)
-        sparse_index = (sparse_position - first // factor).clamp(min=0)
-        keys.insert(0, _rows(sparse.keys.transpose(1, 2), sparse_index))  # (B, q, s, H, D)
-        values.insert(0, _rows(sparse.values.transpose(1, 2), sparse_index))
-        sparse_mask = _rows(sparse.mask.transpose(1, 2), sparse_index)  # (B, q, s, 1 or H)
-        sparse_mask = sparse_mask & (sparse_position >= 0)[:, :, None]
-        masks.insert(0, sparse_mask.transpose(2, 3)[:, :, :, None, :])
+        keys.append(sparse.keys.transpose(1, 2))
+        values.append(sparse.values.transpose(1, 2))
+        masks.append(sparse.mask)
         if terms is not None:
-            sparse_positions = _rows(sparse.positions.transpose(1, 2), sparse_index) + first  # (B, q, s, H)
-            key_positions.insert(0, sparse_positions.transpose(2, 3)[:, :, :, None, :])
-            piece_key_rows.insert(0, None if key_rows is None else RowLookup(sparse.key_rows, sparse_index[None, :, None, None, :]))
+            key_positions.append(sparse.positions + first)
+        if key_rows is not None:
+            row_pieces.append(sparse.key_rows)
+        compressed = (first // factor, last // factor)
+    keys.append(key.new_zeros(batch, 1, *key.shape[2:]))
+    values.append(value.new_zeros(batch, 1, *value.shape[2:]))
+    masks.append(key_mask.new_zeros(batch, 1, 1))
+    if terms is not None:
+        key_positions.append(positions.new_zeros(1, 1, 1))
+    if key_rows is not None:
+        row_pieces.append(key_rows.new_zeros(*key_rows.shape[:2], 1, key_rows.shape[3]))
 
-    if num_global:
-        keys.insert(0, key[:, None, :num_global].expand(-1, num_queries, -1, -1, -1))
-        values.insert(0, value[:, None, :num_global].expand(-1, num_queries, -1, -1, -1))
-        masks.insert(0, key_mask[:, None, None, None, :num_global].expand(-1, num_queries, -1, -1, -1))
-        if terms is not None:
-            global_positions = torch.full((1, 1, 1, 1, num_global), terms.global_position, device=device)
-            key_positions.insert(0, global_positions)
-            global_index = torch.arange(num_global, device=device).view(1, 1, 1, 1, num_global)
-            piece_key_rows.insert(0, None if key_rows is None else RowLookup(key_rows, global_index))
+    columns = pattern.key_columns(positions // block, num_tokens, compressed[1], compressed[0])  # (q, K)
 
-    allowed = torch.cat([m.expand(-1, -1, max(m.shape[2] for m in masks), -1, -1) for m in masks], dim=-1)
+    def joined(pieces: list[torch.Tensor], dim: int) -> torch.Tensor:  # pieces broadcast, then concatenated
+        shape = list(torch.broadcast_shapes(*(piece.shape[:dim] for piece in pieces)))
+        return torch.cat([piece.expand(*shape, *piece.shape[dim:]) for piece in pieces], dim=dim)
+
+    def gathered(pieces: list[torch.Tensor]) -> torch.Tensor:  # (B, N, H, D) -> (B * q, H, K, D)
+        sequence = joined(pieces, 1)
+        return sequence.index_select(1, columns.flatten()).unflatten(1, columns.shape).flatten(0, 1).transpose(1, 2)
+
+    token_column = columns - num_global
+    is_token = (token_column >= 0) & (token_column < num_tokens)
+    causal = ~is_token | (token_column <= positions[:, None])  # (q, K): local keys up to the query
+    allowed = joined(masks, 2)[:, :, columns] & causal  # (B, 1 or H, q, K)
+    allowed = allowed.transpose(1, 2).flatten(0, 1)[:, :, None]  # (B * q, 1 or H, 1, K)
+    if dropout:
+        allowed = drop_keys(allowed, (allowed.shape[0], heads), allowed.shape[-1], dropout)
     scores = None
     if terms is not None:
+        sequence_rows = None if key_rows is None else RowLookup(joined(row_pieces, 2), columns.view(1, num_queries, 1, 1, -1))
         query_rows = None
         if terms.query_rows is not None:  # (B, H, q, R): one row per query of the step
             query_rows = RowLookup(terms.query_rows, torch.arange(num_queries, device=device).view(1, -1, 1, 1, 1))
-        pieces = [
-            relative_scores(terms, positions[None, :, None, None, None], piece_positions, query_rows, rows)
-            for piece_positions, rows in zip(key_positions, piece_key_rows)
-        ]  # (B or 1, q, H, 1, K_i)
-        scores = torch.cat([piece.expand(query.shape[0], -1, query.shape[2], -1, -1) for piece in pieces], dim=-1)
-        scores = scores.flatten(0, 1)
-
-    def fold(x):  # (B, q, K, H, D) -> (B * q, H, K, D)
-        return x.flatten(0, 1).transpose(1, 2)
-
-    allowed = allowed.flatten(0, 1)  # (B * q, 1 or H, 1, K)
-    if dropout:
-        allowed = drop_keys(allowed, (allowed.shape[0], query.shape[2]), allowed.shape[-1], dropout)
+        seen_positions = joined(key_positions, 2)[:, :, columns].transpose(1, 2)[:, :, :, None]  # (B or 1, q, 1 or H, 1, K)
+        scores = relative_scores(terms, positions.view(1, -1, 1, 1, 1), seen_positions, query_rows, sequence_rows)
+        scores = scores.expand(batch, -1, heads, -1, -1).flatten(0, 1)  # (B * q, H, 1, K)
     output, _ = sdpa_dense_attention(
-        fold(query[:, :, None]), fold(torch.cat(keys, dim=2)), fold(torch.cat(values, dim=2)), allowed, scaling, scores
+        query.flatten(0, 1)[:, :, None], gathered(keys), gathered(values), allowed, scaling, scores
     )  # (B * q, H, 1, D)
-    return output.transpose(1, 2).reshape(query.shape)
+    return output.view(query.shape)
 
 
 # --------------------------------------------------------------------------------------------------

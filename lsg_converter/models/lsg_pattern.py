@@ -133,18 +133,22 @@ class KeyPattern:
         sparse_keys = len(self.sparse_starts) * self.sparse_size
         return self.num_global + sparse_keys + token - self.local_start(query // self.block_size)
 
-    def key_columns(self, block_index: torch.Tensor, num_tokens: int, num_compressed: int) -> torch.Tensor:
+    def key_columns(
+        self, block_index: torch.Tensor, num_tokens: int, num_compressed: int, compressed_start: int = 0
+    ) -> torch.Tensor:
         """Where each key of the blocks `block_index` (n,) lies in the sequence [g globals | num_tokens
-        tokens | num_compressed compressed keys]: (n, keys per block), in the blocks' key order. Keys
-        outside the sequence (the zero padding of the windows) get the column after the last one."""
+        tokens | the compressed keys of positions [compressed_start, num_compressed)]: (n, keys per
+        block), in the blocks' key order. Keys outside the sequence (the zero padding of the windows)
+        get the column after the last one."""
         device = block_index.device
-        outside = self.num_global + num_tokens + num_compressed
+        compressed_rows = num_compressed - compressed_start
+        outside = self.num_global + num_tokens + compressed_rows
         block_index = block_index[:, None]
         columns = [torch.arange(self.num_global, device=device).expand(len(block_index), -1)]
         for start in self.sparse_starts:
             position = block_index * self.compressed_per_block + start + torch.arange(self.sparse_size, device=device)
-            inside = (position >= 0) & (position < num_compressed)
-            columns.append(torch.where(inside, self.num_global + num_tokens + position, outside))
+            inside = (position >= compressed_start) & (position < num_compressed)
+            columns.append(torch.where(inside, self.num_global + num_tokens + position - compressed_start, outside))
         token = self.local_start(block_index) + torch.arange(self.local_size, device=device)
         columns.append(torch.where((token >= 0) & (token < num_tokens), self.num_global + token, outside))
         return torch.cat(columns, dim=1)
