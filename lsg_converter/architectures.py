@@ -15,7 +15,8 @@ import transformers
 from torch import nn
 
 from .errors import UnsupportedModelError
-from .models.lsg_model import lsg_auto_classes, max_input_length
+from .models.lsg_layout import LSGLayout
+from .models.lsg_model import lsg_auto_classes
 
 # The Auto class of the heads that generate left to right: converted with config.is_decoder = True (causal LSG).
 CAUSAL_AUTO_CLASS = "AutoModelForCausalLM"
@@ -25,45 +26,35 @@ DEFAULT_HEAD_SUFFIXES = ("ForPreTraining", "ForConditionalGeneration", "ForMaske
 
 
 def max_length_of(model: nn.Module) -> int:
-    """Tokens an LSG model reads, as the model computes it for its own input check (`lsg_model.max_input_length`)."""
-    return max_input_length(model.config, model.lsg_positions_after_padding)
+    """Tokens an LSG model reads, as the model computes it for its own input check (`LSGLayout.max_input_length`)."""
+    return model.lsg_layout.max_input_length(model.config)
 
 
 @dataclass(frozen=True)
 class Architecture:
-    """How one source model type becomes LSG: what the converter needs beyond what the LSG classes say.
+    """A source model type the converter turns into LSG: a row of the table, and what it reads from the
+    architecture's two files under `models/`.
 
-    The heads, their Auto classes, the default head, the token embeddings and the rows in front of
-    the learned positions are read from the classes under `models/` (see the properties below).
+    The heads, their Auto classes and the default head come from the configuration class; where the
+    position tables, the token type table and the global tokens are, from the model mixin's
+    `LSGLayout` (`layout`).
 
     Attributes:
         model_type: the source's ``config.model_type`` ("bert"); the converted model's is "lsg-bert",
             its files ``models/configuration_lsg_bert.py`` and ``models/modeling_lsg_bert.py``
             (dashes become underscores: "xlm-roberta" -> ``modeling_lsg_xlm_roberta.py``).
-        position_tables: position embedding modules, relative to the base model; the first one gives
-            the global tokens their positions. A decoder-only head of an encoder-decoder architecture
-            holds only the decoder's, a model without absolute positions (DeBERTa-v3) none (see
-            `position_tables_in`).
-        sinusoidal_positions: the layout of fixed sinusoidal position tables, which the converter
-            regenerates at the new length instead of tiling them (`positions.SINUSOID_LAYOUTS`):
-            "halves" (Pegasus: sines, then cosines) or "interleaved" (DistilBERT: sine, cosine, ...);
-            None for learned tables.
-        sinusoidal_switch: the config key that makes the tables sinusoidal (DistilBERT's
-            ``sinusoidal_pos_embds``: learned otherwise); None where `sinusoidal_positions` always holds.
-        token_type_table: token type embedding module added to the global tokens, if any.
     """
 
     model_type: str
-    position_tables: tuple[str, ...] = ("embeddings.position_embeddings",)
-    sinusoidal_positions: str | None = None
-    sinusoidal_switch: str | None = None
-    token_type_table: str | None = None
+
+    @property
+    def layout(self) -> LSGLayout:
+        """Where the architecture's modules are (the ``lsg_layout`` of its model classes)."""
+        return self.lsg_class(self.base_head).lsg_layout
 
     def sinusoid_layout(self, config: Any) -> str | None:
         """The layout of the sinusoidal position tables of a model with `config`; None where they are learned."""
-        if self.sinusoidal_switch is not None and not getattr(config, self.sinusoidal_switch, False):
-            return None
-        return self.sinusoidal_positions
+        return self.layout.sinusoid_layout(config)
 
     @property
     def lsg_model_type(self) -> str:
@@ -124,7 +115,7 @@ class Architecture:
     def position_tables_in(self, base: nn.Module) -> dict[str, nn.Embedding]:
         """The position tables `base` holds, by name, in table order (a decoder-only head holds the decoder's only)."""
         modules = dict(base.named_modules())
-        return {name: modules[name] for name in self.position_tables if name in modules}
+        return {name: modules[name] for name in self.layout.position_tables if name in modules}
 
     def position_offset_of(self, model: nn.Module) -> int:
         """Rows in front of the learned positions of an LSG model's tables, which no token reaches and
@@ -151,31 +142,29 @@ class Architecture:
     def token_type_row(self, model: nn.Module) -> torch.Tensor | None:
         """The type-0 row of the model's token type table, detached: (E,); None where it has none (the
         architecture's, or a config with type_vocab_size=0)."""
-        if self.token_type_table is None:
+        if self.layout.token_type_table is None:
             return None
-        table = dict(model.base_model.named_modules()).get(self.token_type_table)
+        table = dict(model.base_model.named_modules()).get(self.layout.token_type_table)
         return None if table is None else table.weight.detach()[0]
 
 
-ENCODER_DECODER_POSITIONS = ("encoder.embed_positions", "decoder.embed_positions")
-TOKEN_TYPES = "embeddings.token_type_embeddings"
-
+# One row per source model type: its two files under models/ say the rest. BARThez checkpoints are
+# mBART ones; MPNet's relative bias and DeBERTa's c2p and p2c terms are evaluated per block (their files).
 ARCHITECTURES: dict[str, Architecture] = {
-    arch.model_type: arch
-    for arch in (
-        Architecture("bert", token_type_table=TOKEN_TYPES),
-        Architecture("roberta"),
-        Architecture("distilbert", sinusoidal_positions="interleaved", sinusoidal_switch="sinusoidal_pos_embds"),
-        Architecture("albert", token_type_table=TOKEN_TYPES),
-        Architecture("electra", token_type_table=TOKEN_TYPES),
-        Architecture("camembert"),
-        Architecture("xlm-roberta"),
-        Architecture("bart", position_tables=ENCODER_DECODER_POSITIONS),
-        Architecture("mbart", position_tables=ENCODER_DECODER_POSITIONS),  # BARThez checkpoints are mBART ones
-        Architecture("pegasus", position_tables=ENCODER_DECODER_POSITIONS, sinusoidal_positions="halves"),
-        Architecture("mpnet"),  # plus a relative position bias, evaluated per block (modeling_lsg_mpnet)
-        # DeBERTa-v2 and v3: c2p and p2c terms per block (modeling_lsg_deberta_v2); v3 has no position table
-        Architecture("deberta-v2", token_type_table=TOKEN_TYPES),
+    model_type: Architecture(model_type)
+    for model_type in (
+        "bert",
+        "roberta",
+        "distilbert",
+        "albert",
+        "electra",
+        "camembert",
+        "xlm-roberta",
+        "bart",
+        "mbart",
+        "pegasus",
+        "mpnet",
+        "deberta-v2",
     )
 }
 

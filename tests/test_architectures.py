@@ -50,7 +50,7 @@ def head_inputs(arch, head, lengths=(TINY_LENGTH, 90)):
     """A padded batch (BART builds its decoder inputs from input_ids, as its classification head expects)."""
     input_ids, attention_mask = padded_batch(list(lengths), TINY_LENGTH, arch)
     inputs = dict(input_ids=input_ids, attention_mask=attention_mask)
-    if ARCHITECTURES[arch].token_type_table is not None:
+    if ARCHITECTURES[arch].layout.token_type_table is not None:
         inputs["token_type_ids"] = (torch.arange(TINY_LENGTH) >= 64).long().expand(len(lengths), -1)
     if head.endswith("ForMultipleChoice"):
         inputs = {name: tensor[:, None].repeat(1, 3, 1) for name, tensor in inputs.items()}
@@ -289,7 +289,7 @@ def test_pegasus_positions_are_regenerated_sinusoids_and_give_the_global_tokens_
     model, _ = LSGConverter(max_sequence_length=4096).convert_from_pretrained(tmp_path / "source", num_global_tokens=4)
 
     sinusoids = PegasusSinusoidalPositionalEmbedding(4096, config.d_model).create_weight()
-    for table_name in ARCHITECTURES["pegasus"].position_tables:
+    for table_name in ARCHITECTURES["pegasus"].layout.position_tables:
         torch.testing.assert_close(model.model.get_submodule(table_name).weight.detach(), sinusoids, atol=0, rtol=0)
     assert model.config.max_position_embeddings == 4096
     # no tokenizer and no bos/mask id in a Pegasus config: token 0; global k sits at source position 64 k
@@ -434,7 +434,7 @@ def test_both_offset_rows_are_kept_once_in_front_of_the_tiled_positions(arch, tm
     source = getattr(transformers, ARCHITECTURES[arch].default_head).from_pretrained(source_dir)
     model, _ = LSGConverter(max_sequence_length=1000).convert_from_pretrained(source_dir)
 
-    for table_name in ARCHITECTURES[arch].position_tables:
+    for table_name in ARCHITECTURES[arch].layout.position_tables:
         old = source.base_model.get_submodule(table_name).weight
         new = model.base_model.get_submodule(table_name).weight
         assert new.shape[0] == 1000 + 2

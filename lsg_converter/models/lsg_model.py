@@ -27,6 +27,7 @@ from .lsg_pattern import uses_sparse_keys
 from .lsg_sparse import SPARSITY_TYPES
 from .lsg_attention_layers import AttentionLayerConfig, AttentionReach, DispatchedAttention, recorded_modules
 from .lsg_global_tokens import GlobalTokens
+from .lsg_layout import LSGLayout
 from .lsg_recorder import ArgumentRewrite, RecorderForward, RecorderSteps
 from .lsg_transformers import past_length, warn_if_untested_transformers
 
@@ -38,6 +39,7 @@ REMOTE_CODE_FILES = (
     "lsg_model.py",
     "lsg_attention_layers.py",
     "lsg_global_tokens.py",
+    "lsg_layout.py",
     "lsg_recorder.py",
     "lsg_attention.py",
     "lsg_pattern.py",
@@ -290,13 +292,6 @@ def validate_lsg_settings(config: Any, max_length: int | None = None) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def max_input_length(config: Any, positions_after_padding: bool) -> int:
-    """Tokens a model reads: the rows of its position table (max_position_embeddings), less the
-    padding rows that positions start after in RoBERTa's convention (`positions_after_padding`)."""
-    padding_rows = config.pad_token_id + 1 if positions_after_padding else 0
-    return config.max_position_embeddings - padding_rows
-
-
 class InputLengthCheck:
     """Forward pre-hook of a module that receives the token ids (the embeddings, an encoder, a decoder).
 
@@ -306,15 +301,15 @@ class InputLengthCheck:
     (see `GlobalTokens.before_embeddings`, which runs first).
     """
 
-    def __init__(self, config: Any, positions_after_padding: bool, name: str) -> None:
+    def __init__(self, config: Any, layout: LSGLayout, name: str) -> None:
         self.config = config
-        self.positions_after_padding = positions_after_padding
+        self.layout = layout
         self.name = name
 
     @property
     def max_length(self) -> int:
-        """Tokens the position table holds (`max_input_length`)."""
-        return max_input_length(self.config, self.positions_after_padding)
+        """Tokens the position table holds (`LSGLayout.max_input_length`)."""
+        return self.layout.max_input_length(self.config)
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
         candidates = (kwargs.get("input_ids"), kwargs.get("inputs_embeds"), *args)
@@ -335,15 +330,9 @@ class InputLengthCheck:
 class LSGModelMixin:
     """Turns the Hugging Face model built by ``super().__init__`` into an LSG model, in place.
 
-    The architecture file names, relative to the base model (``self.<base_model_prefix>`` for heads):
-        lsg_embeddings: module that holds ``global_embeddings`` (where the reference stored it) and
-            whose forward receives the past length in decoders (lsg_transformers.past_length),
-        lsg_prepend_before: module whose input (the summed embeddings) gets the global tokens in
-            front: the embedding normalisation, or the first layer in a model without one (Pegasus),
-        lsg_encoder: module whose output drops the global tokens again,
-        lsg_decoder: the decoder of an encoder-decoder model (skipped where the base has none),
-        lsg_positions_after_padding: positions start after the padding id (RoBERTa's convention), so
-            the table holds ``pad_token_id + 1`` rows that no token reaches,
+    The architecture file states:
+        lsg_layout: where its modules are (`LSGLayout`: the global tokens' table, where they join and
+            leave, the decoder, the position tables), relative to the base model,
         lsg_attention: how LSG reaches the self-attention layers (lsg_attention_layers): by transformers'
             dispatch (`DispatchedAttention`, the default) or by swapping modules (`SwappedAttention`),
         lsg_recorded_outputs: output name -> the layer class that produces it, for a model that builds
@@ -377,11 +366,7 @@ class LSGModelMixin:
     _supports_flash_attn = False
     _supports_attention_backend = False
 
-    lsg_embeddings: str = "embeddings"
-    lsg_prepend_before: str = "embeddings.LayerNorm"
-    lsg_encoder: str = "encoder"
-    lsg_decoder: str = "decoder"
-    lsg_positions_after_padding: bool = False
+    lsg_layout: LSGLayout = LSGLayout()
     lsg_attention: AttentionReach = DispatchedAttention()
     lsg_recorded_outputs: dict[str, type[nn.Module]] | None = None
     lsg_output_tuple: Callable[[Any], tuple] | None = None
@@ -417,13 +402,13 @@ class LSGModelMixin:
             config._attn_implementation_internal = backend
         for name, spec in (getattr(config, KEPT_WEIGHTS_KEY, None) or {}).items():
             self._hold_kept_weight(name, spec)
-        decoder = dict(base.named_children()).get(self.lsg_decoder)
+        decoder = dict(base.named_children()).get(self.lsg_layout.decoder)
         if decoder is not None:
-            check = InputLengthCheck(self.config, self.lsg_positions_after_padding, "decoder input")
+            check = InputLengthCheck(self.config, self.lsg_layout, "decoder input")
             decoder.register_forward_pre_hook(check, with_kwargs=True)
         if self.config.lsg_dense_decoder:
             return
-        encoder = base.get_submodule(self.lsg_encoder)
+        encoder = base.get_submodule(self.lsg_layout.encoder)
         recorder = encoder if isinstance(encoder, PreTrainedModel) else base
         self.lsg_attention.apply(recorder, self.config)  # before from_pretrained loads the weights
         global_tokens = self._hook_global_tokens(base, encoder, recorder)
@@ -437,13 +422,13 @@ class LSGModelMixin:
 
     def _hook_global_tokens(self, base: nn.Module, encoder: nn.Module, recorder: nn.Module) -> GlobalTokens:
         """Hook the global tokens in (see `GlobalTokens`): decided and length-checked at the embeddings,
-        prepended before `lsg_prepend_before`, split from the recorded layers' states, dropped by the encoder."""
-        embeddings = base.get_submodule(self.lsg_embeddings)
+        prepended before the layout's prepend point, split from the recorded layers' states, dropped by the encoder."""
+        embeddings = base.get_submodule(self.lsg_layout.embeddings)
         global_tokens = GlobalTokens(embeddings.global_embeddings, self.config, self.lsg_output_tuple)
         embeddings.register_forward_pre_hook(global_tokens.before_embeddings, with_kwargs=True)
-        check = InputLengthCheck(self.config, self.lsg_positions_after_padding, "input")
+        check = InputLengthCheck(self.config, self.lsg_layout, "input")
         embeddings.register_forward_pre_hook(check, with_kwargs=True)
-        base.get_submodule(self.lsg_prepend_before).register_forward_pre_hook(global_tokens.prepend)
+        self.lsg_layout.prepend_point(base).register_forward_pre_hook(global_tokens.prepend)
         for layer in recorded_modules(recorder, "hidden_states", self.lsg_recorded_outputs):
             layer.register_forward_pre_hook(global_tokens.layer_input)
             layer.register_forward_hook(global_tokens.layer_output)
@@ -466,7 +451,7 @@ class LSGModelMixin:
         embedding, also when a checkpoint lacks it."""
         if not self.config.lsg_dense_decoder:
             width = self.get_input_embeddings().embedding_dim  # the summed embeddings the global tokens join
-            self.base_model.get_submodule(self.lsg_embeddings).global_embeddings = nn.Embedding(MAX_GLOBAL_TOKENS, width)
+            self.base_model.get_submodule(self.lsg_layout.embeddings).global_embeddings = nn.Embedding(MAX_GLOBAL_TOKENS, width)
         super().post_init()
 
     @classmethod
@@ -490,7 +475,7 @@ class LSGModelMixin:
         """The table of global tokens (None in a dense decoder-only head, which has none)."""
         if self.config.lsg_dense_decoder:
             return None
-        return self.base_model.get_submodule(self.lsg_embeddings).global_embeddings
+        return self.base_model.get_submodule(self.lsg_layout.embeddings).global_embeddings
 
     def _add_missing_pooler(self, base: nn.Module) -> None:
         """Give `base` the pooler modules its class builds with add_pooling_layer=True, where the head

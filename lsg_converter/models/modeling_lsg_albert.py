@@ -7,6 +7,7 @@ they are prepended before `embeddings.LayerNorm` and mapped to ``hidden_size`` b
 """
 
 from .configuration_lsg_albert import LSGAlbertConfig
+from .lsg_layout import LSGLayout
 from .lsg_model import LSGModelMixin
 from .lsg_transformers import transformers_names
 
@@ -26,6 +27,7 @@ class LSGAlbertMixin(LSGModelMixin):
     """Same places as BERT: `embeddings.global_embeddings`, prepended before `embeddings.LayerNorm`."""
 
     config_class = LSGAlbertConfig
+    lsg_layout = LSGLayout(token_type_table="embeddings.token_type_embeddings")
 
 
 class LSGAlbertModel(LSGAlbertMixin, AlbertModel):

@@ -9,6 +9,7 @@ pretrained decoder alone: dense, with a longer position table.
 """
 
 from .configuration_lsg_bart import LSGBartConfig
+from .lsg_layout import ENCODER_DECODER_POSITIONS, LSGLayout
 from .lsg_model import LSGModelMixin
 from .lsg_transformers import transformers_names
 
@@ -26,8 +27,9 @@ class LSGBartMixin(LSGModelMixin):
     """The global tokens live in the encoder and join after embed_scale * tokens + positions."""
 
     config_class = LSGBartConfig
-    lsg_embeddings = "encoder"
-    lsg_prepend_before = "encoder.layernorm_embedding"
+    lsg_layout = LSGLayout(
+        embeddings="encoder", prepend_before=("encoder.layernorm_embedding",), position_tables=ENCODER_DECODER_POSITIONS
+    )
 
 
 class LSGBartModel(LSGBartMixin, BartModel):

@@ -4,6 +4,7 @@ Each head ``LSGBert<Head>`` is the mixin below plus ``Bert<Head>``, one class pe
 """
 
 from .configuration_lsg_bert import LSGBertConfig
+from .lsg_layout import LSGLayout
 from .lsg_model import LSGModelMixin
 from .lsg_transformers import transformers_names
 
@@ -25,6 +26,7 @@ class LSGBertMixin(LSGModelMixin):
     """BERT keeps its global tokens in `embeddings` and prepends them before `embeddings.LayerNorm`."""
 
     config_class = LSGBertConfig
+    lsg_layout = LSGLayout(token_type_table="embeddings.token_type_embeddings")
 
 
 class LSGBertModel(LSGBertMixin, BertModel):

@@ -5,6 +5,7 @@ LSGCamembertConfig. Positions keep RoBERTa's padding_idx convention (2 offset ro
 """
 
 from .configuration_lsg_camembert import LSGCamembertConfig
+from .lsg_layout import LSGLayout
 from .lsg_model import LSGModelMixin
 from .lsg_transformers import transformers_names
 
@@ -24,7 +25,7 @@ class LSGCamembertMixin(LSGModelMixin):
     """Same places as RoBERTa: `embeddings.global_embeddings`, prepended before `embeddings.LayerNorm`."""
 
     config_class = LSGCamembertConfig
-    lsg_positions_after_padding = True
+    lsg_layout = LSGLayout(positions_after_padding=True)
 
 
 class LSGCamembertModel(LSGCamembertMixin, CamembertModel):

@@ -39,6 +39,7 @@ import torch
 from .configuration_lsg_deberta_v2 import LSGDebertaV2Config
 from .lsg_attention import key_padding_mask
 from .lsg_attention_layers import SwappedAttention, adopted, swapped_attention_forward
+from .lsg_layout import LSGLayout
 from .lsg_model import LSGModelMixin
 from .lsg_pattern import PositionTerms
 from .lsg_transformers import transformers_names
@@ -238,14 +239,12 @@ class LSGDebertaV2Mixin(LSGModelMixin):
         (DisentangledSelfAttention, adopted(LSGDisentangledSelfAttention)),
     )
     lsg_recorded_outputs = {"hidden_states": DebertaV2Layer, "attentions": LSGDisentangledSelfAttention}
-
-    @property
-    def lsg_prepend_before(self) -> str:
-        """The module the global tokens join before: the projection to hidden_size where the embeddings
-        have one (they are embedding_size wide, like the global tokens), else the LayerNorm."""
-        if self.base_model.embeddings.embed_proj is not None:
-            return "embeddings.embed_proj"
-        return "embeddings.LayerNorm"
+    # The global tokens join before the projection to hidden_size where the embeddings have one (they
+    # are embedding_size wide, like the global tokens), else before the LayerNorm; v3 has no position table.
+    lsg_layout = LSGLayout(
+        prepend_before=("embeddings.embed_proj", "embeddings.LayerNorm"),
+        token_type_table="embeddings.token_type_embeddings",
+    )
 
 
 class LSGDebertaV2Model(LSGDebertaV2Mixin, DebertaV2Model):

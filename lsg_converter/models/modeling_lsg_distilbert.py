@@ -5,6 +5,7 @@ LSGDistilBertConfig. ``inputs_embeds`` works like ``input_ids``: the global toke
 """
 
 from .configuration_lsg_distilbert import LSGDistilBertConfig
+from .lsg_layout import LSGLayout
 from .lsg_model import LSGModelMixin
 from .lsg_transformers import transformers_names
 
@@ -23,7 +24,7 @@ class LSGDistilBertMixin(LSGModelMixin):
     """DistilBERT's encoder is called `transformer`."""
 
     config_class = LSGDistilBertConfig
-    lsg_encoder = "transformer"
+    lsg_layout = LSGLayout(encoder="transformer", sinusoidal_positions="interleaved", sinusoidal_switch="sinusoidal_pos_embds")
 
 
 class LSGDistilBertModel(LSGDistilBertMixin, DistilBertModel):

@@ -7,6 +7,7 @@ differs from ``hidden_size``) maps them to ``hidden_size`` with the other tokens
 """
 
 from .configuration_lsg_electra import LSGElectraConfig
+from .lsg_layout import LSGLayout
 from .lsg_model import LSGModelMixin
 from .lsg_transformers import transformers_names
 
@@ -27,6 +28,7 @@ class LSGElectraMixin(LSGModelMixin):
     """Same places as BERT: `embeddings.global_embeddings`, prepended before `embeddings.LayerNorm`."""
 
     config_class = LSGElectraConfig
+    lsg_layout = LSGLayout(token_type_table="embeddings.token_type_embeddings")
 
 
 class LSGElectraModel(LSGElectraMixin, ElectraModel):

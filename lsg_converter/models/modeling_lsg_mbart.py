@@ -6,6 +6,7 @@ cache, and ``LSGMBartForCausalLM`` is the pretrained decoder alone, dense, with 
 """
 
 from .configuration_lsg_mbart import LSGMBartConfig
+from .lsg_layout import ENCODER_DECODER_POSITIONS, LSGLayout
 from .lsg_model import LSGModelMixin
 from .lsg_transformers import transformers_names
 
@@ -23,8 +24,9 @@ class LSGMBartMixin(LSGModelMixin):
     """The global tokens live in the encoder and join after embed_scale * tokens + positions."""
 
     config_class = LSGMBartConfig
-    lsg_embeddings = "encoder"
-    lsg_prepend_before = "encoder.layernorm_embedding"
+    lsg_layout = LSGLayout(
+        embeddings="encoder", prepend_before=("encoder.layernorm_embedding",), position_tables=ENCODER_DECODER_POSITIONS
+    )
 
 
 class LSGMBartModel(LSGMBartMixin, MBartModel):

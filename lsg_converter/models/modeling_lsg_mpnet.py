@@ -23,6 +23,7 @@ import torch
 
 from .configuration_lsg_mpnet import LSGMPNetConfig
 from .lsg_attention_layers import SwappedAttention, adopted, swapped_attention_forward
+from .lsg_layout import LSGLayout
 from .lsg_model import LSGModelMixin
 from .lsg_pattern import PositionTerms
 from .lsg_transformers import transformers_names
@@ -85,7 +86,7 @@ class LSGMPNetMixin(LSGModelMixin):
     encoder and its self-attention swapped; outputs built by hand, so their layers are named here."""
 
     config_class = LSGMPNetConfig
-    lsg_positions_after_padding = True
+    lsg_layout = LSGLayout(positions_after_padding=True)
     lsg_attention = SwappedAttention(
         (MPNetEncoder, adopted(LSGMPNetEncoder)),
         (MPNetSelfAttention, adopted(LSGMPNetSelfAttention)),

@@ -6,6 +6,7 @@ pretrained decoder alone. Positions are sinusoidal: the converter regenerates th
 """
 
 from .configuration_lsg_pegasus import LSGPegasusConfig
+from .lsg_layout import ENCODER_DECODER_POSITIONS, LSGLayout
 from .lsg_model import LSGModelMixin
 from .lsg_transformers import transformers_names
 
@@ -23,8 +24,12 @@ class LSGPegasusMixin(LSGModelMixin):
     """
 
     config_class = LSGPegasusConfig
-    lsg_embeddings = "encoder"
-    lsg_prepend_before = "encoder.layers.0"
+    lsg_layout = LSGLayout(
+        embeddings="encoder",
+        prepend_before=("encoder.layers.0",),
+        position_tables=ENCODER_DECODER_POSITIONS,
+        sinusoidal_positions="halves",
+    )
 
 
 class LSGPegasusModel(LSGPegasusMixin, PegasusModel):

@@ -5,6 +5,7 @@ LSGRobertaConfig. Positions keep RoBERTa's padding_idx convention (2 offset rows
 """
 
 from .configuration_lsg_roberta import LSGRobertaConfig
+from .lsg_layout import LSGLayout
 from .lsg_model import LSGModelMixin
 from .lsg_transformers import transformers_names
 
@@ -24,7 +25,7 @@ class LSGRobertaMixin(LSGModelMixin):
     """Same places as BERT: `embeddings.global_embeddings`, prepended before `embeddings.LayerNorm`."""
 
     config_class = LSGRobertaConfig
-    lsg_positions_after_padding = True
+    lsg_layout = LSGLayout(positions_after_padding=True)
 
 
 class LSGRobertaModel(LSGRobertaMixin, RobertaModel):

@@ -5,6 +5,7 @@ LSGXLMRobertaConfig. Positions keep RoBERTa's padding_idx convention (2 offset r
 """
 
 from .configuration_lsg_xlm_roberta import LSGXLMRobertaConfig
+from .lsg_layout import LSGLayout
 from .lsg_model import LSGModelMixin
 from .lsg_transformers import transformers_names
 
@@ -24,7 +25,7 @@ class LSGXLMRobertaMixin(LSGModelMixin):
     """Same places as RoBERTa: `embeddings.global_embeddings`, prepended before `embeddings.LayerNorm`."""
 
     config_class = LSGXLMRobertaConfig
-    lsg_positions_after_padding = True
+    lsg_layout = LSGLayout(positions_after_padding=True)
 
 
 class LSGXLMRobertaModel(LSGXLMRobertaMixin, XLMRobertaModel):
