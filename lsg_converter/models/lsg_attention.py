@@ -315,11 +315,21 @@ def _cached_causal_attention(query, key, value, key_mask, config, dropout, scali
     positions = torch.arange(num_tokens - num_queries, num_tokens, device=device)  # (q,) token position of each query
     key_rows = None if terms is None else terms.key_rows  # (B, H, g + T, R) or None
 
-    # The sequence the columns index, piece by piece: keys and values (B, N_i, H, D), mask (B, 1 or H,
-    # N_i), positions (B or 1, 1 or H, N_i), key rows (B, H, N_i, R).
-    keys, values, masks = [key], [value], [key_mask[:, None]]
-    key_positions = [sequence_positions(terms, num_global, num_tokens, device)[None, None]] if terms is not None else []
-    row_pieces = [] if key_rows is None else [key_rows]
+    # The sequence the columns index, piece by piece, holding the tokens of the last q + (blocks before
+    # + 1) b positions, which cover every local window of the step (the history before them is reached
+    # through compressed keys only): keys and values (B, N_i, H, D), mask (B, 1 or H, N_i), positions
+    # (B or 1, 1 or H, N_i), key rows (B, H, N_i, R).
+    first_local = max(num_tokens - num_queries - (pattern.blocks_before + 1) * block, 0)
+    held = torch.cat([torch.arange(num_global, device=device), torch.arange(num_global + first_local, num_global + num_tokens, device=device)])
+
+    def held_rows(x: torch.Tensor, dim: int) -> torch.Tensor:
+        return x.index_select(dim, held)
+
+    keys, values, masks = [held_rows(key, 1)], [held_rows(value, 1)], [held_rows(key_mask, 1)[:, None]]
+    key_positions = []
+    if terms is not None:
+        key_positions.append(held_rows(sequence_positions(terms, num_global, num_tokens, device), 0)[None, None])
+    row_pieces = [] if key_rows is None else [held_rows(key_rows, 2)]
     # Sparse: every sparsity type compresses whole blocks independently, so only the blocks under the
     # windows of the step's queries are compressed, tokens [first, last): O(s f) per step, not the history.
     first_block = (num_tokens - num_queries) // block
@@ -355,6 +365,10 @@ def _cached_causal_attention(query, key, value, key_mask, config, dropout, scali
         row_pieces.append(key_rows.new_zeros(*key_rows.shape[:2], 1, key_rows.shape[3]))
 
     columns = pattern.key_columns(positions // block, num_tokens, compressed[1], compressed[0])  # (q, K)
+    token_column = columns - num_global  # a token's position, or past the tokens for a compressed key
+    is_token = (token_column >= 0) & (token_column < num_tokens)
+    causal = ~is_token | (token_column <= positions[:, None])  # (q, K): local keys up to the query
+    columns = torch.where(columns >= num_global, columns - first_local, columns)  # in the sequence held
 
     def joined(pieces: list[torch.Tensor], dim: int) -> torch.Tensor:  # pieces broadcast, then concatenated
         shape = list(torch.broadcast_shapes(*(piece.shape[:dim] for piece in pieces)))
@@ -364,9 +378,6 @@ def _cached_causal_attention(query, key, value, key_mask, config, dropout, scali
         sequence = joined(pieces, 1)
         return sequence.index_select(1, columns.flatten()).unflatten(1, columns.shape).flatten(0, 1).transpose(1, 2)
 
-    token_column = columns - num_global
-    is_token = (token_column >= 0) & (token_column < num_tokens)
-    causal = ~is_token | (token_column <= positions[:, None])  # (q, K): local keys up to the query
     allowed = joined(masks, 2)[:, :, columns] & causal  # (B, 1 or H, q, K)
     allowed = allowed.transpose(1, 2).flatten(0, 1)[:, :, None]  # (B * q, 1 or H, 1, K)
     if dropout:

@@ -1,13 +1,17 @@
 """The global tokens of an LSG model: put in front of the sequence, taken out of what the model returns.
 
-`GlobalTokens` holds the hooks (and the steps of lsg_recorder.RecorderSteps) that do it; what one
-forward pass decided lives in a `ForwardCall`, opened by the recorder's steps and read by the hooks.
+`GlobalTokens` does it, in steps that modules of the model run inside their own forward: the model's
+modules at those places are adopted into classes that add the step (`adopt_step`), so ``print(model)``
+shows where the tokens join (`PrependsGlobalTokens`), where the layers record their token rows
+(`RecordsTokenStates`) and where they leave (`DropsGlobalTokens`). What one forward pass decided lives
+in a `ForwardCall`, opened by the recorder's steps (lsg_recorder.RecorderSteps) and read by those modules.
 
 This file travels with saved models as remote code: it imports torch and transformers only.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -19,23 +23,23 @@ from .lsg_transformers import past_length, with_past_length
 
 @dataclass
 class ForwardCall:
-    """What one forward pass of a model's recorder decided, for the hooks of `GlobalTokens` to read.
+    """What one forward pass of a model's recorder decided, for the steps of `GlobalTokens` to read.
 
     recording: the pass returns hidden_states (as ``capture_outputs`` decides it).
     returns_tuple: its caller asked for ``return_dict=False``.
-    prepended: the global tokens were put in front (a causal decoder continuing from its cache holds them
-        there already: that pass prepends nothing).
+    prepended: the global tokens are put in front (not by a causal decoder continuing from its cache,
+        which holds them there already, see `GlobalTokens.embeddings_arguments`).
     token_states: (B, t, E) per hidden state recorded so far.
     """
 
     recording: bool
     returns_tuple: bool
-    prepended: bool = False
+    prepended: bool = True
     token_states: list[torch.Tensor] = field(default_factory=list)
 
 
 class GlobalTokens:
-    """The hooks that put the global tokens in front of the sequence and take them out again.
+    """The steps that put the global tokens in front of the sequence and take them out again.
 
     Every layer carries ``g`` global states followed by the ``t`` token states. What the model
     returns holds the tokens only, as the source model's outputs do: ``last_hidden_state`` and every
@@ -49,15 +53,15 @@ class GlobalTokens:
 
     transformers records ``hidden_states`` with forward hooks on the layers of the model whose
     forward is decorated with ``capture_outputs`` (the "recorder": the base model, or the encoder of
-    an encoder-decoder model). While a forward pass records them, the hooks here take each layer's
+    an encoder-decoder model). While a forward pass records them, the recorded layers (`RecordsTokenStates`) take each layer's
     token rows out of its input and output and rebuild the layer states from those rows, so that the
     rows returned lie on the autograd path (``hidden_states[i].retain_grad()`` gets a gradient); at
     the end they replace the recorded states, which still hold the global tokens.
 
     Each forward pass of the recorder opens a `ForwardCall` (`open`) and closes it when it returns or
-    raises (`close`); the hooks read the innermost open one (`current`), so a forward pass run from
+    raises (`close`); the steps read the innermost open one (`current`), so a forward pass run from
     inside another (a hook calling the model) keeps its own. Outside a forward pass of the recorder (a
-    module called on its own) the hooks leave the calls as they are.
+    module called on its own) the steps leave the calls as they are.
 
     A causal decoder that continues from its cache (a past length > 0, see lsg_transformers.past_length)
     already holds the global tokens there: that forward pass prepends nothing, drops nothing, and counts
@@ -112,45 +116,43 @@ class GlobalTokens:
             return bool(getattr(self.config, name, default) if value is None else value)
 
         recording, returns_tuple = asked("output_hidden_states", False), not asked("return_dict", True)
-        self.calls.append(ForwardCall(recording=recording, returns_tuple=returns_tuple))
+        self.calls.append(ForwardCall(recording=recording, returns_tuple=returns_tuple, prepended=True))
         return {**kwargs, "return_dict": True}
 
     def close(self) -> None:
         """After the recorder's forward, returned or raised: close its `ForwardCall`."""
         self.calls.pop()
 
-    def before_embeddings(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict] | None:
-        """Forward pre-hook of the embedding module: decide whether this pass carries global tokens."""
+    def embeddings_arguments(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The keyword arguments of a causal decoder's embeddings (`ShiftsPastLength`): a step that
+        continues from the cache prepends nothing, and its positions count from the first real token."""
         call = self.current
-        if call is None:
-            return None
         cached = past_length(kwargs)
-        call.prepended = not cached
-        if cached:
-            kwargs = with_past_length(kwargs, cached - self.config.num_global_tokens)
-        return args, kwargs
+        if call is None or not cached:
+            return kwargs
+        call.prepended = False
+        return with_past_length(kwargs, cached - self.config.num_global_tokens)
 
-    def prepend(self, module: nn.Module, args: tuple) -> tuple:
-        """Forward pre-hook of the module the global tokens join before: (B, t, E) -> (B, g + t, E)."""
+    def prepend(self, embeddings: torch.Tensor) -> torch.Tensor:
+        """(B, t, E) -> (B, g + t, E): the summed embeddings with the global tokens in front (`PrependsGlobalTokens`)."""
         call = self.current
         if call is None or not call.prepended:
-            return args
-        embeddings = args[0]
+            return embeddings
         global_tokens = self.table.weight[: self.config.num_global_tokens].to(embeddings.dtype)
         global_tokens = global_tokens.unsqueeze(0).expand(embeddings.shape[0], -1, -1)
-        return (torch.cat([global_tokens, embeddings], dim=1), *args[1:])
+        return torch.cat([global_tokens, embeddings], dim=1)
 
-    def layer_input(self, layer: nn.Module, args: tuple) -> tuple | None:
-        """Forward pre-hook of every recorded layer: the first layer's input is hidden state 0."""
+    def layer_input(self, states: torch.Tensor) -> torch.Tensor:
+        """The input of a recorded layer (`RecordsTokenStates`): the first layer's is hidden state 0."""
         call = self.current
         if not self.splits_states(call) or call.token_states:
-            return None
-        rows, states = self.split_states(args[0])
+            return states
+        rows, states = self.split_states(states)
         call.token_states.append(rows)
-        return (states, *args[1:])
+        return states
 
-    def layer_output(self, layer: nn.Module, args: tuple, output: Any) -> Any:
-        """Forward hook of every recorded layer: its output is the next hidden state."""
+    def layer_output(self, output: Any) -> Any:
+        """The output of a recorded layer (`RecordsTokenStates`): the next hidden state."""
         call = self.current
         if not self.splits_states(call):
             return output
@@ -162,9 +164,9 @@ class GlobalTokens:
         call.token_states.append(rows)
         return output
 
-    def drop(self, encoder: nn.Module, args: tuple, output: Any) -> Any:
-        """Forward hook of the encoder (or step of lsg_recorder.RecorderSteps where it is the recorder):
-        (B, g + t, E) -> (B, t, E), after pool_with_global (see `pools`).
+    def drop(self, output: Any) -> Any:
+        """The encoder's output (`DropsGlobalTokens`, or the recorder's steps where the encoder is the
+        recorder): (B, g + t, E) -> (B, t, E), after pool_with_global (see `pools`).
 
         Encoder-decoder models with ``pass_global_tokens_to_decoder`` keep the global states: the
         decoder attends to them. The last hidden state recorded is the encoder output's token rows.
@@ -205,3 +207,85 @@ class GlobalTokens:
         if not call.returns_tuple:
             return output
         return output.to_tuple() if self.output_tuple is None else self.output_tuple(output)
+
+
+# --------------------------------------------------------------------------------------------------
+# The modules of the global tokens: a model's own modules, adopted into a class that adds one step
+# --------------------------------------------------------------------------------------------------
+
+
+class GlobalTokenStep:
+    """Base of the classes that add a step of the global tokens to a module's own forward.
+
+    `adopt_step` turns a module of the model into an instance of ``(step, its class)``: it keeps the
+    module's submodules, parameters, buffers and hooks under their names (checkpoints load as they are),
+    and ``print(model)`` names the step (``label``, formatted with the module's class name).
+    """
+
+    label: str
+    lsg_global_tokens: GlobalTokens
+
+    def __reduce_ex__(self, protocol: int) -> tuple:
+        """Pickled and copied as (step, source class, state): the class is made anew where it is loaded."""
+        step, module_class = type(self).__bases__
+        return _new_step_module, (step, module_class), self.__getstate__()
+
+
+class PrependsGlobalTokens(GlobalTokenStep):
+    """The module the global tokens join before (`LSGLayout.prepend_before`): its input gets them in front."""
+
+    label = "GlobalTokensBefore{}"
+
+    def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        return super().forward(self.lsg_global_tokens.prepend(hidden_states), *args, **kwargs)
+
+
+class RecordsTokenStates(GlobalTokenStep):
+    """A layer whose states are hidden states: their token rows are recorded on the autograd path."""
+
+    label = "{}RecordingTokenStates"
+
+    def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        hidden_states = self.lsg_global_tokens.layer_input(hidden_states)
+        return self.lsg_global_tokens.layer_output(super().forward(hidden_states, *args, **kwargs))
+
+
+class DropsGlobalTokens(GlobalTokenStep):
+    """The encoder (`LSGLayout.encoder`): its output leaves the global tokens out."""
+
+    label = "{}DroppingGlobalTokens"
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.lsg_global_tokens.drop(super().forward(*args, **kwargs))
+
+
+class ShiftsPastLength(GlobalTokenStep):
+    """The embeddings of a causal LSG decoder: a cached step counts its positions from the first real token."""
+
+    label = "{}AfterGlobalTokens"
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return super().forward(*args, **self.lsg_global_tokens.embeddings_arguments(kwargs))
+
+
+@functools.cache
+def step_class(step: type[GlobalTokenStep], module_class: type[nn.Module]) -> type[nn.Module]:
+    """The class ``(step, module_class)``, made once per pair."""
+    return type(step.label.format(module_class.__name__), (step, module_class), {"__module__": step.__module__})
+
+
+def _new_step_module(step: type[GlobalTokenStep], module_class: type[nn.Module]) -> nn.Module:
+    """An empty instance of ``step_class(step, module_class)`` (unpickling fills it)."""
+    return step_class(step, module_class).__new__(step_class(step, module_class))
+
+
+def adopt_step(model: nn.Module, name: str, step: type[GlobalTokenStep], global_tokens: Any) -> nn.Module:
+    """Put in place of the module `name` of `model` an instance of ``step_class(step, its class)`` that
+    holds the module's state as it is (see `GlobalTokenStep`); -> the new module."""
+    module = model.get_submodule(name)
+    adopted = _new_step_module(step, type(module))
+    adopted.__dict__.update(module.__dict__)
+    adopted.lsg_global_tokens = global_tokens
+    if name:
+        model.set_submodule(name, adopted)
+    return adopted

@@ -1,10 +1,11 @@
 """What turns a Hugging Face model class into an LSG one: its config keys, its global tokens, its heads.
 
 * `LSGConfigMixin` adds the LSG keys to a configuration class and fills its ``auto_map``.
-* `LSGModelMixin` adds the global-token table to a model and hooks it in: the global tokens are
-  prepended before the embedding normalisation (or, without one, the first encoder layer) and
-  dropped again at the encoder output; the hidden states returned leave them out too
-  (lsg_global_tokens). Its self-attention layers reach the LSG attention of the chosen backend as its
+* `LSGModelMixin` adds the global-token table to a model and the modules that carry the tokens, its
+  own modules adopted into classes that add one step each (lsg_global_tokens, visible in
+  ``print(model)``): the global tokens are prepended before the embedding normalisation (or, without
+  one, the first encoder layer) and dropped again at the encoder output; the hidden states returned
+  leave them out too. Its self-attention layers reach the LSG attention of the chosen backend as its
   ``lsg_attention`` says (lsg_attention_layers) and get an O(n) padding mask (lsg_recorder).
 * Each architecture file states its heads as classes (``class LSGBertForMaskedLM(LSGBertMixin,
   BertForMaskedLM)``), one per head its config lists; the mixin registers them for remote-code saving.
@@ -26,7 +27,14 @@ from .lsg_attention import lsg_backend, registered_cross_attention
 from .lsg_pattern import uses_sparse_keys
 from .lsg_sparse import SPARSITY_TYPES
 from .lsg_attention_layers import AttentionLayerConfig, AttentionReach, DispatchedAttention, recorded_modules
-from .lsg_global_tokens import GlobalTokens
+from .lsg_global_tokens import (
+    DropsGlobalTokens,
+    GlobalTokens,
+    PrependsGlobalTokens,
+    RecordsTokenStates,
+    ShiftsPastLength,
+    adopt_step,
+)
 from .lsg_layout import LSGLayout
 from .lsg_recorder import ArgumentRewrite, RecorderForward, RecorderSteps
 from .lsg_transformers import past_length, warn_if_untested_transformers
@@ -297,14 +305,15 @@ class InputLengthCheck:
 
     Refuses an input longer than the position table with a ValueError that names both lengths, where
     the model would otherwise fail deep inside (an IndexError or a size mismatch in the embeddings).
-    A decoder's length counts its cache; the embeddings' past length arrives without the global tokens
-    (see `GlobalTokens.before_embeddings`, which runs first).
+    A decoder's length counts its cache, less the `cached_global_tokens` it holds in front (an LSG
+    decoder's global tokens, which the past length its embeddings receive counts).
     """
 
-    def __init__(self, config: Any, layout: LSGLayout, name: str) -> None:
+    def __init__(self, config: Any, layout: LSGLayout, name: str, cached_global_tokens: int = 0) -> None:
         self.config = config
         self.layout = layout
         self.name = name
+        self.cached_global_tokens = cached_global_tokens
 
     @property
     def max_length(self) -> int:
@@ -316,7 +325,7 @@ class InputLengthCheck:
         tokens = next((value for value in candidates if isinstance(value, torch.Tensor)), None)
         if tokens is None:
             return
-        cached = past_length(kwargs)
+        cached = max(past_length(kwargs) - self.cached_global_tokens, 0)
         length = tokens.shape[1] + cached
         if length > self.max_length:
             counted = " (cache included)" if cached else ""
@@ -411,7 +420,7 @@ class LSGModelMixin:
         encoder = base.get_submodule(self.lsg_layout.encoder)
         recorder = encoder if isinstance(encoder, PreTrainedModel) else base
         self.lsg_attention.apply(recorder, self.config)  # before from_pretrained loads the weights
-        global_tokens = self._hook_global_tokens(base, encoder, recorder)
+        global_tokens = self._adopt_global_token_steps(base, encoder, recorder)
         if getattr(self.config, "pass_global_tokens_to_decoder", False) and decoder is not None:
             self._pass_global_tokens(decoder, global_tokens)
         steps = RecorderSteps(recorder, global_tokens, is_encoder=encoder is recorder)
@@ -420,20 +429,26 @@ class LSGModelMixin:
         else:
             steps.hook_into(recorder)
 
-    def _hook_global_tokens(self, base: nn.Module, encoder: nn.Module, recorder: nn.Module) -> GlobalTokens:
-        """Hook the global tokens in (see `GlobalTokens`): decided and length-checked at the embeddings,
-        prepended before the layout's prepend point, split from the recorded layers' states, dropped by the encoder."""
-        embeddings = base.get_submodule(self.lsg_layout.embeddings)
+    def _adopt_global_token_steps(self, base: nn.Module, encoder: nn.Module, recorder: nn.Module) -> GlobalTokens:
+        """The modules that carry the global tokens (see `GlobalTokens`), each adopted into a class that
+        adds its step (lsg_global_tokens.adopt_step): the recorded layers split their token rows out,
+        the encoder drops the global tokens, the prepend point puts them in front, and a causal
+        decoder's embeddings count a cached step's positions without them. The input length is
+        checked by a hook of the embeddings."""
+        layout = self.lsg_layout
+        embeddings = base.get_submodule(layout.embeddings)
         global_tokens = GlobalTokens(embeddings.global_embeddings, self.config, self.lsg_output_tuple)
-        embeddings.register_forward_pre_hook(global_tokens.before_embeddings, with_kwargs=True)
-        check = InputLengthCheck(self.config, self.lsg_layout, "input")
-        embeddings.register_forward_pre_hook(check, with_kwargs=True)
-        self.lsg_layout.prepend_point(base).register_forward_pre_hook(global_tokens.prepend)
         for layer in recorded_modules(recorder, "hidden_states", self.lsg_recorded_outputs):
-            layer.register_forward_pre_hook(global_tokens.layer_input)
-            layer.register_forward_hook(global_tokens.layer_output)
+            adopt_step(base, module_name(base, layer), RecordsTokenStates, global_tokens)
         if encoder is not recorder:
-            encoder.register_forward_hook(global_tokens.drop)
+            adopt_step(base, layout.encoder, DropsGlobalTokens, global_tokens)
+        adopt_step(base, module_name(base, layout.prepend_point(base)), PrependsGlobalTokens, global_tokens)
+        if getattr(self.config, "is_decoder", False):
+            embeddings = adopt_step(base, layout.embeddings, ShiftsPastLength, global_tokens)
+        else:
+            embeddings = base.get_submodule(layout.embeddings)
+        check = InputLengthCheck(self.config, layout, "input", cached_global_tokens=self.config.num_global_tokens)
+        embeddings.register_forward_pre_hook(check, with_kwargs=True)
         return global_tokens
 
     def _pass_global_tokens(self, decoder: nn.Module, global_tokens: GlobalTokens) -> None:
@@ -521,3 +536,8 @@ def lsg_auto_classes(config_class: type) -> dict[str, str]:
         for auto_class, path in config_class.lsg_auto_map().items()
         if auto_class != "AutoConfig"
     }
+
+
+def module_name(root: nn.Module, module: nn.Module) -> str:
+    """The name of `module` in `root` ("" for root itself)."""
+    return next(name for name, candidate in root.named_modules() if candidate is module)

@@ -70,8 +70,7 @@ class RecorderSteps:
 
     Where the recorder is the model itself (LSGBertModel), the model's `RecorderForward` runs its
     forward inside the steps (`run`). Where it is a module inside the model (the ``bert`` of
-    LSGBertForMaskedLM, BART's encoder) they run as its hooks (`hook_into`): the model's forward calls
-    that module through ``__call__``, so its hooks always run.
+    LSGBertForMaskedLM, BART's encoder) they run as its hooks (`hook_into`).
     """
 
     def __init__(self, recorder: nn.Module, global_tokens: GlobalTokens, is_encoder: bool) -> None:
@@ -80,14 +79,14 @@ class RecorderSteps:
         self.is_encoder = is_encoder
 
     def enter(self, recorder: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:
-        """Before the recorder's forward (also its forward pre-hook): -> the arguments it runs with."""
+        """Before the recorder's forward: -> the arguments it runs with."""
         kwargs = self.global_tokens.open(kwargs)
         return self.padding_mask(recorder, args, kwargs) or (args, kwargs)
 
     def leave(self, recorder: nn.Module, args: tuple, output: Any) -> Any:
         """After the recorder's forward returned: -> what the model returns from it."""
         if self.is_encoder:
-            output = self.global_tokens.drop(recorder, args, output)
+            output = self.global_tokens.drop(output)
         return self.global_tokens.finish(output)
 
     def run(self, recorder: nn.Module, forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -106,8 +105,10 @@ class RecorderSteps:
             self.global_tokens.close()
 
     def hook_into(self, recorder: nn.Module) -> None:
-        """Run the steps as hooks of `recorder`: `enter` before every other pre-hook (the embeddings' hooks
-        of an encoder that holds its embeddings read the call it opens), `after` even when the forward raises."""
+        """Run the steps as hooks of `recorder` (a module inside the model: the model calls it through
+        ``__call__``, so they always run): `enter` before every other pre-hook, `after` even when the
+        forward raises. (Adopting it into a class of its own would hide it from transformers' output
+        recording, which knows a model's layers by the class it was built as.)"""
         recorder.register_forward_pre_hook(self.enter, with_kwargs=True, prepend=True)
         recorder.register_forward_hook(self.after, always_call=True)
 
@@ -122,7 +123,8 @@ class RecorderForward:
     Face forward, rather than a method of the mixin: ``inspect.signature(model.forward)`` (transformers,
     Trainer, sentence-transformers) then reads the parameters of that forward (a method of the mixin
     would show ``*args, **kwargs``), and torch.export reads the code of a function, or a partial of one.
-    Where the recorder is a module inside the model, the model's forward is the Hugging Face one.
+    A model whose recorder is a module inside it (a head) has no steps of its own: its forward is the
+    Hugging Face one.
     """
 
     def __set_name__(self, owner: type, name: str) -> None:
@@ -136,3 +138,4 @@ class RecorderForward:
         run = functools.partial(RecorderSteps.run, steps, model, forward)
         run.__wrapped__ = forward  # what inspect.signature reads
         return run
+
