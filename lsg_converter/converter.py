@@ -16,14 +16,13 @@ from .errors import InvalidSettingsError, UnknownSettingError
 from .global_tokens import fill_global_tokens
 from .head_choice import choose_head
 from .loading import drop_source_lengths, kept_weights, load_model, load_tokenizer, report_loading
-from .lsg_config import build_lsg_config, check_setting_names, is_lsg_config, pooler_setting, unknown_setting_error
-from .models.lsg_model import KEPT_WEIGHTS_KEY, MAX_GLOBAL_TOKENS, SEQ2SEQ_DEFAULTS, validate_lsg_settings
+from .lsg_config import check_setting_names, is_lsg_config, pooler_setting, resolve_settings, unknown_setting_error
+from .models.lsg_model import KEPT_WEIGHTS_KEY, MAX_GLOBAL_TOKENS, SEQ2SEQ_DEFAULTS
 from .positions import (
     POSITION_TILINGS,
     PRETRAINED_POSITIONS_KEY,
     extend_positions,
     pretrained_positions,
-    window_block_size,
 )
 from .sbert import carry_pipeline
 from .sources import load_source_config, local_source, look_up_source
@@ -158,23 +157,12 @@ class LSGConverter:
         arch = find_architecture(source_config.model_type)
         is_lsg = is_lsg_config(source_config)
         check_setting_names(arch, source_config, lsg_kwargs)
-        build_lsg_config(arch, source_config, arch.lsg_class(arch.base_head), lsg_kwargs)  # refuse bad settings now
+        lsg_kwargs = resolve_settings(arch, source_config, lsg_kwargs, self.max_sequence_length)
         files = weight_files(source, token, record)
         settings = {**pooler_setting(arch, tensor_names(files)), **lsg_kwargs}
         run = choose_head(arch, source, source_config, settings, architecture, token)
         lsg_class, config = run.lsg_class, run.config
         positions = max_length_of(run.model)
-        if self.max_sequence_length < positions:
-            raise InvalidSettingsError(
-                f"max_sequence_length={self.max_sequence_length} is below the {positions} positions the source "
-                f"already reads: use max_sequence_length= of at least {positions}."
-            )
-        if not is_lsg and "block_size" not in lsg_kwargs:
-            config.block_size = window_block_size(positions, config)
-        try:
-            validate_lsg_settings(config, self.max_sequence_length)
-        except ValueError as error:
-            raise InvalidSettingsError(str(error)) from error
         kept = kept_weights(files, run.unexpected, lsg_class)
         if kept:
             setattr(config, KEPT_WEIGHTS_KEY, {**(getattr(config, KEPT_WEIGHTS_KEY, None) or {}), **kept})

@@ -13,7 +13,8 @@ from transformers import PretrainedConfig
 
 from .architectures import Architecture
 from .errors import InvalidSettingsError, UnknownSettingError
-from .models.lsg_model import POOLER_KEY, is_reference_config
+from .models.lsg_model import POOLER_KEY, is_reference_config, validate_lsg_settings
+from .positions import window_block_size
 
 # LSG settings a conversion uses unless told otherwise; block_size is derived from the source (see
 # `positions.window_block_size`), the other keys keep the config defaults (those of the 2023 reference).
@@ -77,3 +78,25 @@ def build_lsg_config(arch: Architecture, source_config: Any, lsg_class: type, se
         return config_class(**values)
     except (ValueError, TypeError) as error:
         raise InvalidSettingsError(str(error)) from error
+
+
+def resolve_settings(arch: Architecture, source_config: Any, lsg_kwargs: dict[str, Any], max_length: int) -> dict[str, Any]:
+    """The LSG settings of a conversion, resolved and validated once, before anything is loaded: the
+    settings asked for, plus block_size's default where the source is not LSG and none was asked for
+    (a third of the source's positions, `positions.window_block_size`). InvalidSettingsError if they
+    cannot work at `max_length` tokens, or if `max_length` is below the positions the source reads."""
+    positions = arch.layout.max_input_length(source_config)
+    if max_length < positions:
+        raise InvalidSettingsError(
+            f"max_sequence_length={max_length} is below the {positions} positions the source "
+            f"already reads: use max_sequence_length= of at least {positions}."
+        )
+    config = build_lsg_config(arch, source_config, arch.lsg_class(arch.base_head), lsg_kwargs)
+    settings = dict(lsg_kwargs)
+    if not is_lsg_config(source_config) and "block_size" not in lsg_kwargs:
+        settings["block_size"] = config.block_size = window_block_size(positions, config)
+    try:
+        validate_lsg_settings(config, max_length)
+    except ValueError as error:
+        raise InvalidSettingsError(str(error)) from error
+    return settings

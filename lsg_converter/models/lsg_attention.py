@@ -47,7 +47,6 @@ from .lsg_flex import FLEX_ATTENTION_AVAILABLE, FlexBackend
 from .lsg_pattern import (
     Backend,
     BackendUnavailable,
-    KeyPattern,
     KeySequence,
     PositionTerms,
     RowLookup,
@@ -65,6 +64,7 @@ from .lsg_pattern import (
     weighted_values,
 )
 from .lsg_sdpa import SdpaBackend
+from .lsg_settings import LSGSettings
 from .lsg_sparse import sparse_context
 from .lsg_transformers import ALL_ATTENTION_FUNCTIONS
 
@@ -123,7 +123,7 @@ def lsg_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     padding_mask: torch.Tensor | None,
-    config: Any,
+    settings: LSGSettings | Any,
     dropout: float = 0.0,
     scaling: float | None = None,
     causal: bool = False,
@@ -136,7 +136,7 @@ def lsg_attention(
         query: (B, H, q, D): the last q of the g + t positions (q < g + t only when decoding with a cache).
         key, value: (B, H, g + t, D).
         padding_mask: (B, g + t) bool, True for tokens that may be attended; None = no padding.
-        config: anything carrying the LSG keys of `LSGConfigMixin`.
+        settings: the LSG settings (`LSGSettings`), or anything carrying their keys (an LSG config).
         dropout: attention dropout probability, applied as DropKey (see `lsg_pattern.drop_keys`).
         scaling: factor of the scores (default D ** -0.5).
         causal: decoder attention: local window = previous and own block up to the query, sparse keys
@@ -156,9 +156,10 @@ def lsg_attention(
     batch, heads, length, head_dim = key.shape
     scaling = head_dim**-0.5 if scaling is None else scaling
     kernel = BACKENDS[backend]
-    num_global, block = config.num_global_tokens, config.block_size
+    settings = LSGSettings.of(settings)
+    num_global, block = settings.num_global_tokens, settings.block_size
     key_mask = torch.ones(batch, length, dtype=torch.bool, device=key.device) if padding_mask is None else padding_mask
-    if config.mask_first_token and length > num_global:
+    if settings.mask_first_token and length > num_global:
         key_mask = key_mask.clone()
         key_mask[:, num_global] = False
     num_tokens = length - num_global
@@ -173,22 +174,22 @@ def lsg_attention(
             missing_queries = query.new_zeros(batch, heads, length - num_queries, head_dim)
             full_query = torch.cat([missing_queries, query], dim=2)
             output, weights = lsg_attention(
-                full_query, key, value, padding_mask, config, dropout, scaling, causal, backend, position_terms
+                full_query, key, value, padding_mask, settings, dropout, scaling, causal, backend, position_terms
             )
             return output[:, :, -num_queries:], weights[:, :, -num_queries:]
         step = _cached_causal_attention(
-            *(x.transpose(1, 2) for x in (query, key, value)), key_mask, config, dropout, scaling, position_terms
+            *(x.transpose(1, 2) for x in (query, key, value)), key_mask, settings, dropout, scaling, position_terms
         )
         return step.transpose(1, 2), None
 
     padding = -num_tokens % block
-    if padding and not config.adaptive:
+    if padding and not settings.adaptive:
         raise ValueError(
             f"Input length {num_tokens} is not a multiple of block_size {block}: pad it, or set adaptive=True."
         )
     if not kernel.runs(query, key, value):
         kernel = BACKENDS["sdpa"]
-    pattern = KeyPattern.of(config, causal)
+    pattern = settings.pattern(causal)
     # Sequence-major (B, L, H, D) views. Split (not slice) into global tokens and tokens: the backward
     # pass then joins the two gradients with one copy instead of zero-filling two full-size ones.
     global_queries, token_queries = query.transpose(1, 2).split([num_global, num_tokens], dim=1)
@@ -216,7 +217,7 @@ def lsg_attention(
         job.sparse = sparse_context(
             *(x.transpose(1, 2) for x in (token_queries, token_keys, token_values)),
             token_mask,
-            config,
+            settings,
             scaling,
             key_rows=job.token_key_rows,
             with_positions=position_terms is not None,
@@ -296,7 +297,7 @@ def _global_attention(kernel, global_queries, key_mask, context: KeySequence, ca
     return output.transpose(1, 2)
 
 
-def _cached_causal_attention(query, key, value, key_mask, config, dropout, scaling, terms) -> torch.Tensor:
+def _cached_causal_attention(query, key, value, key_mask, settings, dropout, scaling, terms) -> torch.Tensor:
     """Causal LSG for queries that are the last q of the cached keys (decoding).
 
     Each query gathers the keys of its block in the layout every backend uses (`KeyPattern.key_columns`)
@@ -305,8 +306,8 @@ def _cached_causal_attention(query, key, value, key_mask, config, dropout, scali
     position gets in a whole causal pass. query: (B, q, H, D); key, value: (B, g + T, H, D); key_mask:
     (B, g + T) bool. Returns (B, q, H, D).
     """
-    pattern = KeyPattern.of(config, causal=True)
-    block, num_global, factor = pattern.block_size, pattern.num_global, config.sparsity_factor
+    pattern = settings.pattern(causal=True)
+    block, num_global, factor = pattern.block_size, pattern.num_global, settings.sparsity_factor
     batch, num_queries, heads, _ = query.shape
     num_tokens = key.shape[1] - num_global
     if num_tokens < num_queries:
@@ -343,7 +344,7 @@ def _cached_causal_attention(query, key, value, key_mask, config, dropout, scali
             token_keys.transpose(1, 2),
             token_values.transpose(1, 2),
             key_mask[:, num_global + first : num_global + last],
-            config,
+            settings,
             scaling,
             key_rows=None if key_rows is None else key_rows[:, :, num_global + first : num_global + last],
             with_positions=terms is not None,
@@ -453,7 +454,7 @@ def lsg_attention_forward(
             "model.set_attn_implementation('eager') for output_attentions=True (O(n^2) memory)."
         )
     output, weights = lsg_attention(
-        query, key, value, padding_mask, config, dropout, scaling, causal, backend, position_terms
+        query, key, value, padding_mask, LSGSettings.of(config), dropout, scaling, causal, backend, position_terms
     )
     return output.transpose(1, 2).contiguous(), weights
 

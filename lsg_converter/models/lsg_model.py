@@ -24,8 +24,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from .lsg_attention import lsg_backend, registered_cross_attention
-from .lsg_pattern import uses_sparse_keys
-from .lsg_sparse import SPARSITY_TYPES
+from .lsg_settings import LSG_DEFAULTS, MAX_GLOBAL_TOKENS, LSGSettings
 from .lsg_attention_layers import AttentionLayerConfig, AttentionReach, DispatchedAttention, recorded_modules
 from .lsg_global_tokens import (
     DropsGlobalTokens,
@@ -51,29 +50,16 @@ REMOTE_CODE_FILES = (
     "lsg_recorder.py",
     "lsg_attention.py",
     "lsg_pattern.py",
+    "lsg_settings.py",
     "lsg_sparse.py",
     "lsg_sdpa.py",
     "lsg_eager.py",
     "lsg_flex.py",
     "lsg_transformers.py",
 )
-MAX_GLOBAL_TOKENS = 512  # rows of the global embedding table, as in the 2023 reference checkpoints
 POOLER_KEY = "add_pooling_layer"  # config key: whether the base model holds a pooler (see LSGModelMixin)
 KEPT_WEIGHTS_KEY = "kept_source_weights"  # config key: source tensors held under their own names
 
-LSG_DEFAULTS: dict[str, Any] = {
-    "adaptive": True,
-    "block_size": 128,
-    "sparse_block_size": 128,
-    "sparsity_factor": 2,
-    "sparsity_type": "norm",
-    "num_global_tokens": 1,
-    "pool_with_global": True,
-    "mask_first_token": False,
-    "lsh_num_pre_rounds": 1,
-    "lsh_seed": 0,
-    "legacy_sparse_window": False,
-}
 # Extra key of models with relative position terms (MPNet): the position of the global tokens in those
 # terms. 0, the first token's: global 0 is made from the [CLS] / <s> embedding at position 0, so every
 # query sees it with the term it gave that token, and the global queries see the text as that token did.
@@ -194,6 +180,11 @@ class LSGConfigMixin:
         return auto_map
 
     @property
+    def lsg_settings(self) -> LSGSettings:
+        """The LSG keys of this config as one frozen value (`LSGSettings`), as the attention reads them."""
+        return LSGSettings.of(self)
+
+    @property
     def lsg_dense_decoder(self) -> bool:
         """True for the decoder-only head (ForCausalLM) of an encoder-decoder architecture.
 
@@ -247,52 +238,11 @@ def validate_lsg_settings(config: Any, max_length: int | None = None) -> None:
                 f"{key}={value!r} changes attention in a way LSG does not implement (only "
                 f"{' or '.join(repr(v) for v in supported if v is not None)}): this model cannot be converted faithfully."
             )
-    for key in ("block_size", "sparse_block_size", "sparsity_factor", "num_global_tokens", "lsh_num_pre_rounds"):
-        value = getattr(config, key)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{key}={value!r} is not an integer: use a whole number.")
     position = getattr(config, "global_token_position", 0)
     if isinstance(position, bool) or not isinstance(position, int):
         raise ValueError(f"global_token_position={position!r} is not an integer: use a token position (0: the first token's).")
-    if config.sparsity_type not in SPARSITY_TYPES:
-        raise ValueError(f"sparsity_type={config.sparsity_type!r} is unknown: use one of {', '.join(SPARSITY_TYPES)}.")
-    if config.block_size < 1:
-        raise ValueError(f"block_size={config.block_size} is not positive: use block_size= of at least 1.")
-    for key in ("sparse_block_size", "sparsity_factor", "lsh_num_pre_rounds"):
-        if getattr(config, key) < 0:
-            raise ValueError(f"{key}={getattr(config, key)} is negative: use {key}= of at least 0.")
-    if config.sparsity_type != "none":
-        for key in ("sparse_block_size", "sparsity_factor"):
-            if getattr(config, key) < 1:
-                raise ValueError(
-                    f"{key}={getattr(config, key)} gives sparsity_type={config.sparsity_type!r} no sparse keys: "
-                    f"use {key}= of at least 1, or sparsity_type='none' for local and global attention only."
-                )
-    if not 0 <= config.num_global_tokens <= MAX_GLOBAL_TOKENS:
-        raise ValueError(
-            f"num_global_tokens={config.num_global_tokens} is outside the {MAX_GLOBAL_TOKENS}-row global token table: "
-            f"use num_global_tokens= between 0 and {MAX_GLOBAL_TOKENS}."
-        )
-    if not isinstance(config.legacy_sparse_window, bool):
-        raise ValueError(f"legacy_sparse_window={config.legacy_sparse_window!r} is not a boolean: use True or False.")
-    if uses_sparse_keys(config) and config.block_size % config.sparsity_factor:
-        raise ValueError(
-            f"block_size={config.block_size} is not a multiple of sparsity_factor={config.sparsity_factor}: "
-            "use a block_size= that sparsity_factor= divides."
-        )
-    if max_length is not None:
-        for key in ("block_size", "sparse_block_size") if uses_sparse_keys(config) else ("block_size",):
-            if getattr(config, key) > max_length:
-                raise ValueError(
-                    f"{key}={getattr(config, key)} is larger than max_sequence_length={max_length}: "
-                    f"use {key}= of at most {max_length}."
-                )
     causal_lsg = getattr(config, "is_decoder", False) and not getattr(config, "lsg_dense_decoder", False)
-    if causal_lsg and config.sparsity_type == "bos_pooling" and uses_sparse_keys(config):
-        raise ValueError(
-            "sparsity_type='bos_pooling' needs the first token's query, which a cached causal decoder no longer "
-            "has: use sparsity_type='pooling' for decoder (causal LM) models."
-        )
+    LSGSettings.of(config).validate(max_length, causal=causal_lsg)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -30,11 +30,11 @@ Columns = list[torch.Tensor]  # per-token columns, (B, H, T, width) each
 Compressed = tuple[torch.Tensor, Columns, torch.Tensor]  # keys (B, H, T / f, D), columns, mask (B, 1 or H, T / f)
 
 
-def _selection_chunk(config: Any) -> int:
+def _selection_chunk(settings: Any) -> int:
     """Chunk in which norm and lsh select/hash: min(b, s), or b where that would not tile the blocks."""
-    chunk = min(config.block_size, config.sparse_block_size)
-    if config.block_size % chunk or chunk % config.sparsity_factor:
-        return config.block_size
+    chunk = min(settings.block_size, settings.sparse_block_size)
+    if settings.block_size % chunk or chunk % settings.sparsity_factor:
+        return settings.block_size
     return chunk
 
 
@@ -50,10 +50,10 @@ def _gather_tokens(keys, columns: Columns, mask, token_index) -> Compressed:
     return rows(keys), [rows(column) for column in columns], selected_mask
 
 
-def sparse_by_norm(queries, keys, columns: Columns, mask, config, scaling) -> Compressed:
+def sparse_by_norm(queries, keys, columns: Columns, mask, settings, scaling) -> Compressed:
     """In each chunk, keep the chunk / f keys of largest L2 norm (padding has norm 0)."""
-    chunk = _selection_chunk(config)
-    kept = chunk // config.sparsity_factor
+    chunk = _selection_chunk(settings)
+    kept = chunk // settings.sparsity_factor
     batch, heads, length, _ = keys.shape
     with torch.no_grad():
         key_norms = keys.norm(dim=-1) * mask[:, None, :]  # (B, H, T)
@@ -64,9 +64,9 @@ def sparse_by_norm(queries, keys, columns: Columns, mask, config, scaling) -> Co
     return _gather_tokens(keys, columns, mask, token_index)
 
 
-def sparse_by_pooling(queries, keys, columns: Columns, mask, config, scaling) -> Compressed:
+def sparse_by_pooling(queries, keys, columns: Columns, mask, settings, scaling) -> Compressed:
     """Masked mean of each window of f consecutive keys (and columns)."""
-    factor = config.sparsity_factor
+    factor = settings.sparsity_factor
     batch, length = mask.shape
     window_mask = mask.view(batch, 1, length // factor, factor, 1).to(keys.dtype)
     counts = window_mask.sum(dim=-2)  # (B, 1, T / f, 1)
@@ -78,18 +78,18 @@ def sparse_by_pooling(queries, keys, columns: Columns, mask, config, scaling) ->
     return pooled(keys), [pooled(column) for column in columns], counts.squeeze(-1) > 0
 
 
-def sparse_by_stride(queries, keys, columns: Columns, mask, config, scaling) -> Compressed:
+def sparse_by_stride(queries, keys, columns: Columns, mask, settings, scaling) -> Compressed:
     """Head j keeps tokens k * f + (j mod f)."""
-    factor = config.sparsity_factor
+    factor = settings.sparsity_factor
     heads, length = keys.shape[1], keys.shape[2]
     head_offset = (torch.arange(heads, device=keys.device) % factor).view(1, heads, 1)
     token_index = torch.arange(0, length, factor, device=keys.device).view(1, 1, -1) + head_offset
     return _gather_tokens(keys, columns, mask, token_index)
 
 
-def sparse_by_block_stride(queries, keys, columns: Columns, mask, config, scaling) -> Compressed:
+def sparse_by_block_stride(queries, keys, columns: Columns, mask, settings, scaling) -> Compressed:
     """Head j keeps, in every block, the b / f consecutive tokens from offset (j * b / f) mod b."""
-    block, factor = config.block_size, config.sparsity_factor
+    block, factor = settings.block_size, settings.sparsity_factor
     kept = block // factor
     heads, length = keys.shape[1], keys.shape[2]
     offsets = torch.arange(kept, device=keys.device).view(1, -1) + torch.arange(heads, device=keys.device).view(-1, 1) * kept
@@ -98,12 +98,12 @@ def sparse_by_block_stride(queries, keys, columns: Columns, mask, config, scalin
     return _gather_tokens(keys, columns, mask, token_index)
 
 
-def sparse_by_bos_pooling(queries, keys, columns: Columns, mask, config, scaling) -> Compressed:
+def sparse_by_bos_pooling(queries, keys, columns: Columns, mask, settings, scaling) -> Compressed:
     """In each window of f tokens, mean weighted by softmax(q_first . k * scaling), q_first = first real token.
 
     A window of padding only is masked (the 2023 reference left it unmasked, so its rows depended on
     the padding after them: see the README's compatibility notes)."""
-    factor = config.sparsity_factor
+    factor = settings.sparsity_factor
     window_keys = keys.unflatten(2, (-1, factor))  # (B, H, T / f, f, D)
     window_mask = mask.view(mask.shape[0], 1, -1, factor)
     first_query = queries[:, :, :1, None, :]  # (B, H, 1, 1, D)
@@ -147,17 +147,17 @@ def _lsh_round(keys, columns: Columns, weights, buckets: int, generator: torch.G
     return bucket_sums(keys), [bucket_sums(column) for column in columns], bucket_sums(weights)
 
 
-def sparse_by_lsh(queries, keys, columns: Columns, mask, config, scaling) -> Compressed:
+def sparse_by_lsh(queries, keys, columns: Columns, mask, settings, scaling) -> Compressed:
     """Average keys that hash together: chunks of min(b, s), pre-rounds into `chunk` buckets, then chunk / f."""
-    chunk = _selection_chunk(config)
+    chunk = _selection_chunk(settings)
     batch, heads = keys.shape[:2]
     weights = mask.view(batch, 1, -1, chunk, 1).to(keys.dtype).expand(-1, heads, -1, -1, -1)
     chunk_keys = keys.unflatten(2, (-1, chunk)) * weights  # (B, H, T / chunk, chunk, D)
     chunk_columns = [column.unflatten(2, (-1, chunk)) * weights for column in columns]
-    generator = torch.Generator().manual_seed(config.lsh_seed)
-    for _ in range(config.lsh_num_pre_rounds):
+    generator = torch.Generator().manual_seed(settings.lsh_seed)
+    for _ in range(settings.lsh_num_pre_rounds):
         chunk_keys, chunk_columns, weights = _lsh_round(chunk_keys, chunk_columns, weights, chunk, generator)
-    buckets = chunk // config.sparsity_factor
+    buckets = chunk // settings.sparsity_factor
     chunk_keys, chunk_columns, weights = _lsh_round(chunk_keys, chunk_columns, weights, buckets, generator)
     # bucket means; an empty bucket (weight 0) keeps its zero sum instead of 0 / 0
     counts = weights.clamp(min=1)
@@ -168,7 +168,7 @@ def sparse_by_lsh(queries, keys, columns: Columns, mask, config, scaling) -> Com
     )
 
 
-def sparse_every_token(queries, keys, columns: Columns, mask, config, scaling) -> Compressed:
+def sparse_every_token(queries, keys, columns: Columns, mask, settings, scaling) -> Compressed:
     """sparsity_factor == 1: every token is a sparse token."""
     return keys, list(columns), mask[:, None, :]
 
@@ -188,7 +188,7 @@ def sparse_context(
     keys: torch.Tensor,
     values: torch.Tensor,
     mask: torch.Tensor,
-    config: Any,
+    settings: Any,
     scaling: float,
     key_rows: torch.Tensor | None = None,
     with_positions: bool = False,
@@ -200,7 +200,7 @@ def sparse_context(
     positions with `with_positions`; the identity (each sparse key's share of every token's value,
     `SparseContext.token_weights`) with `with_token_weights`.
     """
-    compress = sparse_every_token if config.sparsity_factor == 1 else SPARSE_COMPRESSORS[config.sparsity_type]
+    compress = sparse_every_token if settings.sparsity_factor == 1 else SPARSE_COMPRESSORS[settings.sparsity_type]
     batch, heads, length, _ = keys.shape
     columns = {"values": values}
     if with_positions:  # in float32: exact for every position a model reads
@@ -210,7 +210,7 @@ def sparse_context(
         columns["key_rows"] = key_rows
     if with_token_weights:
         columns["token_weights"] = torch.eye(length, dtype=values.dtype, device=keys.device).expand(batch, heads, -1, -1)
-    sparse_keys, compressed, sparse_mask = compress(queries, keys, list(columns.values()), mask, config, scaling)
+    sparse_keys, compressed, sparse_mask = compress(queries, keys, list(columns.values()), mask, settings, scaling)
     compressed = dict(zip(columns, compressed))
     positions = compressed.get("positions")
     return SparseContext(
