@@ -166,7 +166,7 @@ def _check_output_folder(args: argparse.Namespace, save_path: str, lsg_kwargs: d
     from .saving import check_output_folder
 
     try:
-        check_output_folder(save_path, args.overwrite)
+        check_output_folder(save_path, args.overwrite, source=args.source)
     except OutputExistsError:
         _check_settings(args, lsg_kwargs)
         raise

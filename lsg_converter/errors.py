@@ -53,6 +53,11 @@ class OutputExistsError(LSGError, exit_code=5):
     """The output folder exists and is not empty, and overwriting was not asked for."""
 
 
+class OutputOverlapsSourceError(OutputExistsError, exit_code=5):
+    """The output folder is the source folder, holds it or lies inside it: saving there, overwriting or
+    not, would delete or mix with the source's files, so it is refused."""
+
+
 class CorruptCheckpointError(LSGError, exit_code=6):
     """The source's files exist but cannot be read (truncated or corrupt weights, broken config)."""
 
@@ -68,6 +73,11 @@ class HubError(LSGError, exit_code=7):
 
 class MissingDependencyError(LSGError, ImportError, exit_code=8):
     """A package the run needs is not installed: the message names the one to install."""
+
+
+class OutputNotWritableError(LSGError, exit_code=9):
+    """The output folder cannot be written (permissions, a read-only file system, no space left, a
+    file where a folder must be): nothing is left there."""
 
 
 def pip_name(module: str) -> str:

@@ -10,8 +10,13 @@ from pathlib import Path
 from huggingface_hub import ModelCard
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .errors import OutputExistsError
+from .errors import OutputExistsError, OutputNotWritableError, OutputOverlapsSourceError
 from .sbert import write_pipeline
+
+try:  # what safetensors raises for a failed write (no space left on device), where it has a name
+    from safetensors import SafetensorError
+except ImportError:  # older safetensors: its errors are OSErrors
+    SafetensorError = OSError
 
 
 def save_converted(
@@ -31,11 +36,12 @@ def save_converted(
     `overwrite=True`. The folder and its files get the permissions the user's umask gives new ones
     (0755 and 0644 under umask 022), the weights included.
     """
-    target = check_output_folder(save_path, overwrite)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = target.parent / f".{target.name}.{secrets.token_hex(4)}.partial"
-    staging.mkdir()  # mode 0777 minus the umask
+    target = check_output_folder(save_path, overwrite, source=getattr(model.config, "_name_or_path", None))
+    staging = None
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = target.parent / f".{target.name}.{secrets.token_hex(4)}.partial"
+        staging.mkdir()  # mode 0777 minus the umask
         model.save_pretrained(staging)
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
@@ -46,9 +52,23 @@ def save_converted(
         if target.exists():
             shutil.rmtree(target) if target.is_dir() else target.unlink()
         staging.rename(target)
+    except (OSError, SafetensorError) as error:
+        raise OutputNotWritableError(
+            f"Cannot write {target}: {_reason(error)}. Nothing was written there: free space or choose another "
+            "folder (save_path=)."
+        ) from error
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _reason(error: BaseException) -> str:
+    """What an OS error says went wrong, on one line ("No space left on device: '/out/.x.partial'")."""
+    if isinstance(error, OSError) and error.strerror:
+        where = f": {error.filename}" if error.filename else ""
+        return f"{error.strerror}{where}"
+    return " ".join(str(error).split())
 
 
 def _give_files_the_folder_mode(folder: Path) -> None:
@@ -59,9 +79,44 @@ def _give_files_the_folder_mode(folder: Path) -> None:
         path.chmod(folder_mode if path.is_dir() else folder_mode & 0o666)
 
 
-def check_output_folder(save_path: str | os.PathLike, overwrite: bool = False) -> Path:
-    """Resolved `save_path`; OutputExistsError if it holds anything and `overwrite` is False."""
-    target = Path(save_path).resolve()
+def check_output_folder(
+    save_path: str | os.PathLike, overwrite: bool = False, source: str | os.PathLike | None = None
+) -> Path:
+    """Resolved `save_path`, checked before anything is written or loaded:
+
+    * OutputOverlapsSourceError if it is the `source` folder, holds it or lies inside it (overwrite or not);
+    * OutputExistsError if it holds anything and `overwrite` is False;
+    * OutputNotWritableError if its folder cannot be created or written (the nearest existing folder on
+      its path is read-only to this user, or a file stands where a folder must be).
+    """
+    target = Path(save_path).expanduser().resolve()
+    source_folder = Path(source).expanduser() if source else None
+    if source_folder is not None and source_folder.is_dir():
+        source_folder = source_folder.resolve()
+        if target == source_folder or target.is_relative_to(source_folder) or source_folder.is_relative_to(target):
+            where = (
+                "is the source folder" if target == source_folder
+                else "lies inside the source folder" if target.is_relative_to(source_folder)
+                else f"holds the source folder {source_folder}"
+            )
+            raise OutputOverlapsSourceError(
+                f"{target} {where}: saving there would delete or mix with the source's files, overwrite or not. "
+                "Choose a save_path= outside the source."
+            )
     if target.exists() and (not target.is_dir() or any(target.iterdir())) and not overwrite:
         raise OutputExistsError(f"{target} already exists and is not empty: choose another path or pass overwrite=True.")
+    _check_writable(target)
     return target
+
+
+def _check_writable(target: Path) -> None:
+    """OutputNotWritableError unless the folder that will hold `target` can be created and written."""
+    existing = target.parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise OutputNotWritableError(f"Cannot write {target}: {existing} is a file, not a folder. Choose another save_path=.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise OutputNotWritableError(
+            f"Cannot write {target}: {existing} is not writable by this user. Choose a folder you can write to (save_path=)."
+        )
