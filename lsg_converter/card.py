@@ -11,6 +11,7 @@ from huggingface_hub import ModelCard, ModelCardData
 from transformers import PreTrainedModel
 
 from ._version import __version__
+from .errors import listed
 from .architectures import find_architecture, max_length_of
 from .sbert import pipeline_of
 from .sources import is_hub_id, local_source, source_license, source_model_name, source_name
@@ -38,8 +39,9 @@ CARD_SETTINGS = (
 )
 # Settings the card lists only when True (they describe an exception, not a choice).
 CARD_SETTINGS_WHEN_TRUE = ("legacy_sparse_window",)
-# The head's Auto class -> the card's pipeline_tag: the tags transformers' own model cards give these
-# heads (transformers.modelcard.TASK_MAPPING). None: no tag. Multiple choice is no Hub task, and a
+# The head's Auto class -> the card's pipeline_tag: the tasks of transformers' pipelines for these heads.
+# A sequence-to-sequence generator is tagged "text-generation": transformers 5.24 removed its
+# text2text-generation, summarization and translation pipelines. None: no tag. Multiple choice is no Hub task, and a
 # ForPreTraining head predicts different things per architecture (BERT's and ALBERT's masked tokens
 # plus a sentence task, ELECTRA's which tokens were replaced), so no single task describes it.
 PIPELINE_TAGS = {
@@ -48,7 +50,7 @@ PIPELINE_TAGS = {
     "AutoModelForSequenceClassification": "text-classification",
     "AutoModelForTokenClassification": "token-classification",
     "AutoModelForQuestionAnswering": "question-answering",
-    "AutoModelForSeq2SeqLM": "text2text-generation",
+    "AutoModelForSeq2SeqLM": "text-generation",
     "AutoModelForCausalLM": "text-generation",
     "AutoModelForMultipleChoice": None,
     "AutoModelForNextSentencePrediction": None,
@@ -86,6 +88,7 @@ def model_card(
             transformers snippet runs the model on token ids instead of loading a tokenizer.
     """
     config = model.config
+    new_weights = list(getattr(model, "lsg_new_weights", None) or [])
     source = config._name_or_path or "unknown"
     head = config.architectures[0] if config.architectures else type(model).__name__
     auto_class = find_architecture(config.model_type).auto_classes[head]
@@ -97,7 +100,8 @@ def model_card(
         library, pipeline_tag, library_tags = "sentence-transformers", "sentence-similarity", SENTENCE_TRANSFORMERS_TAGS
         usage = _sentence_transformers_usage(name, max_length)
     else:
-        library, pipeline_tag, library_tags = "transformers", PIPELINE_TAGS.get(auto_class), []
+        # a head the source did not have is random: it does not do its task until trained
+        library, pipeline_tag, library_tags = "transformers", None if new_weights else PIPELINE_TAGS.get(auto_class), []
         usage = _transformers_usage(model, auto_class, name, max_length, has_tokenizer)
     data = ModelCardData(
         base_model=source if on_hub else None,
@@ -119,6 +123,16 @@ def model_card(
         else f"from the folder `{name}` (the folder this README.md is in): run it in the folder that holds "
         f"`{name}`, or write the folder's path instead"
     )
+    if new_weights:
+        weights_sentence = (
+            f"with the source's pretrained weights, except the head `{head}` adds, which the source did not have: "
+            f"{listed(new_weights, 4)} {'is' if len(new_weights) == 1 else 'are'} **newly initialised (random)**. "
+            "Train them on your task before use."
+        )
+    else:
+        weights_sentence = (
+            "with the source's pretrained weights and no retraining (fine-tuning on long inputs is still recommended)."
+        )
     content = f"""---
 {data.to_yaml()}
 ---
@@ -126,9 +140,8 @@ def model_card(
 # {name}
 
 {source_mention} converted to **LSG attention** (Local + Sparse + Global) with
-[lsg_converter](https://pypi.org/project/lsg-converter/): it reads up to **{max_length:,} tokens**
-at O(n) cost, with the source's pretrained weights and no retraining (fine-tuning on long inputs is
-still recommended). Head: `{head}`, model type `{config.model_type}`.
+[lsg_converter {__version__}](https://pypi.org/project/lsg-converter/{__version__}/): it reads up to
+**{max_length:,} tokens** at O(n) cost, {weights_sentence} Head: `{head}`, model type `{config.model_type}`.
 
 ## LSG settings
 
@@ -143,7 +156,9 @@ still recommended). Head: `{head}`, model type `{config.model_type}`.
 ```
 
 lsg_converter {__version__}, transformers {transformers.__version__}. The modeling code travels with the
-weights (`trust_remote_code=True`); `lsg_converter` need not be installed to use the model.
+weights (`trust_remote_code=True`); `lsg_converter` need not be installed to use the model. To convert
+another model: `pip install "lsg-converter>={__version__}"` (older releases on the package index are the
+2023 implementation, which does not run on transformers 5).
 
 ## Usage
 

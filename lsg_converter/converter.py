@@ -15,7 +15,7 @@ from .checkpoint import tensor_names, weight_files
 from .errors import InvalidSettingsError, UnknownSettingError
 from .global_tokens import fill_global_tokens
 from .head_choice import choose_head
-from .loading import drop_source_lengths, kept_weights, load_model, load_tokenizer, report_loading
+from .loading import drop_source_lengths, kept_weights, load_model, load_tokenizer, new_weights, report_loading
 from .lsg_config import check_setting_names, is_lsg_config, pooler_setting, resolve_settings, unknown_setting_error
 from .models.lsg_model import KEPT_WEIGHTS_KEY, MAX_GLOBAL_TOKENS, SEQ2SEQ_DEFAULTS
 from .positions import (
@@ -172,6 +172,7 @@ class LSGConverter:
             torch.manual_seed(self.seed)
             model, loading_info = load_model(lsg_class, source, config, token)
             report_loading(model, loading_info, kept)
+            model.lsg_new_weights = new_weights(loading_info)  # the card says they are random
             config = model.config
             refresh = is_lsg and not self.resize_lsg and (self.keep_first_global_token or self.reinit_global_tokens)
             keep_first = refresh and self.keep_first_global_token

@@ -152,7 +152,7 @@ def test_snippet_names_the_hub_repository_when_pushed_even_if_also_saved(tiny_be
         ("roberta", "RobertaForSequenceClassification", "text-classification"),
         ("distilbert", "DistilBertForTokenClassification", "token-classification"),
         ("bert", "BertForQuestionAnswering", "question-answering"),
-        ("bart", "BartForConditionalGeneration", "text2text-generation"),
+        ("bart", "BartForConditionalGeneration", "text-generation"),  # transformers 5.24 has no text2text task
         ("roberta", "RobertaForCausalLM", "text-generation"),
         ("bert", "BertForMultipleChoice", None),  # multiple choice is no Hub task
         ("electra", "ElectraForPreTraining", None),  # a replaced-token detector, unlike BERT's pretraining head
@@ -236,3 +236,30 @@ def test_snippet_of_a_model_without_tokenizer_runs_it_on_token_ids_when_pasted(a
 
     assert result.returncode == 0, result.stderr[-3000:]
     assert "SNIPPET RAN" in result.stdout
+
+
+def test_a_head_the_source_did_not_have_is_called_random_and_gets_no_task_tag(tiny_bert_dir):
+    model, _ = LSGConverter(max_sequence_length=LENGTH).convert_from_pretrained(
+        tiny_bert_dir, architecture="BertForSequenceClassification"
+    )
+    card = model_card(model)
+
+    assert "**newly initialised (random)**" in card.text and "classifier.weight" in card.text
+    assert "no retraining" not in card.text
+    assert card.data.pipeline_tag is None
+
+
+def test_a_head_the_source_had_keeps_its_task_tag_and_says_no_retraining(tiny_bert_dir):
+    card = converted_card(tiny_bert_dir)
+
+    assert card.data.pipeline_tag == "fill-mask"
+    assert "no retraining" in card.text and "random" not in card.text
+
+
+def test_the_install_line_asks_for_this_release_not_the_2023_one(tiny_bert_dir):
+    from lsg_converter import __version__
+
+    card = converted_card(tiny_bert_dir)
+
+    assert f'pip install "lsg-converter>={__version__}"' in card.text
+    assert f"https://pypi.org/project/lsg-converter/{__version__}/" in card.text
