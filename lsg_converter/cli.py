@@ -76,6 +76,7 @@ def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace, interrup
         )
         target = None
         if save_path:
+            _warn_of_position_tables(model, save_path)
             _advance(progress, "save")
             interruption.stop_if_received()
             target = _save(model, tokenizer, save_path, args.overwrite, card, interruption, last=not args.push_to_hub)
@@ -136,6 +137,20 @@ def _save(
         interruption.outlived()
         saved = target
     return saved
+
+
+def _warn_of_position_tables(model: Any, save_path: str) -> None:
+    """A warning before the save where the position tables are most of what it writes (a very long --max-len):
+    'Writing 1.6 GB of weights to <folder>, 1.5 GB of them position tables for 1,000,000 tokens'."""
+    from .architectures import max_length_of
+    from .saving import readable_size, weights_size
+
+    total, positions = weights_size(model)
+    if positions * 2 > total:
+        logging.get_logger("lsg_converter").warning(
+            f"Writing {readable_size(total)} of weights to {Path(save_path).resolve()}, {readable_size(positions)} "
+            f"of them position tables for {max_length_of(model):,} tokens: a smaller --max-len makes it smaller."
+        )
 
 
 def _folder_identity(path: Path) -> tuple[int, int] | None:

@@ -120,3 +120,22 @@ def _check_writable(target: Path) -> None:
         raise OutputNotWritableError(
             f"Cannot write {target}: {existing} is not writable by this user. Choose a folder you can write to (save_path=)."
         )
+
+
+def weights_size(model: PreTrainedModel) -> tuple[int, int]:
+    """(bytes of the model's weights, bytes of them in its position tables), as saved: each tensor once."""
+    from .architectures import find_architecture
+
+    tensors = {tensor.data_ptr(): tensor for tensor in model.state_dict().values()}
+    tables = find_architecture(model.config.model_type).position_tables_in(model.base_model).values()
+    total = sum(tensor.numel() * tensor.element_size() for tensor in tensors.values())
+    positions = sum(table.weight.numel() * table.weight.element_size() for table in tables)
+    return total, positions
+
+
+def readable_size(size: int) -> str:
+    """'1.6 GB', '87.4 MB', '512 kB': decimal units, as file managers show them."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} B"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib.util
+import os
 import signal
 import sys
 from contextlib import contextmanager
@@ -34,6 +35,7 @@ exit codes: 0 done, 1 other error, 2 invalid setting or command line, 3 unsuppor
 """
 PROG = "lsg-convert"
 USAGE_EXIT_CODE = 2
+SOURCE_NOT_FOUND_EXIT_CODE = 4  # lsg_converter.errors.SourceNotFoundError's
 MISSING_DEPENDENCY_EXIT_CODE = 8  # lsg_converter.errors.MissingDependencyError's
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as shells report Ctrl-C
 # The library's choices, written here so that the parser needs no torch (tests/test_cli.py checks
@@ -129,8 +131,14 @@ def build_parser() -> argparse.ArgumentParser:
     settings.add_argument(
         "--sparsity-type", choices=SPARSITY_TYPES, help="sparse selection (default none: local + global only)"
     )
-    settings.add_argument("--sparse-block-size", type=int, help="sparse keys on each side of a block (default 128)")
-    settings.add_argument("--sparsity-factor", type=int, help="sparse compression factor (default 2)")
+    settings.add_argument(
+        "--sparse-block-size", type=int,
+        help="sparse keys on each side of a block, with a --sparsity-type other than none (default 128)",
+    )
+    settings.add_argument(
+        "--sparsity-factor", type=int,
+        help="tokens compressed into one sparse key, with a --sparsity-type other than none (default 2)",
+    )
     settings.add_argument("--num-global-tokens", type=int, help="global tokens, 0 to 512 (default 1)")
     settings.add_argument(
         "--position-tiling",
@@ -141,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     settings.add_argument(
         "--pass-global-tokens-to-decoder",
         action=argparse.BooleanOptionalAction,
-        help="BART: let the decoder attend to the encoder's global tokens (default on)",
+        help="encoder-decoder models (BART, mBART, Pegasus): the decoder attends to the encoder's global tokens (default on)",
     )
     tokens = parser.add_argument_group("global tokens")
     tokens.add_argument("--seed", type=int, default=123, help="seed of the conversion's random draws (default 123)")
@@ -183,13 +191,14 @@ class Interruption:
             raise KeyboardInterrupt
 
     @contextmanager
-    def handled(self) -> Iterator["Interruption"]:
-        """SIGINT goes to this object for the time of the block (the previous handler comes back after)."""
+    def handled(self, ignored_after: bool = False) -> Iterator["Interruption"]:
+        """SIGINT goes to this object for the time of the block; after it, the previous handler comes
+        back, or, with `ignored_after`, SIGINT is ignored (the run's exit code is decided)."""
         previous = signal.signal(signal.SIGINT, self._on_sigint)
         try:
             yield self
         finally:
-            signal.signal(signal.SIGINT, previous)
+            signal.signal(signal.SIGINT, signal.SIG_IGN if ignored_after else previous)
 
     def stop_if_received(self) -> None:
         """KeyboardInterrupt if a Ctrl-C came (its first KeyboardInterrupt may have been caught by a library)."""
@@ -201,19 +210,34 @@ class Interruption:
         self.stops_the_run = False
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def missing_local_source(source: str) -> str | None:
+    """The error line for a source spelt as a path ("./model", "/data/model", "~/model", "a/b/c") where
+    nothing is on disk; None for an existing path or a name that may be a Hub id ("owner/name")."""
+    path = Path(source).expanduser()
+    spelt_as_path = source.startswith((".", "/", "~")) or source.count("/") > 1 or (os.sep != "/" and os.sep in source)
+    if not spelt_as_path or path.exists():
+        return None
+    return f"No folder at {source!r}: give an existing model folder or a Hub model id."
+
+
+def main(argv: Sequence[str] | None = None, late_interrupts_ignored: bool = False) -> int:
     """Run the CLI; returns the exit code (0 on success). Ctrl-C at any moment, the imports included,
-    ends it with one line and exit code 130 (see `Interruption`)."""
+    ends it with one line and exit code 130 (see `Interruption`). With `late_interrupts_ignored` (the
+    command, see `console_main`), a Ctrl-C after the run has returned its code is ignored."""
     interruption = Interruption()
     debug = False
     try:
-        with interruption.handled():
+        with interruption.handled(ignored_after=late_interrupts_ignored):
             parser = build_parser()
             try:
                 args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
             except SystemExit as done:  # --help, --version, or a command-line mistake already reported on one line
                 return int(done.code or 0)
             debug = args.debug
+            missing = missing_local_source(args.source)
+            if missing:  # said before the (slow) import of torch
+                print(f"{PROG}: error: {missing}", file=sys.stderr)
+                return SOURCE_NOT_FOUND_EXIT_CODE
             try:
                 from lsg_converter.cli import convert
             except ImportError as error:  # torch, transformers, ... missing or broken
@@ -229,3 +253,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"{PROG}: interrupted", file=sys.stderr)
         return INTERRUPTED_EXIT_CODE
+
+
+def console_main() -> NoReturn:
+    """The ``lsg-convert`` command: exit with `main`'s code. A Ctrl-C once the run has decided it (while
+    the interpreter shuts down, which takes a moment after torch) does not turn a finished run into 130."""
+    sys.exit(main(late_interrupts_ignored=True))

@@ -1,7 +1,5 @@
 """`python -m lsg_converter_cli`: the `lsg-convert` command."""
 
-import sys
+from . import console_main
 
-from . import main
-
-sys.exit(main())
+console_main()

@@ -543,3 +543,18 @@ def test_reinit_global_tokens_initialises_every_global_token_afresh(trained_lega
 
     torch.testing.assert_close(embeddings.global_embeddings.weight[:4], fresh_global_tokens(embeddings, 4))
     assert not torch.allclose(embeddings.global_embeddings.weight[:4], before[:4])
+
+
+def test_a_save_mostly_of_position_tables_says_its_size_first(tiny_bert_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    code = main([str(tiny_bert_dir), "--max-len", "65536", "--save-path", str(out)])
+
+    assert code == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "position tables" in line]
+    assert len(warnings) == 1 and "MB of weights" in warnings[0] and "65,536 tokens" in warnings[0]
+    assert "--max-len" in warnings[0]
+
+
+def test_a_save_of_ordinary_size_says_nothing_of_it(tiny_bert_dir, tmp_path, capsys):
+    assert main([str(tiny_bert_dir), "--max-len", "256", "--save-path", str(tmp_path / "out")]) == 0
+    assert "position tables" not in capsys.readouterr().err

@@ -37,6 +37,8 @@ sys.exit(code)
         (["model", "--max-len", "512", "--block-sise", "3"], 2),
         (["model", "--max-len", "4k"], 2),
         (["model"], 2),
+        (["./no-such-model", "--max-len", "512"], 4),  # a missing local path, said at once
+        (["~/no-such-folder/model", "--max-len", "512"], 4),
     ],
 )
 def test_the_command_line_answers_without_importing_torch_or_transformers(argv, code, tmp_path):
@@ -163,3 +165,51 @@ def test_ctrl_c_once_the_folder_is_in_place_lets_the_run_end_as_done(tiny_bert_d
     assert "interrupted" not in err and f"to {tmp_path / 'out'}" in out.splitlines()[-1]
     assert (tmp_path / "out" / "model.safetensors").is_file() and (tmp_path / "out" / "config.json").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf-home", "out", "source"]
+
+
+# the command's main() in a fresh Python that, once the run has returned its code, says so and lingers
+# as an interpreter shutting down after torch does
+LINGERING_COMMAND = """
+import os, sys, time
+from lsg_converter_cli import main
+code = main(ARGV, late_interrupts_ignored=True)
+os.write(1, b"RETURNED\\n")
+time.sleep(10)
+sys.exit(code)
+"""
+
+
+def test_ctrl_c_after_the_run_returned_keeps_its_exit_code(tiny_bert_dir, tmp_path):
+    argv = [str(tiny_bert_dir), "--max-len", "256", "--save-path", str(tmp_path / "out"), "--quiet"]
+    script = LINGERING_COMMAND.replace("ARGV", repr(argv))
+    environment = hub_environment(closed_port_endpoint(), tmp_path / "hf-home")
+    process = subprocess.Popen(
+        python_command(script), cwd=tmp_path, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+    assert process.stdout.readline() == "RETURNED\n", process.communicate(timeout=300)[1]
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=300)
+
+    assert process.returncode == 0, err
+    assert "Traceback" not in err and "interrupted" not in err
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+
+
+def test_the_command_is_main_with_late_interrupts_ignored():
+    import tomllib
+    from pathlib import Path
+
+    scripts = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["lsg-convert"] == "lsg_converter_cli:console_main"
+
+
+@pytest.mark.parametrize("source", ["./no-such-model", "/no/such/model", "data/models/no-such-model"])
+def test_a_missing_local_path_is_one_line_exit_4(source, capsys):
+    assert main([source, "--max-len", "512"]) == 4
+    assert capsys.readouterr().err.strip() == f"lsg-convert: error: No folder at {source!r}: give an existing model folder or a Hub model id."
+
+
+def test_a_name_that_may_be_a_hub_id_is_not_refused_by_the_front_end():
+    assert lsg_converter_cli.missing_local_source("owner/model-name") is None
+    assert lsg_converter_cli.missing_local_source("bert-base-uncased") is None
