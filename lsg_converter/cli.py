@@ -34,6 +34,8 @@ def convert(parser: argparse.ArgumentParser, args: argparse.Namespace, interrupt
 
 
 def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace, interruption: Interruption) -> int:
+    import torch
+
     from . import LSGConverter, LSGError, MissingDependencyError, model_card, push_converted
     from .errors import missing_package
     from .card import default_folder_name
@@ -66,6 +68,8 @@ def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace, interrup
         model, tokenizer = converter.convert_from_pretrained(
             args.source, architecture=args.architecture, token=args.token, **lsg_kwargs
         )
+        if args.dtype:
+            model = model.to(getattr(torch, args.dtype))
         card = model_card(
             model,
             args.push_to_hub,
@@ -171,6 +175,10 @@ def _lsg_settings(args: argparse.Namespace) -> dict[str, Any]:
         "sparsity_type": args.sparsity_type,
         "num_global_tokens": args.num_global_tokens,
         "pass_global_tokens_to_decoder": args.pass_global_tokens_to_decoder,
+        "pool_with_global": args.pool_with_global,
+        "mask_first_token": args.mask_first_token,
+        "global_token_position": args.global_token_position,
+        "num_labels": args.num_labels,
     }
     return {key: value for key, value in settings.items() if value is not None}
 

@@ -35,6 +35,7 @@ exit codes: 0 done, 1 other error, 2 invalid setting or command line, 3 unsuppor
 """
 PROG = "lsg-convert"
 USAGE_EXIT_CODE = 2
+DTYPES = ("float32", "bfloat16", "float16")  # --dtype: the torch dtypes of that name
 SOURCE_NOT_FOUND_EXIT_CODE = 4  # lsg_converter.errors.SourceNotFoundError's
 MISSING_DEPENDENCY_EXIT_CODE = 8  # lsg_converter.errors.MissingDependencyError's
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as shells report Ctrl-C
@@ -117,8 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
         dest="max_sequence_length",
         metavar="N",
         type=_positive_int,
-        required=True,
-        help="new maximum sequence length, e.g. 4096",
+        help="new maximum sequence length, e.g. 4096 (required, except with --info)",
+    )
+    parser.add_argument(
+        "--info", action="store_true", help="say what the model at SOURCE is (format, head, length, LSG settings) and exit"
     )
     parser.add_argument(
         "--save-path", help="output folder (default: <source name>-lsg-<max-len>; none when only pushing)"
@@ -150,6 +153,30 @@ def build_parser() -> argparse.ArgumentParser:
         "--pass-global-tokens-to-decoder",
         action=argparse.BooleanOptionalAction,
         help="encoder-decoder models (BART, mBART, Pegasus): the decoder attends to the encoder's global tokens (default on)",
+    )
+    settings.add_argument(
+        "--pool-with-global",
+        action=argparse.BooleanOptionalAction,
+        help="the first token's output is global token 0's (default on)",
+    )
+    settings.add_argument(
+        "--mask-first-token",
+        action=argparse.BooleanOptionalAction,
+        help="hide the first token as a key: it duplicates global token 0 (default off)",
+    )
+    settings.add_argument(
+        "--global-token-position",
+        type=int,
+        metavar="P",
+        help="MPNet, DeBERTa: the position the global tokens have in the relative position terms (default 0)",
+    )
+    settings.add_argument(
+        "--num-labels", type=int, metavar="N", help="labels of a classification head built by --architecture"
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        help="save the weights in this type (default: as loaded from the source): bfloat16 halves a float32 folder",
     )
     tokens = parser.add_argument_group("global tokens")
     tokens.add_argument("--seed", type=int, default=123, help="seed of the conversion's random draws (default 123)")
@@ -231,6 +258,8 @@ def main(argv: Sequence[str] | None = None, late_interrupts_ignored: bool = Fals
             parser = build_parser()
             try:
                 args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+                if args.max_sequence_length is None and not args.info:
+                    parser.error("the following arguments are required: --max-len")
             except SystemExit as done:  # --help, --version, or a command-line mistake already reported on one line
                 return int(done.code or 0)
             debug = args.debug
@@ -247,12 +276,29 @@ def main(argv: Sequence[str] | None = None, late_interrupts_ignored: bool = Fals
                 print(f"{PROG}: error: {' '.join(str(error).split())}: pip install -U {package}", file=sys.stderr)
                 return MISSING_DEPENDENCY_EXIT_CODE
 
+            if args.info:
+                return show_info(args)
             return convert(parser, args, interruption)
     except KeyboardInterrupt:
         if debug:
             raise
         print(f"{PROG}: interrupted", file=sys.stderr)
         return INTERRUPTED_EXIT_CODE
+
+
+def show_info(args: argparse.Namespace) -> int:
+    """`--info`: print what the model at args.source is (lsg_converter.info.describe); an error in one line."""
+    from lsg_converter.errors import LSGError, one_line
+    from lsg_converter.info import describe
+
+    try:
+        print(describe(args.source, args.token))
+    except LSGError as error:
+        if args.debug:
+            raise
+        print(f"{PROG}: error: {one_line(error)}", file=sys.stderr)
+        return error.exit_code
+    return 0
 
 
 def console_main() -> NoReturn:

@@ -558,3 +558,39 @@ def test_a_save_mostly_of_position_tables_says_its_size_first(tiny_bert_dir, tmp
 def test_a_save_of_ordinary_size_says_nothing_of_it(tiny_bert_dir, tmp_path, capsys):
     assert main([str(tiny_bert_dir), "--max-len", "256", "--save-path", str(tmp_path / "out")]) == 0
     assert "position tables" not in capsys.readouterr().err
+
+
+def test_pool_with_global_mask_first_token_and_num_labels_reach_the_saved_config(tiny_bert_dir, tmp_path):
+    out = tmp_path / "out"
+    code = main([
+        str(tiny_bert_dir), "--max-len", "256", "--save-path", str(out), "--architecture", "BertForSequenceClassification",
+        "--no-pool-with-global", "--mask-first-token", "--num-labels", "5",
+    ])  # fmt: skip
+
+    assert code == 0
+    config = json.loads((out / "config.json").read_text())
+    assert (config["pool_with_global"], config["mask_first_token"], len(config["id2label"])) == (False, True, 5)
+
+
+def test_global_token_position_is_refused_in_one_line_where_the_model_has_no_relative_positions(tiny_bert_dir, tmp_path, capsys):
+    code = main([str(tiny_bert_dir), "--max-len", "256", "--save-path", str(tmp_path / "out"), "--global-token-position", "3"])
+    line = _assert_clean_error(capsys, code, 2)
+    assert "global_token_position" in line or "--global-token-position" in line
+
+
+def test_dtype_bfloat16_saves_half_the_bytes_and_loads_as_bfloat16(tiny_bert_dir, tmp_path):
+    from safetensors import safe_open
+
+    sizes = {}
+    for dtype in ("float32", "bfloat16"):
+        out = tmp_path / dtype
+        assert main([str(tiny_bert_dir), "--max-len", "256", "--save-path", str(out), "--dtype", dtype, "--quiet"]) == 0
+        sizes[dtype] = (out / "model.safetensors").stat().st_size
+        with safe_open(out / "model.safetensors", "pt") as weights:
+            assert {weights.get_tensor(name).dtype for name in weights.keys()} == {getattr(torch, dtype)}
+
+    assert sizes["bfloat16"] < 0.55 * sizes["float32"]
+    model = ARCHITECTURES["bert"].lsg_class("BertForMaskedLM").from_pretrained(tmp_path / "bfloat16")
+    assert model.dtype == torch.bfloat16
+    with torch.no_grad():
+        assert torch.isfinite(model(input_ids=torch.arange(5, 200)[None]).logits).all()

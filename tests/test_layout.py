@@ -133,3 +133,23 @@ def test_remote_code_imports_nothing_of_the_package(name):
 
 def test_the_cycle_check_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+
+
+@pytest.mark.slow
+def test_the_wheel_carries_py_typed_and_every_remote_code_file(tmp_path):
+    """A type checker reads the package's hints (PEP 561), and a saved model's files all come with it."""
+    import subprocess
+    import sys
+    import zipfile
+
+    from lsg_converter.models.lsg_model import REMOTE_CODE_FILES
+
+    repository = ROOT.parent
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(repository)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    names = zipfile.ZipFile(next(tmp_path.glob("lsg_converter-*.whl"))).namelist()
+    assert "lsg_converter/py.typed" in names
+    shared = [name for name in REMOTE_CODE_FILES if "{stem}" not in name]
+    assert all(f"lsg_converter/models/{name}" in names for name in shared)
