@@ -146,7 +146,7 @@ def test_the_wheel_carries_py_typed_and_every_remote_code_file(tmp_path):
 
     repository = ROOT.parent
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(repository)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(repository)],
         check=True, capture_output=True,
     )  # fmt: skip
     names = zipfile.ZipFile(next(tmp_path.glob("lsg_converter-*.whl"))).namelist()
