@@ -78,6 +78,12 @@ BACKENDS: dict[str, Backend] = {"eager": EagerBackend(), "sdpa": SdpaBackend(), 
 LSG_BACKENDS = tuple(BACKENDS)
 
 
+def is_exporting() -> bool:
+    """Whether torch.export is tracing the model (torch >= 2.7; False before, where it is not checked)."""
+    check = getattr(torch.compiler, "is_exporting", None)
+    return bool(check and check())
+
+
 def default_backend() -> str:
     """The backend of a model whose attn_implementation is left unset: flex_attention where CUDA is
     available and torch has it, sdpa elsewhere."""
@@ -165,8 +171,10 @@ def lsg_attention(
     num_tokens = length - num_global
     num_queries = query.shape[2]
 
-    # Short input: the local window already covers everything, plain attention is exact.
-    if num_tokens <= 2 * block and num_queries == length:
+    # Short input: the local window already covers everything, plain attention is exact. (A program
+    # torch.export traces takes the blocked path at every length: the same keys, one graph for all.)
+    exporting = is_exporting()
+    if not exporting and num_tokens <= 2 * block and num_queries == length:
         return _plain_attention(kernel, query, key, value, key_mask, causal, dropout, scaling, position_terms, num_global)
 
     if causal and num_queries < length:  # a cached decoding step
@@ -183,10 +191,14 @@ def lsg_attention(
         return step.transpose(1, 2), None
 
     padding = -num_tokens % block
-    if padding and not settings.adaptive:
+    if not settings.adaptive and padding:
         raise ValueError(
             f"Input length {num_tokens} is not a multiple of block_size {block}: pad it, or set adaptive=True."
         )
+    if exporting:  # one more block of padding: the traced graph then never holds a single block (a size-1
+        # dimension, which torch specialises), so it serves every length from 1 token on
+        padding = padding + block
+        torch._check((num_tokens + padding) // block >= 2)
     if not kernel.runs(query, key, value):
         kernel = BACKENDS["sdpa"]
     pattern = settings.pattern(causal)
@@ -196,7 +208,7 @@ def lsg_attention(
     global_keys, token_keys = key.transpose(1, 2).split([num_global, num_tokens], dim=1)
     global_values, token_values = value.transpose(1, 2).split([num_global, num_tokens], dim=1)
     global_mask, token_mask = key_mask.split([num_global, num_tokens], dim=1)
-    if padding:
+    if exporting or padding:  # no test of the padding while exporting: the graph pads by 0 rows too
         token_queries, token_keys, token_values = (pad_rows(x, 0, padding) for x in (token_queries, token_keys, token_values))
         token_mask = F.pad(token_mask, (0, padding), value=False)
     job = TokenAttention(
@@ -260,7 +272,7 @@ def _plain_attention(kernel, query, key, value, key_mask, causal, dropout, scali
     scores = None
     if terms is not None:
         everything = torch.arange(length, device=key.device)
-        scores = dense_position_scores(terms, everything, everything, num_global)  # (B or 1, H, L, L)
+        scores = dense_position_scores(terms, everything, everything, num_global, length)  # (B or 1, H, L, L)
     output, weights = kernel.dense_attention(query, key, value, allowed, scaling, scores)
     if weights is not None:  # the token block of the weights, on the output's autograd path
         output, weights = weighted_values(weights, value, num_global, global_rows=num_global)
@@ -285,9 +297,9 @@ def _global_attention(kernel, global_queries, key_mask, context: KeySequence, ca
         allowed = drop_keys(allowed, (batch, heads), allowed.shape[-1], dropout)
     scores = None
     if terms is not None:
+        length = allowed.shape[-1]
         scores = dense_position_scores(
-            terms, torch.arange(num_global, device=keys.device), torch.arange(allowed.shape[-1], device=keys.device),
-            num_global,
+            terms, torch.arange(num_global, device=keys.device), torch.arange(length, device=keys.device), num_global, length
         )  # (B or 1, H, g, g + t)
     rows = index.clamp(min=0)  # the layout's rows in the canonical order, padding rows hidden
     allowed = allowed[..., rows] & (index >= 0)

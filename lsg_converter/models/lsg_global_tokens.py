@@ -94,9 +94,13 @@ class GlobalTokens:
     def token_rows(self, states: torch.Tensor) -> torch.Tensor:
         """(B, g + t, E) -> (B, t, E): the tokens' states, the first one global 0's if `pools`."""
         num_global = self.config.num_global_tokens
-        if self.pools:
-            return torch.cat([states[:, :1], states[:, num_global + 1 :]], dim=1)
-        return states[:, num_global:]
+        tokens = states[:, num_global:]
+        if not self.pools:
+            return tokens
+        # the first row taken from global 0 by a select, not a concatenation around a (t - 1)-row slice: a
+        # graph torch.export traces then serves a 2-token input too (a 1-row dimension is specialised)
+        first = torch.arange(tokens.shape[1], device=states.device)[None, :, None] == 0
+        return torch.where(first, states[:, :1], tokens)
 
     def split_states(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, g + t, E) -> (token rows (B, t, E), the same states rebuilt from those rows (B, g + t, E))."""

@@ -272,10 +272,11 @@ def sequence_positions(terms: PositionTerms, num_global: int, num_tokens: int, d
     return torch.cat([global_query_positions(terms, num_global, device), tokens])
 
 
-def dense_position_scores(terms: PositionTerms, query_index: torch.Tensor, key_index: torch.Tensor, num_global: int):
-    """Position terms of queries over keys, both named by their index in the sequence of g + t:
+def dense_position_scores(
+    terms: PositionTerms, query_index: torch.Tensor, key_index: torch.Tensor, num_global: int, length: int
+):
+    """Position terms of queries over keys, both named by their index in the sequence of `length` = g + t:
     (B or 1, H, q, k). For the few global queries and for inputs shorter than two blocks."""
-    length = max(int(query_index.max()) + 1, int(key_index.max()) + 1)
     positions = sequence_positions(terms, num_global, length - num_global, query_index.device)
     query_index, key_index = query_index.view(1, 1, -1, 1), key_index.view(1, 1, 1, -1)
     query_rows = None if terms.query_rows is None else RowLookup(terms.query_rows, query_index)
