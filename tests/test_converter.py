@@ -874,3 +874,15 @@ def test_save_converted_with_overwrite_replaces_folder_and_leaves_no_temporary(c
     assert not (target / "notes.txt").exists()
     assert json.loads((target / "config.json").read_text())["model_type"] == "lsg-bert"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_the_saved_tokenizer_loads_by_its_own_class_without_remote_code(converted, tmp_path):
+    from transformers import BertTokenizer, PreTrainedTokenizerFast
+
+    model, tokenizer = converted
+    folder = save_converted(model, tokenizer, tmp_path / "saved")
+
+    for tokenizer_class in (BertTokenizer, PreTrainedTokenizerFast):
+        loaded = tokenizer_class.from_pretrained(folder)
+        assert loaded("hello world")["input_ids"] == tokenizer("hello world")["input_ids"]
+        assert loaded.model_max_length == NEW_LENGTH

@@ -107,3 +107,4 @@ def test_the_quickstart_never_replaces_a_folder_it_did_not_write(tmp_path):
 
     assert result.returncode != 0 and "already exists and is not empty" in result.stderr
     assert files_of(users_folder) == {"notes.txt": b"the user's notes\n"}
+
