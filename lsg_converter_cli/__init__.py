@@ -26,11 +26,12 @@ examples:
       --save-path ./my-bert-lsg-16k --overwrite
   lsg-convert facebook/bart-base --max-len 16384 --save-path bart-base-lsg-16k --push-to-hub me/bart-base-lsg-16k
   lsg-convert ./reference-lsg-checkpoint --max-len 4096 --save-path ./upgraded   # 2023 format -> new format
+  lsg-convert ./upgraded --info                                                   # what a model is
 
 exit codes: 0 done, 1 other error, 2 invalid setting or command line, 3 unsupported model or head,
-            4 source not found, 5 output folder exists (use --overwrite),
+            4 source not found, 5 output folder exists (use --overwrite) or overlaps the source,
             6 corrupt or truncated source files, 7 Hub unreachable or token/repository refused,
-            8 a package it needs is missing (the error names it),
+            8 a package it needs is missing (the error names it), 9 output not writable,
             130 interrupted (Ctrl-C)
 """
 PROG = "lsg-convert"

@@ -210,7 +210,7 @@ def test_help_shows_examples_and_exit_codes(capsys):
     assert "lsg-convert bert-base-uncased --max-len 4096" in out
     assert "exit codes" in out
     assert "--overwrite" in out and "--push-to-hub" in out
-    assert "6 corrupt" in out and "7 Hub" in out and "130 interrupted" in out
+    assert "6 corrupt" in out and "7 Hub" in out and "9 output not writable" in out and "130 interrupted" in out
 
 
 def test_console_script_converts_and_exits_0(tiny_bert_dir, tmp_path):

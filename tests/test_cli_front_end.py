@@ -213,3 +213,11 @@ def test_a_missing_local_path_is_one_line_exit_4(source, capsys):
 def test_a_name_that_may_be_a_hub_id_is_not_refused_by_the_front_end():
     assert lsg_converter_cli.missing_local_source("owner/model-name") is None
     assert lsg_converter_cli.missing_local_source("bert-base-uncased") is None
+
+
+def test_help_names_every_encoder_decoder_family_and_when_sparse_sizes_act(capsys):
+    assert main(["--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+
+    assert "(BART, mBART, Pegasus): the decoder attends" in text
+    assert text.count("with a --sparsity-type other than none") == 2

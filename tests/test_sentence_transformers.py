@@ -204,7 +204,8 @@ def test_a_head_converted_from_a_sentence_transformers_source_is_a_transformers_
     assert "its sentence-transformers pipeline would load the model without its head" in captured.err
     assert not [name for name in ST_FILES if (target / name).exists()]
     card = (target / "README.md").read_text()
-    assert "pipeline_tag: text-classification" in card and "SentenceTransformer" not in card
+    assert "SentenceTransformer" not in card
+    assert "pipeline_tag" not in card and "**newly initialised (random)**" in card  # a head the encoder did not have
     assert "AutoModelForSequenceClassification.from_pretrained" in card
 
 
