@@ -9,7 +9,6 @@ import shutil
 import signal
 import stat
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
