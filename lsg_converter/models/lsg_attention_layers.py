@@ -22,6 +22,7 @@ from typing import Any, Callable, Protocol
 from torch import nn
 
 from .lsg_attention import lsg_attention_forward, lsg_backend, registered_attention
+from .lsg_layout import adopt
 
 
 class AttentionReach(Protocol):
@@ -90,8 +91,7 @@ def adopted(subclass: type[nn.Module]) -> Replacement:
     def replace(source: nn.Module, config: Any) -> nn.Module:
         if not isinstance(source, parent):
             raise TypeError(f"{subclass.__name__} adopts a {parent.__name__}, not a {type(source).__name__}.")
-        module = subclass.__new__(subclass)
-        module.__dict__.update(source.__dict__)
+        module = adopt(source, subclass)
         module.config = config
         return module
 

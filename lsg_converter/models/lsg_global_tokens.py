@@ -18,6 +18,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from .lsg_layout import adopt
 from .lsg_transformers import past_length, with_past_length
 
 
@@ -120,7 +121,7 @@ class GlobalTokens:
             return bool(getattr(self.config, name, default) if value is None else value)
 
         recording, returns_tuple = asked("output_hidden_states", False), not asked("return_dict", True)
-        self.calls.append(ForwardCall(recording=recording, returns_tuple=returns_tuple, prepended=True))
+        self.calls.append(ForwardCall(recording=recording, returns_tuple=returns_tuple))
         return {**kwargs, "return_dict": True}
 
     def close(self) -> None:
@@ -287,8 +288,7 @@ def adopt_step(model: nn.Module, name: str, step: type[GlobalTokenStep], global_
     """Put in place of the module `name` of `model` an instance of ``step_class(step, its class)`` that
     holds the module's state as it is (see `GlobalTokenStep`); -> the new module."""
     module = model.get_submodule(name)
-    adopted = _new_step_module(step, type(module))
-    adopted.__dict__.update(module.__dict__)
+    adopted = adopt(module, step_class(step, type(module)))
     adopted.lsg_global_tokens = global_tokens
     if name:
         model.set_submodule(name, adopted)

@@ -2,7 +2,8 @@
 
 Each architecture's model mixin states an `LSGLayout` (``lsg_layout``); the LSG model reads it to find
 where the global tokens live, join and leave, and the converter reads it to find the position tables
-it lengthens and the rows the global tokens start from.
+it lengthens and the rows the global tokens start from. `adopt` is how LSG puts its own modules in
+those places.
 
 This file travels with saved models as remote code: it imports torch only.
 """
@@ -74,3 +75,12 @@ class LSGLayout:
 
 # The layout of the encoder-decoder models (BART, mBART, Pegasus): the global tokens live in the encoder.
 ENCODER_DECODER_POSITIONS = ("encoder.embed_positions", "decoder.embed_positions")
+
+
+def adopt(module: nn.Module, new_class: type[nn.Module]) -> nn.Module:
+    """An instance of `new_class` (a subclass of the module's class) that holds `module`'s state as it is:
+    its submodules, parameters, buffers and hooks under their names, so checkpoints load as they are.
+    How LSG puts its modules in a model (lsg_attention_layers.adopted, lsg_global_tokens.adopt_step)."""
+    adopted = new_class.__new__(new_class)
+    adopted.__dict__.update(module.__dict__)
+    return adopted
