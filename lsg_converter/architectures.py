@@ -165,6 +165,9 @@ ARCHITECTURES: dict[str, Architecture] = {
         "pegasus",
         "mpnet",
         "deberta-v2",
+        "t5",
+        "mt5",
+        "umt5",
     )
 }
 

@@ -193,8 +193,9 @@ class LSGConverter:
             pretrained = pretrained_positions(model, arch, positions, is_lsg)
             added_rows = extend_positions(model, arch, self.max_sequence_length, self.position_tiling, pretrained)
 
-        # BART counts its 2 offset rows outside max_position_embeddings, RoBERTa inside: keep the source's way.
-        config.max_position_embeddings += added_rows
+        # BART counts its 2 offset rows outside max_position_embeddings, RoBERTa inside: keep the source's
+        # way; a config without the key (T5's) reads the positions it was pretrained on.
+        config.max_position_embeddings = getattr(config, "max_position_embeddings", positions) + added_rows
         setattr(config, PRETRAINED_POSITIONS_KEY, pretrained)
         config._name_or_path = source
         carry_pipeline(model, source, token, self.max_sequence_length)

@@ -28,10 +28,14 @@ VOCAB = 99
 TINY_LENGTH = 128  # tokens the tiny sources read (RoBERTa's table has 2 more rows)
 PAD_ID = {
     "bert": 0, "distilbert": 0, "roberta": 1, "bart": 1, "albert": 0, "electra": 0, "camembert": 1, "xlm-roberta": 1,
-    "mbart": 1, "pegasus": 0, "mpnet": 1, "deberta-v2": 0,
+    "mbart": 1, "pegasus": 0, "mpnet": 1, "deberta-v2": 0, "t5": 0, "mt5": 0, "umt5": 0,
 }
 EOS_ID = 2
 SHARED = dict(vocab_size=VOCAB)
+T5_SHAPE = dict(
+    d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4, feed_forward_proj="gated-gelu", decoder_start_token_id=0,
+    eos_token_id=EOS_ID, max_position_embeddings=TINY_LENGTH, **SHARED,
+)
 TINY_CONFIGS = {
     "bert": lambda: transformers.BertConfig(
         hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
@@ -84,6 +88,11 @@ TINY_CONFIGS = {
         d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
         encoder_ffn_dim=37, decoder_ffn_dim=37, max_position_embeddings=TINY_LENGTH, scale_embedding=True, **SHARED,
     ),
+    # T5: a relative bias only (32 buckets up to distance 128), unscaled scores, gated-GELU as in T5 v1.1 and
+    # Flan-T5; a T5 config names no length (the layout's 512): this one says it reads TINY_LENGTH
+    "t5": lambda: transformers.T5Config(**T5_SHAPE),
+    "mt5": lambda: transformers.MT5Config(**T5_SHAPE),
+    "umt5": lambda: transformers.UMT5Config(**T5_SHAPE),  # a bias table in every layer
 }
 
 

@@ -100,7 +100,9 @@ def test_16k_token_encoder_pass_and_greedy_generation_build_no_quadratic_tensor(
         generated = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=5, min_new_tokens=5)
 
     assert generated.shape == (1, 6)
-    assert tracker.largest < length * length // 64, f"a tensor of {tracker.largest} elements was built"
+    # an (L, L) tensor has 268M elements; the largest LSG builds is linear, (B, H, L, g + 3b) scores with
+    # position terms (T5's: 8.3M at b = 42)
+    assert tracker.largest < length * length // 16, f"a tensor of {tracker.largest} elements was built"
 
 
 def causal_model(tmp_path, arch, head, sparsity_type="norm"):

@@ -103,7 +103,7 @@ def swapped_attention_forward(
 ) -> tuple[Any, Any]:
     """What a swapped attention module calls with its queries, keys and values (B, H, N, D): LSG attention
     with the backend of the model's config (read at each call) and, in training, DropKey at the rate of
-    the module's ``dropout``; `kwargs` go on to `lsg_attention.lsg_attention_forward` (position_terms=,
+    the module's ``dropout`` (a Dropout module or a rate); `kwargs` go on to `lsg_attention.lsg_attention_forward` (position_terms=,
     output_attentions=). Returns (output (B, N, H, D), weights or None)."""
     return lsg_attention_forward(
         module,
@@ -111,11 +111,23 @@ def swapped_attention_forward(
         key,
         value,
         attention_mask,
-        dropout=module.dropout.p if module.training else 0.0,
+        dropout=getattr(module.dropout, "p", module.dropout) if module.training else 0.0,  # a module or a rate (T5)
         scaling=scaling,
         backend=lsg_backend(module.config._attn_implementation),
         **kwargs,
     )
+
+
+def projected_self_attention(
+    module: nn.Module, hidden_states: Any, attention_mask: Any, head_size: int, scaling: float, **kwargs: Any
+) -> tuple[Any, Any]:
+    """The self-attention of a swapped module that holds its projections as linear layers ``q``, ``k``,
+    ``v`` and ``o`` (MPNet's, T5's): (B, L, E) -> (output (B, L, E), weights or None); `kwargs` go on to
+    `swapped_attention_forward` (position_terms=, output_attentions=)."""
+    shape = (*hidden_states.shape[:-1], -1, head_size)  # (B, L, H, D)
+    query, key, value = (layer(hidden_states).view(shape).transpose(1, 2) for layer in (module.q, module.k, module.v))
+    output, weights = swapped_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    return module.o(output.flatten(-2)), weights  # output: (B, L, H, D) -> (B, L, H * D) -> (B, L, E)
 
 
 class AttentionLayerConfig:

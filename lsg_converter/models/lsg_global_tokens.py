@@ -47,7 +47,8 @@ class GlobalTokens:
     entry of ``hidden_states`` are ``(B, t, E)``, ``hidden_states[-1] == last_hidden_state``. With
     ``pool_with_global`` the first token's row is global token 0's state, in every one of them.
 
-    Encoder-decoder models with ``pass_global_tokens_to_decoder`` are the one exception: their
+    Encoder-decoder models with ``pass_global_tokens_to_decoder`` (`passes_to_decoder`; not their
+    encoder-only heads, as T5EncoderModel) are the one exception: their
     ``encoder_last_hidden_state`` keeps the ``g`` global states in front (the decoder attends to them;
     checkpoints of the 2023 reference depend on it) and pools nothing, while ``encoder_hidden_states``
     hold the tokens only, so ``encoder_hidden_states[-1] == encoder_last_hidden_state[:, g:]``.
@@ -69,9 +70,16 @@ class GlobalTokens:
     its positions from the first real token.
     """
 
-    def __init__(self, table: nn.Embedding, config: Any, output_tuple: Callable[[Any], tuple] | None = None) -> None:
+    def __init__(
+        self,
+        table: nn.Embedding,
+        config: Any,
+        output_tuple: Callable[[Any], tuple] | None = None,
+        passes_to_decoder: bool = False,
+    ) -> None:
         self.table = table
         self.config = config
+        self.passes_to_decoder = passes_to_decoder  # the encoder output keeps the global states for a decoder
         self.output_tuple = output_tuple  # the recorder's tuple of its ModelOutput (None: ModelOutput.to_tuple)
         self.calls: list[ForwardCall] = []  # the forward passes under way, innermost last
 
@@ -85,8 +93,7 @@ class GlobalTokens:
         """Whether the first token's output is global token 0's (pool_with_global, in an encoder whose
         output drops the global tokens; a causal decoder's global 0 does not see the text)."""
         config = self.config
-        passes_global_tokens = getattr(config, "pass_global_tokens_to_decoder", False)
-        return config.pool_with_global and not getattr(config, "is_decoder", False) and not passes_global_tokens
+        return config.pool_with_global and not getattr(config, "is_decoder", False) and not self.passes_to_decoder
 
     def splits_states(self, call: ForwardCall | None) -> bool:
         """Whether `call` carries global tokens that the hidden states it returns leave out."""
@@ -179,7 +186,7 @@ class GlobalTokens:
         call = self.current
         if call is None or not call.prepended or not self.config.num_global_tokens:
             return output
-        if getattr(self.config, "pass_global_tokens_to_decoder", False):
+        if self.passes_to_decoder:
             if self.splits_states(call):
                 call.token_states[-1], output.last_hidden_state = self.split_states(output.last_hidden_state)
             return output
@@ -231,9 +238,13 @@ class GlobalTokenStep:
     lsg_global_tokens: GlobalTokens
 
     def __reduce_ex__(self, protocol: int) -> tuple:
-        """Pickled and copied as (step, source class, state): the class is made anew where it is loaded."""
-        step, module_class = type(self).__bases__
-        return _new_step_module, (step, module_class), self.__getstate__()
+        """Pickled and copied as (steps, source class, state): the class is made anew where it is loaded
+        (a module that takes two steps, T5's first block, is a step class of a step class)."""
+        steps, module_class = [], type(self)
+        while issubclass(module_class, GlobalTokenStep):
+            step, module_class = module_class.__bases__
+            steps.append(step)
+        return _new_step_module, (tuple(steps), module_class), self.__getstate__()
 
 
 class PrependsGlobalTokens(GlobalTokenStep):
@@ -279,9 +290,11 @@ def step_class(step: type[GlobalTokenStep], module_class: type[nn.Module]) -> ty
     return type(step.label.format(module_class.__name__), (step, module_class), {"__module__": step.__module__})
 
 
-def _new_step_module(step: type[GlobalTokenStep], module_class: type[nn.Module]) -> nn.Module:
-    """An empty instance of ``step_class(step, module_class)`` (unpickling fills it)."""
-    return step_class(step, module_class).__new__(step_class(step, module_class))
+def _new_step_module(steps: tuple[type[GlobalTokenStep], ...], module_class: type[nn.Module]) -> nn.Module:
+    """An empty instance of `module_class` with `steps` added, the outermost first (unpickling fills it)."""
+    for step in reversed(steps):
+        module_class = step_class(step, module_class)
+    return module_class.__new__(module_class)
 
 
 def adopt_step(model: nn.Module, name: str, step: type[GlobalTokenStep], global_tokens: Any) -> nn.Module:

@@ -40,6 +40,9 @@ class LSGLayout:
         sinusoidal_switch: the config key that makes the tables sinusoidal (DistilBERT's
             ``sinusoidal_pos_embds``: learned otherwise); None where `sinusoidal_positions` always holds.
         token_type_table: the token type embedding module added to the global tokens, if any.
+        pretrained_length: the tokens a model reads whose config names no ``max_position_embeddings``
+            (T5: relative positions without a table, pretrained on 512); a converted model's config
+            names its length.
     """
 
     embeddings: str = "embeddings"
@@ -51,6 +54,7 @@ class LSGLayout:
     sinusoidal_positions: str | None = None
     sinusoidal_switch: str | None = None
     token_type_table: str | None = None
+    pretrained_length: int | None = None
 
     def prepend_point(self, base: nn.Module) -> nn.Module:
         """The module of `base` whose input gets the global tokens in front (see `prepend_before`)."""
@@ -68,13 +72,21 @@ class LSGLayout:
 
     def max_input_length(self, config: Any) -> int:
         """Tokens a model reads: the rows of its position table (max_position_embeddings), less the
-        padding rows that positions start after in RoBERTa's convention (`positions_after_padding`)."""
+        padding rows that positions start after in RoBERTa's convention (`positions_after_padding`);
+        `pretrained_length` where the config names no max_position_embeddings."""
+        rows = getattr(config, "max_position_embeddings", None)
+        if rows is None:
+            return self.pretrained_length
         padding_rows = config.pad_token_id + 1 if self.positions_after_padding else 0
-        return config.max_position_embeddings - padding_rows
+        return rows - padding_rows
 
 
 # The layout of the encoder-decoder models (BART, mBART, Pegasus): the global tokens live in the encoder.
 ENCODER_DECODER_POSITIONS = ("encoder.embed_positions", "decoder.embed_positions")
+# Where the encoder of T5 (mT5, UMT5) is: the global tokens live in the stack and join before its first
+# block (the stack applies its one dropout module to the embeddings and again to its output, so that is no
+# place to join); no position table, and a config that names no length reads the 512 tokens T5 was trained on.
+T5_LAYOUT = LSGLayout(embeddings="encoder", prepend_before=("encoder.block.0",), position_tables=(), pretrained_length=512)
 
 
 def adopt(module: nn.Module, new_class: type[nn.Module]) -> nn.Module:

@@ -66,6 +66,9 @@ KEPT_WEIGHTS_KEY = "kept_source_weights"  # config key: source tensors held unde
 RELATIVE_POSITION_DEFAULTS: dict[str, Any] = {**LSG_DEFAULTS, "global_token_position": 0}
 # Extra key of encoder-decoder models: the decoder also attends to the encoder's global tokens.
 SEQ2SEQ_DEFAULTS: dict[str, Any] = {**LSG_DEFAULTS, "pass_global_tokens_to_decoder": True}
+# T5 (mT5, UMT5) reads its first token as a word (it has no [CLS] or <s>): the first token keeps its own
+# output (pool_with_global off); the global tokens sit at position 0 of the relative bias, where that token is.
+T5_DEFAULTS: dict[str, Any] = {**SEQ2SEQ_DEFAULTS, "pool_with_global": False, "global_token_position": 0}
 # Keys the 2023 reference wrote into its configs that mean nothing here.
 LEGACY_CONFIG_KEYS = ("base_model_prefix",)
 # LSG keys whose presence, under a plain model_type ("bert", ...), marks a config of the 2023 reference.
@@ -85,11 +88,21 @@ ENCODER_HEADS = (
     "ForQuestionAnswering",
     "ForMultipleChoice",
 )
+# The heads of T5, mT5 and UMT5.
+T5_HEADS = (
+    "Model",
+    "ForConditionalGeneration",
+    "EncoderModel",
+    "ForSequenceClassification",
+    "ForTokenClassification",
+    "ForQuestionAnswering",
+)
 # Head suffix -> transformers Auto class; every other "For..." suffix maps to "AutoModel" + suffix.
 AUTO_CLASS_OF_HEAD = {
     "Model": "AutoModel",
     "LMHeadModel": "AutoModelForCausalLM",
     "ForConditionalGeneration": "AutoModelForSeq2SeqLM",
+    "EncoderModel": "AutoModelForTextEncoding",  # the encoder of an encoder-decoder model alone (T5EncoderModel)
 }
 
 
@@ -130,6 +143,12 @@ class LSGConfigMixin:
 
     lsg_heads: tuple[str, ...] = ()
     lsg_defaults: dict[str, Any] = LSG_DEFAULTS
+    # False where transformers' flex attention fails for the architecture's dense decoder: its config (a copy
+    # of the model's, as T5 builds its stacks) then runs "sdpa" where "flex_attention" is asked. T5's flex
+    # attention indexes its (1, H, q, k) position bias by batch and fails on a batch of 2 or more (5.24).
+    lsg_decoder_runs_flex = True
+    # files of another architecture that this one's pair imports (mT5 adopts T5's attention)
+    lsg_borrowed_files: tuple[str, ...] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # transformers turns config classes into dataclasses and would give a subclass without its
@@ -166,8 +185,9 @@ class LSGConfigMixin:
 
     @classmethod
     def remote_code_files(cls) -> tuple[str, ...]:
-        """The files `save_pretrained` writes beside the weights as remote code (`REMOTE_CODE_FILES`)."""
-        return tuple(name.format(stem=cls.lsg_file_stem()) for name in REMOTE_CODE_FILES)
+        """The files `save_pretrained` writes beside the weights as remote code (`REMOTE_CODE_FILES`, and
+        the `lsg_borrowed_files` of another architecture that the pair imports)."""
+        return tuple(name.format(stem=cls.lsg_file_stem()) for name in REMOTE_CODE_FILES) + cls.lsg_borrowed_files
 
     @classmethod
     def lsg_auto_map(cls) -> dict[str, str]:
@@ -212,6 +232,8 @@ class LSGConfigMixin:
     def _attn_implementation(self, value: str | dict | None) -> None:
         if isinstance(value, dict):  # transformers' per-sub-config form; LSG configs have no sub-configs
             value = value.get("")
+        if value == "flex_attention" and getattr(self, "is_decoder", False) and not self.lsg_decoder_runs_flex:
+            value = "sdpa"
         if value is not None and not self.lsg_dense_decoder:
             value = lsg_backend(value)
         self._attn_implementation_internal = value
@@ -357,8 +379,10 @@ class LSGModelMixin:
         base = getattr(self, self.base_model_prefix, self)
         if holds_pooler:
             self._add_missing_pooler(base)
-        if backend is not None:  # what the source classes were shown while built; the model runs `backend`
-            config._attn_implementation_internal = backend
+        if backend is not None:  # what the source classes were shown while built; the model runs `backend`,
+            for module in self.modules():  # as do the inner models with a config of their own (T5's stacks)
+                if isinstance(module, PreTrainedModel):
+                    module.config._attn_implementation = backend
         for name, spec in (getattr(config, KEPT_WEIGHTS_KEY, None) or {}).items():
             self._hold_kept_weight(name, spec)
         decoder = dict(base.named_children()).get(self.lsg_layout.decoder)
@@ -370,8 +394,9 @@ class LSGModelMixin:
         encoder = base.get_submodule(self.lsg_layout.encoder)
         recorder = encoder if isinstance(encoder, PreTrainedModel) else base
         self.lsg_attention.apply(recorder, self.config)  # before from_pretrained loads the weights
-        global_tokens = self._adopt_global_token_steps(base, encoder, recorder)
-        if getattr(self.config, "pass_global_tokens_to_decoder", False) and decoder is not None:
+        passes_to_decoder = bool(getattr(self.config, "pass_global_tokens_to_decoder", False)) and decoder is not None
+        global_tokens = self._adopt_global_token_steps(base, encoder, recorder, passes_to_decoder)
+        if passes_to_decoder:
             self._pass_global_tokens(decoder, global_tokens)
         steps = RecorderSteps(recorder, global_tokens, is_encoder=encoder is recorder)
         if recorder is self:
@@ -379,7 +404,9 @@ class LSGModelMixin:
         else:
             steps.hook_into(recorder)
 
-    def _adopt_global_token_steps(self, base: nn.Module, encoder: nn.Module, recorder: nn.Module) -> GlobalTokens:
+    def _adopt_global_token_steps(
+        self, base: nn.Module, encoder: nn.Module, recorder: nn.Module, passes_to_decoder: bool
+    ) -> GlobalTokens:
         """The modules that carry the global tokens (see `GlobalTokens`), each adopted into a class that
         adds its step (lsg_global_tokens.adopt_step): the recorded layers split their token rows out,
         the encoder drops the global tokens, the prepend point puts them in front, and a causal
@@ -387,7 +414,7 @@ class LSGModelMixin:
         checked by a hook of the embeddings."""
         layout = self.lsg_layout
         embeddings = base.get_submodule(layout.embeddings)
-        global_tokens = GlobalTokens(embeddings.global_embeddings, self.config, self.lsg_output_tuple)
+        global_tokens = GlobalTokens(embeddings.global_embeddings, self.config, self.lsg_output_tuple, passes_to_decoder)
         for layer in recorded_modules(recorder, "hidden_states", self.lsg_recorded_outputs):
             adopt_step(base, module_name(base, layer), RecordsTokenStates, global_tokens)
         if encoder is not recorder:
@@ -406,9 +433,13 @@ class LSGModelMixin:
         its encoder mask covers them, its cross-attention layers dispatch to the global-state attention."""
         cover = ArgumentRewrite(decoder, "encoder_attention_mask", global_tokens.covered_encoder_mask)
         decoder.register_forward_pre_hook(cover, with_kwargs=True)
-        cross_attention_config = AttentionLayerConfig(self.config, registered_cross_attention)
-        for module in recorded_modules(decoder, "cross_attentions"):
-            module.config = cross_attention_config
+        # the decoder's own config where it has one (T5 builds its stacks with copies, see LSGT5Config)
+        decoder_config = decoder.config if isinstance(decoder, PreTrainedModel) else self.config
+        cross_attention_config = AttentionLayerConfig(decoder_config, registered_cross_attention)
+        for layer in recorded_modules(decoder, "cross_attentions"):  # the attention module, or a layer around it (T5's)
+            for module in layer.modules():
+                if "config" in vars(module):  # the module that dispatches on its config
+                    module.config = cross_attention_config
 
     def post_init(self) -> None:
         """Add the table of global tokens before transformers initialises the weights (the Hugging Face

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from .configuration_lsg_mpnet import LSGMPNetConfig
-from .lsg_attention_layers import SwappedAttention, adopted, swapped_attention_forward
+from .lsg_attention_layers import SwappedAttention, adopted, projected_self_attention
 from .lsg_layout import LSGLayout
 from .lsg_model import LSGModelMixin
 from .lsg_pattern import PositionTerms
@@ -65,19 +65,15 @@ class LSGMPNetSelfAttention(MPNetSelfAttention):
         output_attentions: bool = False,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, ...]:
-        shape = (*hidden_states.shape[:-1], -1, self.attention_head_size)  # (B, L, H, D)
-        query, key, value = (layer(hidden_states).view(shape).transpose(1, 2) for layer in (self.q, self.k, self.v))
-        output, weights = swapped_attention_forward(
+        output, weights = projected_self_attention(
             self,
-            query,
-            key,
-            value,
+            hidden_states,
             attention_mask,
+            self.attention_head_size,
             scaling=self.attention_head_size**-0.5,
             position_terms=position_bias,
             output_attentions=output_attentions,
-        )  # output: (B, L, H, D)
-        output = self.o(output.reshape(*hidden_states.shape[:-1], self.all_head_size))
+        )
         return (output, weights) if output_attentions else (output,)
 
 

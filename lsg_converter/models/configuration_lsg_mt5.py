@@ -1,0 +1,15 @@
+"""Configuration of LSG-mT5: MT5Config plus the LSG keys, as LSG-T5's (configuration_lsg_t5.py)."""
+
+from transformers import MT5Config
+
+from .lsg_model import T5_DEFAULTS, T5_HEADS, LSGConfigMixin
+
+
+class LSGMT5Config(LSGConfigMixin, MT5Config):
+    """MT5Config with the LSG keys."""
+
+    model_type = "lsg-mt5"
+    lsg_heads = T5_HEADS
+    lsg_defaults = T5_DEFAULTS
+    lsg_decoder_runs_flex = False
+    lsg_borrowed_files = ("configuration_lsg_t5.py", "modeling_lsg_t5.py")

@@ -1,0 +1,14 @@
+"""Configuration of LSG-UMT5: UMT5Config plus the LSG keys, as LSG-T5's (configuration_lsg_t5.py)."""
+
+from transformers import UMT5Config
+
+from .lsg_model import T5_DEFAULTS, T5_HEADS, LSGConfigMixin
+
+
+class LSGUMT5Config(LSGConfigMixin, UMT5Config):
+    """UMT5Config with the LSG keys."""
+
+    model_type = "lsg-umt5"
+    lsg_heads = T5_HEADS
+    lsg_defaults = T5_DEFAULTS
+    lsg_decoder_runs_flex = False

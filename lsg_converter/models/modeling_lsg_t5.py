@@ -1,0 +1,104 @@
+"""LSG-T5: the T5 heads of transformers (T5, T5 v1.1, Flan-T5 checkpoints) with an LSG encoder.
+
+T5 has no absolute positions: its attention adds a bucketed relative bias (bidirectional in the
+encoder, 32 buckets, exact below 8, logarithmic up to 128), a table of a score per head and bucket
+held by the first layer and shared by the stack, and it does not scale the scores by 1/sqrt(d).
+transformers builds the bias as a (1, H, L, L) tensor (12 GiB for a T5-base-sized encoder at 16,384
+tokens). Here the encoder's attention (`LSGT5Attention`) hands the next layers T5's table and bucket
+function instead, as `lsg_pattern.PositionTerms`, which LSG attention evaluates for the pairs it
+computes, block by block; the global tokens sit at ``config.global_token_position`` (0).
+
+The global tokens join before the first block (`lsg_layout.T5_LAYOUT`) and leave at the encoder output; the
+decoder's self- and cross-attention stay dense with the KV cache (as in LSG-BART), and with
+``pass_global_tokens_to_decoder`` the cross-attention sees the global states. The fp16 clamp of the
+hidden states is transformers' own. mT5 is the same model in classes of its own (modeling_lsg_mt5.py
+adopts this file's attention), UMT5 has a table in every layer (modeling_lsg_umt5.py).
+
+Each head ``LSGT5<Head>`` is the mixin below plus ``T5<Head>``, one class per head listed in LSGT5Config.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from .configuration_lsg_t5 import LSGT5Config
+from .lsg_attention_layers import SwappedAttention, adopted, projected_self_attention
+from .lsg_layout import T5_LAYOUT
+from .lsg_model import LSGModelMixin
+from .lsg_pattern import PositionTerms
+from .lsg_transformers import transformers_names
+
+with transformers_names():  # one line naming both versions if a release removed one of these
+    from transformers.models.t5.modeling_t5 import (
+        T5Attention,
+        T5EncoderModel,
+        T5ForConditionalGeneration,
+        T5ForQuestionAnswering,
+        T5ForSequenceClassification,
+        T5ForTokenClassification,
+        T5Model,
+    )
+
+class LSGT5Attention(T5Attention):
+    """T5Attention of the encoder through LSG attention; the position bias it receives and returns (the
+    stack passes the first layer's on) is T5's table and bucket function (`PositionTerms`)."""
+
+    def forward(
+        self, hidden_states: torch.Tensor, mask: Any = None, key_value_states: Any = None, position_bias: Any = None, **kwargs: Any
+    ) -> tuple[torch.Tensor, PositionTerms, torch.Tensor | None]:
+        if position_bias is None:
+            position_bias = PositionTerms(
+                bucket=functools.partial(
+                    self._relative_position_bucket,
+                    bidirectional=True,
+                    num_buckets=self.relative_attention_num_buckets,
+                    max_distance=self.relative_attention_max_distance,
+                ),
+                table=self.relative_attention_bias.weight.T,  # (H, buckets)
+                global_position=self.config.global_token_position,
+            )
+        output, weights = projected_self_attention(
+            self,
+            hidden_states,
+            mask,
+            self.key_value_proj_dim,
+            scaling=self.scaling,
+            position_terms=position_bias,
+            output_attentions=kwargs.get("output_attentions"),
+        )
+        return output, position_bias, weights
+
+
+class LSGT5Mixin(LSGModelMixin):
+    """The encoder's T5Attention modules swapped; the global tokens in the encoder stack."""
+
+    config_class = LSGT5Config
+    lsg_layout = T5_LAYOUT
+    lsg_attention = SwappedAttention((T5Attention, adopted(LSGT5Attention)))
+
+
+class LSGT5Model(LSGT5Mixin, T5Model):
+    """T5Model with an LSG encoder (Local + Sparse + Global attention, global tokens)."""
+
+
+class LSGT5ForConditionalGeneration(LSGT5Mixin, T5ForConditionalGeneration):
+    """T5ForConditionalGeneration with an LSG encoder (Local + Sparse + Global attention, global tokens)."""
+
+
+class LSGT5EncoderModel(LSGT5Mixin, T5EncoderModel):
+    """T5EncoderModel with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGT5ForSequenceClassification(LSGT5Mixin, T5ForSequenceClassification):
+    """T5ForSequenceClassification with an LSG encoder (Local + Sparse + Global attention, global tokens)."""
+
+
+class LSGT5ForTokenClassification(LSGT5Mixin, T5ForTokenClassification):
+    """T5ForTokenClassification with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGT5ForQuestionAnswering(LSGT5Mixin, T5ForQuestionAnswering):
+    """T5ForQuestionAnswering with an LSG encoder (Local + Sparse + Global attention, global tokens)."""

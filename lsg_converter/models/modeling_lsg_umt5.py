@@ -1,0 +1,84 @@
+"""LSG-UMT5: the UMT5 heads of transformers with an LSG encoder, as LSG-T5 (modeling_lsg_t5.py), except
+that every UMT5 layer holds its own relative bias table: each swapped attention module hands LSG
+attention its own table and bucket function (`PositionTerms`); nothing is passed between layers.
+
+Each head ``LSGUMT5<Head>`` is the mixin below plus ``UMT5<Head>``, one class per head listed in LSGUMT5Config.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .configuration_lsg_umt5 import LSGUMT5Config
+from .lsg_attention_layers import SwappedAttention, adopted, projected_self_attention
+from .lsg_layout import T5_LAYOUT
+from .lsg_model import LSGModelMixin
+from .lsg_pattern import PositionTerms
+from .lsg_transformers import transformers_names
+
+with transformers_names():  # one line naming both versions if a release removed one of these
+    from transformers.models.umt5.modeling_umt5 import (
+        UMT5Attention,
+        UMT5EncoderModel,
+        UMT5ForConditionalGeneration,
+        UMT5ForQuestionAnswering,
+        UMT5ForSequenceClassification,
+        UMT5ForTokenClassification,
+        UMT5Model,
+    )
+
+
+class LSGUMT5Attention(UMT5Attention):
+    """UMT5Attention of the encoder through LSG attention, with the layer's own relative bias as `PositionTerms`."""
+
+    def forward(
+        self, hidden_states: torch.Tensor, encoder_hidden_states: Any = None, cache: Any = None, attention_mask: Any = None, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        position_terms = PositionTerms(
+            bucket=self._relative_position_bucket,  # bidirectional: an encoder module (is_decoder False)
+            table=self.relative_attention_bias.weight.T,  # (H, buckets)
+            global_position=self.config.global_token_position,
+        )
+        return projected_self_attention(
+            self,
+            hidden_states,
+            attention_mask,
+            self.key_value_proj_dim,
+            scaling=self.scaling,
+            position_terms=position_terms,
+            output_attentions=kwargs.get("output_attentions"),
+        )
+
+
+class LSGUMT5Mixin(LSGModelMixin):
+    """The encoder's UMT5Attention modules swapped; the global tokens in the encoder stack."""
+
+    config_class = LSGUMT5Config
+    lsg_layout = T5_LAYOUT
+    lsg_attention = SwappedAttention((UMT5Attention, adopted(LSGUMT5Attention)))
+
+
+class LSGUMT5Model(LSGUMT5Mixin, UMT5Model):
+    """UMT5Model with an LSG encoder (Local + Sparse + Global attention, global tokens)."""
+
+
+class LSGUMT5ForConditionalGeneration(LSGUMT5Mixin, UMT5ForConditionalGeneration):
+    """UMT5ForConditionalGeneration with an LSG encoder (Local + Sparse + Global attention, global tokens)."""
+
+
+class LSGUMT5EncoderModel(LSGUMT5Mixin, UMT5EncoderModel):
+    """UMT5EncoderModel with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGUMT5ForSequenceClassification(LSGUMT5Mixin, UMT5ForSequenceClassification):
+    """UMT5ForSequenceClassification with an LSG encoder (Local + Sparse + Global attention, global tokens)."""
+
+
+class LSGUMT5ForTokenClassification(LSGUMT5Mixin, UMT5ForTokenClassification):
+    """UMT5ForTokenClassification with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGUMT5ForQuestionAnswering(LSGUMT5Mixin, UMT5ForQuestionAnswering):
+    """UMT5ForQuestionAnswering with an LSG encoder (Local + Sparse + Global attention, global tokens)."""
