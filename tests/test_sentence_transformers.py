@@ -16,10 +16,11 @@ from pathlib import Path
 import huggingface_hub
 import pytest
 import torch
+import transformers
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Normalize
 
-from helpers import run_without_lsg_converter, save_tiny_sentence_transformer, save_tiny_source
+from helpers import TINY_CONFIGS, run_without_lsg_converter, save_tiny_sentence_transformer, save_tiny_source
 from lsg_converter import LSGConverter, save_converted
 from lsg_converter_cli import main
 
@@ -306,3 +307,23 @@ def test_unreadable_modules_json_exits_6_with_one_line_before_writing(tiny_st_so
     err = capsys.readouterr().err.strip()
     assert code == 6 and err.count("\n") == 0 and "modules.json" in err and "fix or restore the file" in err
     assert not target.exists()
+
+
+def test_a_t5_encoder_source_converts_to_a_transformers_model_without_its_pipeline(tiny_bert_dir, tmp_path, caplog):
+    """sentence-transformers loads any T5 config with its own T5EncoderModel, never the folder's LSG code:
+    a pipeline written beside an LSG-T5 encoder would run it as the dense source, so it is left out."""
+    from transformers import AutoTokenizer
+
+    config = TINY_CONFIGS["t5"]()
+    config.vocab_size = AutoTokenizer.from_pretrained(tiny_bert_dir).vocab_size
+    transformers.T5EncoderModel(config).save_pretrained(tmp_path / "t5")
+    AutoTokenizer.from_pretrained(tiny_bert_dir).save_pretrained(tmp_path / "t5")
+    source = save_tiny_sentence_transformer(tmp_path / "source", tmp_path / "t5")
+
+    with caplog.at_level("WARNING"):
+        folder = _convert_and_save(source, tmp_path / "converted")
+
+    assert "sentence-transformers loads t5 encoders with a class of its own" in caplog.text
+    assert not [name for name in ST_FILES if (folder / name).exists()]
+    model = transformers.AutoModelForTextEncoding.from_pretrained(folder, trust_remote_code=True)
+    assert type(model).__name__ == "LSGT5EncoderModel"
