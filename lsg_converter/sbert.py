@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -39,8 +39,11 @@ MODEL_MODULES = ("Transformer", "MLMTransformer", "CLIPModel", "Router", "Asym")
 MODULE_KEYS = {"idx", "name", "path", "type"}  # of each modules.json entry
 # Model types whose encoder sentence-transformers loads with a transformers class of its own choosing
 # (T5EncoderModel for any T5Config, its subclasses included), never with a folder's remote code: it would
-# run a converted folder as the dense source model.
-OWN_ENCODER_CLASS_TYPES = ("t5", "mt5", "umt5", "pegasus")
+# run a converted folder as the dense source model. Their pipeline reads the model with `LSG_MODULE_TYPE`
+# (lsg_sentence_transformer.py, written beside it), which loads the folder's LSG encoder.
+OWN_ENCODER_CLASS_TYPES = ("t5", "mt5", "umt5")
+LSG_MODULE_FILE = Path(__file__).with_name("lsg_sentence_transformer.py")
+LSG_MODULE_TYPE = "lsg_sentence_transformer.LSGTransformer"
 
 
 @dataclass(frozen=True)
@@ -76,14 +79,16 @@ def carry_pipeline(model: PreTrainedModel, source: str, token: str | bool | None
     as transformers resolves ``config.json`` and the module folders come from the same snapshot.
     Logs the modules carried over; warns about each module that cannot be carried, and leaves it out.
     Only the bare model (which outputs the token states the pipeline pools) carries the pipeline: for
-    a head (a classifier...), which sentence-transformers would load without its head, and for a T5 or
-    Pegasus encoder, which it loads with its own class, a warning says that the pipeline is left out and
-    the model is a transformers one.
+    a head (a classifier...), which sentence-transformers would load without its head, a warning says
+    that the pipeline is left out and the model is a transformers one. A T5 encoder's pipeline reads it
+    with `LSG_MODULE_TYPE`.
     """
-    if model.base_model is not model or model.config.model_type.removeprefix("lsg-") in OWN_ENCODER_CLASS_TYPES:
+    if model.base_model is not model:
         _leave_pipeline_out(model, source, token)
         return
     pipeline = _read_pipeline(source, token, max_seq_length)
+    if pipeline is not None and model.config.model_type.removeprefix("lsg-") in OWN_ENCODER_CLASS_TYPES:
+        pipeline = replace(pipeline, modules=({**pipeline.modules[0], "type": LSG_MODULE_TYPE}, *pipeline.modules[1:]))
     setattr(model, PIPELINE_ATTRIBUTE, pipeline)
     if pipeline is not None:
         logger.info(
@@ -93,20 +98,9 @@ def carry_pipeline(model: PreTrainedModel, source: str, token: str | bool | None
 
 
 def _leave_pipeline_out(model: PreTrainedModel, source: str, token: str | bool | None) -> None:
-    """Attach no pipeline to `model`, a head or a model that sentence-transformers would not load as LSG
-    (`OWN_ENCODER_CLASS_TYPES`); warn when `source` has one."""
+    """Attach no pipeline to `model`, a head; warn when `source` has one."""
     setattr(model, PIPELINE_ATTRIBUTE, None)
-    if _resolve(source, local_source(source), MODULES_FILE, token) is None:
-        return
-    model_type = model.config.model_type.removeprefix("lsg-")
-    if model_type in OWN_ENCODER_CLASS_TYPES:
-        logger.warning(
-            f"{source} is a sentence-transformers model, but sentence-transformers loads {model_type} encoders "
-            "with a class of its own, never the converted folder's LSG code: its pipeline is left out and the "
-            f"model is a transformers one ({type(model).__name__}); pool its token states as the source's "
-            "modules.json says."
-        )
-    else:
+    if _resolve(source, local_source(source), MODULES_FILE, token) is not None:
         logger.warning(
             f"{source} is a sentence-transformers model, but {type(model).__name__} is no bare model: its "
             "sentence-transformers pipeline would load the model without its head, so it is left out; "
@@ -128,6 +122,8 @@ def write_pipeline(model: PreTrainedModel, folder: str | os.PathLike) -> None:
         return
     folder = Path(folder)
     _write_json(folder / MODULES_FILE, list(pipeline.modules))
+    if pipeline.modules[0]["type"] == LSG_MODULE_TYPE:
+        shutil.copyfile(LSG_MODULE_FILE, folder / LSG_MODULE_FILE.name)
     for module in pipeline.modules[1:]:
         module_folder = pipeline.folder / module["path"]
         if module_folder.is_dir():  # Normalize has no files

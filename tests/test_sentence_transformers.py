@@ -309,21 +309,47 @@ def test_unreadable_modules_json_exits_6_with_one_line_before_writing(tiny_st_so
     assert not target.exists()
 
 
-def test_a_t5_encoder_source_converts_to_a_transformers_model_without_its_pipeline(tiny_bert_dir, tmp_path, caplog):
-    """sentence-transformers loads any T5 config with its own T5EncoderModel, never the folder's LSG code:
-    a pipeline written beside an LSG-T5 encoder would run it as the dense source, so it is left out."""
+
+@pytest.fixture(scope="module")
+def tiny_st_t5_source(tiny_bert_dir, tmp_path_factory) -> Path:
+    """A tiny sentence-transformers model on a random T5 encoder (MiniLM's tokenizer): a sentence-t5 / GTR."""
     from transformers import AutoTokenizer
 
+    folder = tmp_path_factory.mktemp("tiny-st-t5")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert_dir)
     config = TINY_CONFIGS["t5"]()
-    config.vocab_size = AutoTokenizer.from_pretrained(tiny_bert_dir).vocab_size
-    transformers.T5EncoderModel(config).save_pretrained(tmp_path / "t5")
-    AutoTokenizer.from_pretrained(tiny_bert_dir).save_pretrained(tmp_path / "t5")
-    source = save_tiny_sentence_transformer(tmp_path / "source", tmp_path / "t5")
+    config.vocab_size = tokenizer.vocab_size
+    torch.manual_seed(0)
+    transformers.T5EncoderModel(config).save_pretrained(folder / "t5")
+    tokenizer.save_pretrained(folder / "t5")
+    return save_tiny_sentence_transformer(folder / "source", folder / "t5")
 
-    with caplog.at_level("WARNING"):
-        folder = _convert_and_save(source, tmp_path / "converted")
 
-    assert "sentence-transformers loads t5 encoders with a class of its own" in caplog.text
-    assert not [name for name in ST_FILES if (folder / name).exists()]
-    model = transformers.AutoModelForTextEncoding.from_pretrained(folder, trust_remote_code=True)
-    assert type(model).__name__ == "LSGT5EncoderModel"
+def test_a_t5_encoder_source_stays_a_sentence_transformers_model_that_runs_the_lsg_encoder(tiny_st_t5_source, tmp_path):
+    """sentence-transformers loads any T5 config with its own T5EncoderModel, never the folder's LSG code:
+    the converted pipeline reads the model with the module written beside it, which loads the LSG encoder."""
+    folder = _convert_and_save(tiny_st_t5_source, tmp_path / "converted", **EXACT, block_size=16)
+    texts = ["a short sentence", "another one, a little longer than the first"]
+
+    converted = SentenceTransformer(str(folder), trust_remote_code=True)
+    source = SentenceTransformer(str(tiny_st_t5_source))
+
+    assert type(converted[0].auto_model).__name__ == "LSGT5EncoderModel"
+    assert converted.max_seq_length == TINY_LENGTH
+    assert [module["type"] for module in _json(folder / "modules.json")][0] == "lsg_sentence_transformer.LSGTransformer"
+    torch.testing.assert_close(converted.encode(texts, convert_to_tensor=True), source.encode(texts, convert_to_tensor=True), atol=1e-5, rtol=0)
+
+
+def test_a_converted_t5_sentence_transformer_loads_without_lsg_converter(tiny_st_t5_source, tmp_path):
+    folder = _convert_and_save(tiny_st_t5_source, tmp_path / "converted")
+    result = run_without_lsg_converter(
+        f"""
+        from sentence_transformers import SentenceTransformer
+        model = SentenceTransformer({str(folder)!r}, trust_remote_code=True)
+        print(type(model[0].auto_model).__name__, model.encode(["word " * 300]).shape)
+        """,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "LSGT5EncoderModel (1, 16)" in result.stdout
+
