@@ -46,6 +46,7 @@ CARD_SETTINGS_WHEN_TRUE = ("legacy_sparse_window",)
 # plus a sentence task, ELECTRA's which tokens were replaced), so no single task describes it.
 PIPELINE_TAGS = {
     "AutoModel": "feature-extraction",
+    "AutoModelForTextEncoding": "feature-extraction",  # the encoder of an encoder-decoder model alone (T5EncoderModel)
     "AutoModelForMaskedLM": "fill-mask",
     "AutoModelForSequenceClassification": "text-classification",
     "AutoModelForTokenClassification": "token-classification",

@@ -49,6 +49,14 @@ CASES = {
         "bart", "BartForConditionalGeneration", "AutoModelForSeq2SeqLM",
         dict(block_size=16, sparse_block_size=16, sparsity_type="lsh", num_global_tokens=2),
     ),
+    "t5-conditional-generation": (
+        "t5", "T5ForConditionalGeneration", "AutoModelForSeq2SeqLM",
+        dict(block_size=16, sparse_block_size=16, sparsity_type="norm", num_global_tokens=2),
+    ),
+    "umt5-token-classification": (
+        "umt5", "UMT5ForTokenClassification", "AutoModelForTokenClassification",
+        dict(block_size=16, sparse_block_size=16, sparsity_type="pooling", num_global_tokens=1),
+    ),
     "bert-causal-lm": (
         "bert", "BertLMHeadModel", "AutoModelForCausalLM",
         dict(block_size=16, sparse_block_size=16, sparsity_type="pooling", num_global_tokens=1),
