@@ -80,6 +80,10 @@ class OutputNotWritableError(LSGError, exit_code=9):
     file where a folder must be): nothing is left there."""
 
 
+class TrainingTextsError(LSGError, ValueError, exit_code=10):
+    """The texts given to adapt a model to long documents cannot train it (none, or none long enough)."""
+
+
 def pip_name(module: str) -> str:
     """The package pip installs for the top-level module `module` ("sentence_transformers" ->
     "sentence-transformers")."""

@@ -3,10 +3,13 @@ tokenizer, model card and sentence-transformers pipeline, with the file modes th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
 from pathlib import Path
+from typing import Iterator
+
 from huggingface_hub import ModelCard
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -37,17 +40,27 @@ def save_converted(
     (0755 and 0644 under umask 022), the weights included.
     """
     target = check_output_folder(save_path, overwrite, source=getattr(model.config, "_name_or_path", None))
-    staging = None
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = target.parent / f".{target.name}.{secrets.token_hex(4)}.partial"
-        staging.mkdir()  # mode 0777 minus the umask
+    with staged_folder(target) as staging:
         model.save_pretrained(staging)
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
         if card is not None:
             card.save(staging / "README.md")
         write_pipeline(model, staging)
+    return target
+
+
+@contextlib.contextmanager
+def staged_folder(target: Path) -> Iterator[Path]:
+    """A staging folder beside `target` (a checked output, see `check_output_folder`) to write into; when
+    the block ends, its files get the folder's mode and it replaces `target`. An OS or safetensors error
+    is an `OutputNotWritableError` (one line); whatever happens, nothing half-written is left."""
+    staging = None
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = target.parent / f".{target.name}.{secrets.token_hex(4)}.partial"
+        staging.mkdir()  # mode 0777 minus the umask
+        yield staging
         _give_files_the_folder_mode(staging)
         if target.exists():
             shutil.rmtree(target) if target.is_dir() else target.unlink()
@@ -60,7 +73,6 @@ def save_converted(
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
-    return target
 
 
 def _reason(error: BaseException) -> str:

@@ -1,0 +1,256 @@
+"""Long-document adaptation: a converted sentence-transformers model trained a little on the user's own
+long, unlabeled texts, with sentence-transformers' trainer, so that one pass over a document does better
+than embedding its chunks.
+
+Converted without training, an LSG embedder equals chunk-and-average; the gain of long-context embedders
+comes from a little training at the long length (LongEmbed, Zhu et al. 2024: tuning only the position
+vectors past the pretrained ones). The objective here is self-supervised, from the texts alone: a
+passage cut out of a document must find that document (what remains of it) among the other documents
+of the batch (in-batch negatives, `MultipleNegativesRankingLoss`; its cached variant where memory
+demands it). Only part of the model is trained by default: the position rows past the source's
+pretrained length and the global tokens, so that a text no longer than the source read is embedded as
+before the adaptation.
+
+    from lsg_converter.adaptation import adapt_to_long_documents
+    model = adapt_to_long_documents("./minilm-4096", texts="./my-documents", output_path="./minilm-4096-adapted")
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import torch
+from transformers import TrainerCallback
+from transformers.utils import logging
+
+from .errors import InvalidSettingsError, TrainingTextsError, UnsupportedModelError, require
+from .positions import PRETRAINED_POSITIONS_KEY
+from .saving import check_output_folder, staged_folder
+
+logger = logging.get_logger(__name__)
+
+# What the adaptation trains (see `trainable_parameters`).
+TRAINABLE_PARTS = ("positions", "global", "positions+global", "all")
+TEXT_SUFFIXES = (".txt", ".md")  # the files a folder of texts is read from
+
+
+@dataclass(frozen=True)
+class DocumentPair:
+    """One training example: a passage and the document it was cut out of, without it."""
+
+    passage: str
+    document: str
+
+
+def read_texts(texts: str | os.PathLike | Iterable[str]) -> list[str]:
+    """The texts to adapt on: a folder (every .txt and .md file under it, in sorted order), one file, or
+    the strings given; TrainingTextsError when there are none."""
+    if isinstance(texts, (str, os.PathLike)) and Path(texts).exists():
+        path = Path(texts)
+        files = sorted(p for p in path.rglob("*") if p.suffix in TEXT_SUFFIXES) if path.is_dir() else [path]
+        read = [file.read_text(encoding="utf-8", errors="replace") for file in files]
+    elif isinstance(texts, (str, os.PathLike)):
+        raise TrainingTextsError(f"No texts at {texts}: give a folder of .txt or .md files, a file, or a list of strings.")
+    else:
+        read = list(texts)
+    read = [text for text in read if isinstance(text, str) and text.strip()]
+    if not read:
+        raise TrainingTextsError("No texts to adapt on: give a folder of .txt or .md files, a file, or a list of strings.")
+    return read
+
+
+def document_pairs(
+    texts: Sequence[str], tokenizer: Any, document_tokens: int, passage_tokens: int, min_tokens: int, seed: int = 0
+) -> list[DocumentPair]:
+    """Cut each text into documents of `document_tokens` tokens (a shorter last one is kept if it has at
+    least `min_tokens`) and cut from each document a passage of `passage_tokens` tokens at a random place:
+    (passage, the document's text before + after it). The cuts follow the tokenizer's character offsets,
+    so both are pieces of the original text."""
+    generator = random.Random(seed)
+    pairs = []
+    for text in texts:
+        offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)["offset_mapping"]
+        for start in range(0, len(offsets), document_tokens):
+            window = offsets[start : start + document_tokens]  # (token start, token end) characters
+            if len(window) < max(min_tokens, 2 * passage_tokens):
+                continue
+            cut = generator.randrange(0, len(window) - passage_tokens + 1)
+            passage = text[window[cut][0] : window[cut + passage_tokens - 1][1]]
+            before = text[window[0][0] : window[cut][0]]
+            after = text[window[cut + passage_tokens - 1][1] : window[-1][1]] if cut + passage_tokens < len(window) else ""
+            pairs.append(DocumentPair(passage.strip(), (before.rstrip() + " " + after.lstrip()).strip()))
+    return pairs
+
+
+def trainable_parameters(transformer: torch.nn.Module, part: str) -> list[torch.nn.Parameter]:
+    """Freeze everything in the LSG model `transformer` but `part` (`TRAINABLE_PARTS`) and return what is
+    trained. "positions": the rows of the position tables past the source's pretrained length (the rows
+    before them get no gradient); "global": the global token table; "all": every parameter."""
+    if part not in TRAINABLE_PARTS:
+        raise InvalidSettingsError(f"train={part!r} is unknown: use one of {', '.join(TRAINABLE_PARTS)}.")
+    for parameter in transformer.parameters():
+        parameter.requires_grad_(part == "all")
+    if part == "all":
+        return list(transformer.parameters())
+    trained = []
+    if "global" in part and transformer.lsg_global_embeddings is not None:
+        trained.append(transformer.lsg_global_embeddings.weight.requires_grad_(True))
+    if "positions" in part:
+        trained += _new_position_rows(transformer)
+    return trained
+
+
+def _new_position_rows(transformer: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The position tables of `transformer`, trained, each with a gradient hook that keeps its first rows
+    (the offset rows and the source's pretrained positions) as they are."""
+    layout, config = transformer.lsg_layout, transformer.config
+    modules = dict(transformer.base_model.named_modules())
+    tables = [modules[name].weight for name in layout.position_tables if name in modules]
+    pretrained = getattr(config, PRETRAINED_POSITIONS_KEY, None) or layout.max_input_length(config)
+    for table in tables:
+        kept_rows = table.shape[0] - layout.max_input_length(config) + pretrained
+        mask = torch.ones(table.shape[0], 1, dtype=table.dtype, device=table.device)
+        mask[:kept_rows] = 0
+        table.requires_grad_(True).register_hook(lambda gradient, mask=mask: gradient * mask.to(gradient))
+    return tables
+
+
+class TimeBudget(TrainerCallback):
+    """Stops the training once `minutes` have passed (checked after each step)."""
+
+    def __init__(self, minutes: float | None) -> None:
+        self.seconds = None if minutes is None else minutes * 60
+        self.started = time.monotonic()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.started = time.monotonic()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.seconds is not None and time.monotonic() - self.started > self.seconds:
+            logger.info(f"The adaptation stops after {state.global_step} steps: its {self.seconds / 60:g} minutes are up.")
+            control.should_training_stop = True
+        return control
+
+
+def adapt_to_long_documents(
+    model: Any,
+    texts: str | os.PathLike | Iterable[str],
+    *,
+    output_path: str | os.PathLike | None = None,
+    overwrite: bool = False,
+    train: str = "positions+global",
+    passage_tokens: int = 64,
+    batch_size: int = 8,
+    mini_batch_size: int | None = None,
+    epochs: float = 1.0,
+    max_steps: int = -1,
+    max_minutes: float | None = None,
+    learning_rate: float = 1e-3,
+    seed: int = 0,
+) -> Any:
+    """Adapt a converted sentence-transformers model to long documents, on the user's own texts.
+
+    Args:
+        model: a SentenceTransformer whose first module reads text with an LSG model, or the folder or
+            Hub id of one (loaded with trust_remote_code=True), as `lsg-convert` writes it.
+        texts: unlabeled long texts: a folder (its .txt and .md files), a file, or a list of strings.
+            Each is cut into documents of the model's max_seq_length tokens.
+        output_path: where to save the adapted model (sentence-transformers' layout; nothing is written
+            if the adaptation fails); None: not saved.
+        overwrite: replace a non-empty `output_path`.
+        train: what is trained, one of `TRAINABLE_PARTS`: "positions+global" (default: the position rows
+            past the source's pretrained length and the global tokens: a text the source could read
+            keeps its positions), "positions", "global", or "all".
+        passage_tokens: length of the passage cut out of each document, the query it must answer.
+        batch_size: documents per step, each the others' negatives.
+        mini_batch_size: run the cached in-batch loss (CachedMultipleNegativesRankingLoss) with this many
+            documents in memory at once, for a batch larger than memory allows; None: the plain loss.
+        epochs, max_steps: how long to train (max_steps > 0 wins), as in transformers' Trainer.
+        max_minutes: stop after this many minutes (checked after each step).
+        learning_rate: AdamW's, without weight decay.
+        seed: of the cuts, the shuffling and the training.
+
+    Returns:
+        The adapted SentenceTransformer (the one given, trained in place).
+
+    Raises:
+        TrainingTextsError: no texts, or none long enough to cut a document of two blocks from.
+        UnsupportedModelError: `model` is no sentence-transformers model over an LSG model.
+        MissingDependencyError: sentence-transformers or datasets is not installed.
+    """
+    require("sentence_transformers", "Adapting a model to long documents")
+    require("datasets", "Adapting a model to long documents")
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from sentence_transformers.sentence_transformer.losses import (
+        CachedMultipleNegativesRankingLoss,
+        MultipleNegativesRankingLoss,
+    )
+    from sentence_transformers.sentence_transformer.training_args import BatchSamplers
+
+    texts = read_texts(texts)
+    if output_path is not None:
+        source = model if isinstance(model, (str, os.PathLike)) else None
+        target = check_output_folder(output_path, overwrite, source=source)
+    if not isinstance(model, SentenceTransformer):
+        model = SentenceTransformer(str(model), trust_remote_code=True)
+    transformer = getattr(model[0], "auto_model", None) if len(model) else None
+    if transformer is None or not hasattr(transformer, "lsg_layout"):
+        raise UnsupportedModelError(
+            "adapt_to_long_documents adapts a sentence-transformers model over an LSG model: convert it first "
+            "(lsg-convert <model> --max-len 4096)."
+        )
+    block_size = transformer.config.block_size
+    pairs = document_pairs(texts, model.tokenizer, model.max_seq_length - 2, passage_tokens, 2 * block_size, seed)
+    if len(pairs) < 2:
+        raise TrainingTextsError(
+            f"The {len(texts)} texts give {len(pairs)} document of at least {2 * block_size} tokens (two blocks): "
+            "adapting needs two or more; give longer texts."
+        )
+    trained = trainable_parameters(transformer, train)
+    logger.info(
+        f"Adapting on {len(pairs)} documents of up to {model.max_seq_length} tokens from {len(texts)} texts; "
+        f"training {train} ({sum(p.numel() for p in trained):,} values)."
+    )
+    batch_size = min(batch_size, len(pairs))
+    if mini_batch_size is not None and mini_batch_size < batch_size:
+        loss = CachedMultipleNegativesRankingLoss(model, mini_batch_size=mini_batch_size)
+    else:
+        loss = MultipleNegativesRankingLoss(model)
+    dataset = Dataset.from_dict({"anchor": [p.passage for p in pairs], "positive": [p.document for p in pairs]})
+    with tempfile.TemporaryDirectory() as scratch:
+        arguments = SentenceTransformerTrainingArguments(
+            output_dir=scratch,
+            num_train_epochs=epochs,
+            max_steps=max_steps,
+            per_device_train_batch_size=batch_size,
+            learning_rate=learning_rate,
+            weight_decay=0.0,
+            warmup_ratio=0.1,
+            lr_scheduler_type="constant_with_warmup",
+            batch_sampler=BatchSamplers.NO_DUPLICATES,
+            dataloader_drop_last=True,
+            save_strategy="no",
+            logging_steps=max(1, len(pairs) // batch_size // 10),
+            report_to=[],
+            seed=seed,
+            use_cpu=not torch.cuda.is_available(),
+        )
+        trainer = SentenceTransformerTrainer(
+            model=model, args=arguments, train_dataset=dataset, loss=loss, callbacks=[TimeBudget(max_minutes)]
+        )
+        trainer.train()
+    for parameter in transformer.parameters():
+        parameter.requires_grad_(True)
+    model.eval()
+    if output_path is not None:
+        with staged_folder(target) as staging:
+            model.save(str(staging))
+    return model
+
