@@ -32,6 +32,8 @@ from transformers.utils import logging
 from .errors import InvalidSettingsError, TrainingTextsError, UnsupportedModelError, require
 from .positions import PRETRAINED_POSITIONS_KEY
 from .saving import check_output_folder, staged_folder
+from .sbert import MODULES_FILE
+from .sources import local_source
 
 logger = logging.get_logger(__name__)
 
@@ -199,6 +201,12 @@ def adapt_to_long_documents(
         source = model if isinstance(model, (str, os.PathLike)) else None
         target = check_output_folder(output_path, overwrite, source=source)
     if not isinstance(model, SentenceTransformer):
+        folder = local_source(str(model))
+        if folder is not None and not (folder / MODULES_FILE).is_file():
+            raise UnsupportedModelError(
+                f"{model} is no sentence-transformers model (no {MODULES_FILE}): adapt_to_long_documents adapts one "
+                "converted by lsg-convert from a sentence-transformers source."
+            )
         model = SentenceTransformer(str(model), trust_remote_code=True)
     transformer = getattr(model[0], "auto_model", None) if len(model) else None
     if transformer is None or not hasattr(transformer, "lsg_layout"):
@@ -232,7 +240,7 @@ def adapt_to_long_documents(
             per_device_train_batch_size=batch_size,
             learning_rate=learning_rate,
             weight_decay=0.0,
-            warmup_ratio=0.1,
+            warmup_steps=0.1,  # a fraction of the steps
             lr_scheduler_type="constant_with_warmup",
             batch_sampler=BatchSamplers.NO_DUPLICATES,
             dataloader_drop_last=True,

@@ -1,0 +1,152 @@
+"""Long-document adaptation (issue 34): a converted sentence-transformers model trained on unlabeled long
+texts with sentence-transformers' trainer. Tiny models and a few steps: the figures are in
+benchmarks/bench_adaptation.py."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lsg_converter import LSGConverter, save_converted
+from lsg_converter.adaptation import adapt_to_long_documents, document_pairs
+from lsg_converter.errors import OutputExistsError, TrainingTextsError, UnsupportedModelError
+
+pytest.importorskip("datasets")
+from sentence_transformers import SentenceTransformer  # noqa: E402
+
+LENGTH = 512
+
+
+def long_texts(count: int, words: int, seed: int = 0) -> list[str]:
+    """`count` texts of `words` words drawn from a small vocabulary, each with words of its own, so that a
+    passage can tell its document from the others."""
+    generator = random.Random(seed)
+    common = "the king and queen of a land far away spoke to their people about war peace bread and gold".split()
+    texts = []
+    for index in range(count):
+        own = [f"{name}{index}" for name in ("alpha", "river", "stone", "tower")]
+        texts.append(" ".join(generator.choice(common + own * 3) for _ in range(words)))
+    return texts
+
+
+@pytest.fixture(scope="module")
+def source_folder(minilm_path, tmp_path_factory) -> Path:
+    """A tiny sentence-transformers model: a random 2-layer BERT (weights drawn wide enough that texts get
+    different embeddings) with MiniLM's tokenizer -> mean Pooling -> Normalize, max_seq_length 100."""
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    folder = tmp_path_factory.mktemp("adaptation-source")
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path)
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=37, max_position_embeddings=128, initializer_range=0.2,
+    )
+    torch.manual_seed(0)
+    BertModel(config).save_pretrained(folder / "bert")
+    tokenizer.save_pretrained(folder / "bert")
+    modules = [Transformer(str(folder / "bert"), max_seq_length=100), Pooling(32, "mean"), Normalize()]
+    SentenceTransformer(modules=modules).save(str(folder / "source"))
+    return folder / "source"
+
+
+def convert(source: Path, folder: Path, **settings) -> Path:
+    """`source` converted to 512 tokens (block 16) and saved into `folder`."""
+    model, tokenizer = LSGConverter(max_sequence_length=LENGTH).convert_from_pretrained(
+        str(source), block_size=16, sparse_block_size=16, **settings
+    )
+    return save_converted(model, tokenizer, folder)
+
+
+@pytest.fixture(scope="module")
+def converted_folder(source_folder, tmp_path_factory) -> Path:
+    return convert(source_folder, tmp_path_factory.mktemp("adaptation") / "converted", num_global_tokens=1)
+
+
+def in_batch_loss(model: SentenceTransformer, texts: list[str]) -> float:
+    """The adaptation's objective on `texts`' (passage, rest of the document) pairs: the cross-entropy of
+    each passage over all the documents, scaled cosines (MultipleNegativesRankingLoss, scale 20)."""
+    pairs = document_pairs(texts, model.tokenizer, model.max_seq_length - 2, 64, 32)
+    with torch.no_grad():
+        passages = model.encode([pair.passage for pair in pairs], convert_to_tensor=True)
+        documents = model.encode([pair.document for pair in pairs], convert_to_tensor=True)
+    scores = 20 * F.normalize(passages, dim=-1) @ F.normalize(documents, dim=-1).T
+    return F.cross_entropy(scores, torch.arange(len(pairs))).item()
+
+
+def test_adapting_a_few_steps_lowers_the_models_own_training_loss(converted_folder):
+    texts = long_texts(8, 1500)
+    model = SentenceTransformer(str(converted_folder), trust_remote_code=True)
+    before = in_batch_loss(model, texts)
+
+    adapt_to_long_documents(model, texts, train="all", batch_size=8, epochs=2, learning_rate=1e-3, seed=0)
+
+    assert in_batch_loss(model, texts) < 0.8 * before
+
+
+def test_training_the_new_positions_keeps_the_embedding_of_a_text_the_source_could_read(source_folder, tmp_path):
+    folder = convert(source_folder, tmp_path / "converted", num_global_tokens=0, sparsity_type="none")
+    model = SentenceTransformer(str(folder), trust_remote_code=True)
+    short = ["a short sentence about a king", "bread and gold"]
+    table = model[0].auto_model.embeddings.position_embeddings.weight
+    before_rows, before_short = table.detach().clone(), model.encode(short, convert_to_tensor=True)
+
+    adapt_to_long_documents(model, long_texts(4, 1500), train="positions", batch_size=4, max_steps=3, learning_rate=1e-2)
+
+    pretrained = model[0].auto_model.config.pretrained_positions
+    assert torch.equal(table[:pretrained], before_rows[:pretrained])
+    assert not torch.equal(table[pretrained:], before_rows[pretrained:])
+    assert torch.equal(model.encode(short, convert_to_tensor=True), before_short)
+
+
+def test_the_adapted_model_is_saved_and_loads_as_before(converted_folder, tmp_path):
+    model = adapt_to_long_documents(
+        converted_folder, long_texts(4, 1500), output_path=tmp_path / "adapted", batch_size=4, max_steps=1
+    )
+
+    loaded = SentenceTransformer(str(tmp_path / "adapted"), trust_remote_code=True)
+    assert loaded.max_seq_length == LENGTH
+    texts = long_texts(1, 400, seed=5)
+    torch.testing.assert_close(loaded.encode(texts), model.encode(texts), atol=1e-6, rtol=0)
+
+
+def test_no_texts_is_one_line_and_nothing_is_written(converted_folder, tmp_path):
+    with pytest.raises(TrainingTextsError, match="No texts to adapt on"):
+        adapt_to_long_documents(converted_folder, ["", "  "], output_path=tmp_path / "adapted")
+    with pytest.raises(TrainingTextsError, match="No texts at"):
+        adapt_to_long_documents(converted_folder, tmp_path / "missing", output_path=tmp_path / "adapted")
+
+    assert not (tmp_path / "adapted").exists()
+
+
+def test_texts_shorter_than_two_blocks_are_refused_and_nothing_is_written(converted_folder, tmp_path):
+    with pytest.raises(TrainingTextsError, match="at least 32 tokens .two blocks."):
+        adapt_to_long_documents(converted_folder, long_texts(10, 12), output_path=tmp_path / "adapted")
+
+    assert not (tmp_path / "adapted").exists()
+
+
+def test_a_sentence_transformers_model_that_is_not_lsg_is_refused(source_folder, tmp_path):
+    with pytest.raises(UnsupportedModelError, match="convert it first"):
+        adapt_to_long_documents(source_folder, long_texts(4, 1500), output_path=tmp_path / "adapted")
+
+    assert not (tmp_path / "adapted").exists()
+
+
+def test_a_folder_that_is_not_a_sentence_transformers_model_is_refused(tiny_bert_dir, tmp_path):
+    with pytest.raises(UnsupportedModelError, match="no sentence-transformers model"):
+        adapt_to_long_documents(tiny_bert_dir, long_texts(4, 1500), output_path=tmp_path / "adapted")
+
+
+def test_an_existing_output_is_kept_without_overwrite(converted_folder, tmp_path):
+    (tmp_path / "adapted").mkdir()
+    (tmp_path / "adapted" / "notes.txt").write_text("mine")
+
+    with pytest.raises(OutputExistsError):
+        adapt_to_long_documents(converted_folder, long_texts(4, 1500), output_path=tmp_path / "adapted")
+
+    assert (tmp_path / "adapted" / "notes.txt").read_text() == "mine"
