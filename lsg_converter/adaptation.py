@@ -38,7 +38,7 @@ from .sources import local_source
 logger = logging.get_logger(__name__)
 
 # What the adaptation trains (see `trainable_parameters`).
-TRAINABLE_PARTS = ("positions", "global", "positions+global", "all")
+TRAINABLE_PARTS = ("positions+global", "positions", "global", "all")
 TEXT_SUFFIXES = (".txt", ".md")  # the files a folder of texts is read from
 
 
@@ -262,3 +262,22 @@ def adapt_to_long_documents(
             model.save(str(staging))
     return model
 
+
+def adapt_converted_model(model: Any, tokenizer: Any, texts: str | os.PathLike | Iterable[str], **options: Any) -> Any:
+    """`adapt_to_long_documents` for a converted model as `LSGConverter.convert_from_pretrained` returns it
+    (with its sentence-transformers pipeline): trained through sentence-transformers, in place (`options`
+    as `adapt_to_long_documents` takes them, without output_path). Returns `model`."""
+    from .sbert import pipeline_of
+
+    if pipeline_of(model) is None:
+        raise UnsupportedModelError(
+            f"{type(model).__name__} has no sentence-transformers pipeline: only a model converted from a "
+            "sentence-transformers source (modules.json) can be adapted to long documents."
+        )
+    from .saving import save_converted
+
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = save_converted(model, tokenizer, Path(scratch) / "converted")
+        adapted = adapt_to_long_documents(folder, texts, **options)
+        model.load_state_dict(adapted[0].auto_model.state_dict())
+    return model

@@ -38,6 +38,7 @@ def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace, interrup
 
     from . import LSGConverter, LSGError, MissingDependencyError, model_card, push_converted
     from .errors import missing_package
+    from .adaptation import adapt_converted_model, read_texts
     from .card import default_folder_name
     from .push import check_can_push
     from .sbert import pipeline_of
@@ -48,7 +49,10 @@ def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace, interrup
     save_path = args.save_path
     if save_path is None and not args.push_to_hub:
         save_path = default_folder_name(args.source, args.max_sequence_length)
-    stages = ["load and convert"] + (["save"] if save_path else []) + (["push"] if args.push_to_hub else [])
+    stages = (
+        ["load and convert"] + (["adapt"] if args.texts else []) + (["save"] if save_path else [])
+        + (["push"] if args.push_to_hub else [])
+    )
     progress = tqdm(total=len(stages), desc=stages[0], unit="step", disable=True if args.quiet else None, file=sys.stderr)
     try:
         converter = LSGConverter(
@@ -61,6 +65,8 @@ def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace, interrup
             seed=args.seed,
         )
         # refuse before the (long) conversion what would fail after it
+        if args.texts:
+            read_texts(args.texts)
         if save_path:
             _check_output_folder(args, save_path, lsg_kwargs)
         else:
@@ -68,6 +74,12 @@ def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace, interrup
         model, tokenizer = converter.convert_from_pretrained(
             args.source, architecture=args.architecture, token=args.token, **lsg_kwargs
         )
+        if args.texts:
+            _advance(progress, "adapt")
+            adapt_converted_model(
+                model, tokenizer, args.texts, train=args.train, max_minutes=args.max_minutes, batch_size=args.batch_size,
+                seed=args.seed,
+            )
         if args.dtype:
             model = model.to(getattr(torch, args.dtype))
         card = model_card(

@@ -27,12 +27,14 @@ examples:
   lsg-convert facebook/bart-base --max-len 16384 --save-path bart-base-lsg-16k --push-to-hub me/bart-base-lsg-16k
   lsg-convert ./reference-lsg-checkpoint --max-len 4096 --save-path ./upgraded   # 2023 format -> new format
   lsg-convert ./upgraded --info                                                   # what a model is
+  lsg-convert sentence-transformers/all-MiniLM-L6-v2 --max-len 4096 --adapt-on ./my-documents \
+      --save-path ./minilm-4096-adapted                                    # one pass beats chunking
 
 exit codes: 0 done, 1 other error, 2 invalid setting or command line, 3 unsupported model or head,
             4 source not found, 5 output folder exists (use --overwrite) or overlaps the source,
             6 corrupt or truncated source files, 7 Hub unreachable or token/repository refused,
             8 a package it needs is missing (the error names it), 9 output not writable,
-            130 interrupted (Ctrl-C)
+            10 texts to adapt on missing or too short, 130 interrupted (Ctrl-C)
 """
 PROG = "lsg-convert"
 USAGE_EXIT_CODE = 2
@@ -44,6 +46,7 @@ INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as shells report Ctrl-C
 # that they equal lsg_converter.models.lsg_sparse.SPARSITY_TYPES and lsg_converter.positions.POSITION_TILINGS).
 SPARSITY_TYPES = ("none", "norm", "pooling", "stride", "block_stride", "bos_pooling", "lsh")
 POSITION_TILINGS = ("body", "table")
+ADAPTED_PARTS = ("positions+global", "positions", "global", "all")  # lsg_converter.adaptation.TRAINABLE_PARTS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -195,6 +198,26 @@ def build_parser() -> argparse.ArgumentParser:
     hub.add_argument("--commit-message", help="message of the Hub commit")
     hub.add_argument(
         "--token", help="Hugging Face token for private sources and pushing (default: HF_TOKEN or the saved login)"
+    )
+    adapt = parser.add_argument_group(
+        "long-document adaptation (a sentence-transformers source: train it a little on your own long texts)"
+    )
+    adapt.add_argument(
+        "--adapt-on", dest="texts", metavar="TEXTS", help="folder of .txt / .md files (or one file) of long, unlabeled texts"
+    )
+    adapt.add_argument(
+        "--adapt-train",
+        dest="train",
+        choices=ADAPTED_PARTS,
+        default="positions+global",
+        help="what is trained (default: the positions past the source's and the global tokens)",
+    )
+    adapt.add_argument(
+        "--adapt-minutes", dest="max_minutes", type=float, default=30.0, metavar="M", help="time budget (default 30)"
+    )
+    adapt.add_argument(
+        "--adapt-batch-size", dest="batch_size", type=_positive_int, default=8, metavar="N",
+        help="documents per step, each the others' negatives (default 8)",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing non-empty output folder")
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors")

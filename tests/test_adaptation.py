@@ -150,3 +150,32 @@ def test_an_existing_output_is_kept_without_overwrite(converted_folder, tmp_path
         adapt_to_long_documents(converted_folder, long_texts(4, 1500), output_path=tmp_path / "adapted")
 
     assert (tmp_path / "adapted" / "notes.txt").read_text() == "mine"
+
+
+def test_lsg_convert_adapt_on_converts_adapts_and_saves_a_sentence_transformers_model(source_folder, tmp_path, capsys):
+    from lsg_converter_cli import main
+
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    for index, text in enumerate(long_texts(4, 1500)):
+        (texts / f"{index}.txt").write_text(text)
+    arguments = [str(source_folder), "--max-len", str(LENGTH), "--block-size", "16", "--save-path", str(tmp_path / "out")]
+
+    assert main([*arguments, "--adapt-on", str(texts), "--adapt-train", "all", "--adapt-batch-size", "4"]) == 0
+    assert "SentenceTransformer(" in capsys.readouterr().out
+    assert main([*arguments[:-1], str(tmp_path / "plain")]) == 0
+
+    adapted = SentenceTransformer(str(tmp_path / "out"), trust_remote_code=True)
+    converted = SentenceTransformer(str(tmp_path / "plain"), trust_remote_code=True)
+    probe = long_texts(1, 400, seed=3)
+    assert not torch.allclose(adapted.encode(probe, convert_to_tensor=True), converted.encode(probe, convert_to_tensor=True))
+
+
+def test_lsg_convert_adapt_on_a_missing_folder_exits_10_before_converting(source_folder, tmp_path, capsys):
+    from lsg_converter_cli import main
+
+    code = main([str(source_folder), "--max-len", str(LENGTH), "--save-path", str(tmp_path / "out"), "--adapt-on", str(tmp_path / "none")])
+
+    assert code == 10
+    assert capsys.readouterr().err.count("\n") == 1
+    assert not (tmp_path / "out").exists()

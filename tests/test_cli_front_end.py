@@ -14,6 +14,7 @@ import pytest
 from helpers import closed_port_endpoint, hub_environment, python_command, run_process
 from lsg_converter._version import __version__
 from lsg_converter.models.lsg_sparse import SPARSITY_TYPES
+from lsg_converter.adaptation import TRAINABLE_PARTS
 from lsg_converter.positions import POSITION_TILINGS
 import lsg_converter_cli
 from lsg_converter_cli import main
@@ -69,6 +70,7 @@ def test_an_unknown_flag_far_from_every_flag_gets_no_guess(capsys):
 def test_the_parser_offers_the_library_choices():
     assert lsg_converter_cli.SPARSITY_TYPES == SPARSITY_TYPES
     assert lsg_converter_cli.POSITION_TILINGS == POSITION_TILINGS
+    assert lsg_converter_cli.ADAPTED_PARTS == TRAINABLE_PARTS
 
 
 @pytest.mark.parametrize(
