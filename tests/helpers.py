@@ -134,6 +134,15 @@ def save_tiny_sentence_transformer(folder: Path, transformer_folder: Path) -> Pa
     return folder
 
 
+def block_local_mask(attention_mask: torch.Tensor, block: int) -> torch.Tensor:
+    """(B, 1, L, L) additive mask: query q sees key k iff |q // b - k // b| <= 1 and k is not padding: with
+    it the source model is the oracle of an LSG model without global tokens or sparse keys."""
+    position = torch.arange(attention_mask.shape[1])
+    local = (position[:, None] // block - position[None, :] // block).abs() <= 1
+    allowed = local[None, None] & attention_mask.bool()[:, None, None, :]
+    return torch.where(allowed, 0.0, torch.finfo(torch.float32).min)
+
+
 def padded_batch(lengths, total, arch="bert", seed=0):
     """(input_ids, attention_mask): random tokens (no pad/eos ids), each row ending in eos, right padding."""
     generator = torch.Generator().manual_seed(seed)

@@ -12,7 +12,7 @@ import pytest
 import torch
 import transformers
 
-from helpers import TINY_CONFIGS, OpRecorder, padded_batch, save_tiny_source
+from helpers import TINY_CONFIGS, OpRecorder, block_local_mask, padded_batch, save_tiny_source
 from lsg_converter import LSGConverter, LSGMPNetConfig, LSGMPNetModel
 from lsg_converter.models.lsg_sparse import SPARSITY_TYPES
 
@@ -47,14 +47,6 @@ def sharp_source(folder, head: str) -> transformers.PreTrainedModel:
     source = sharpen(getattr(transformers, head).from_pretrained(save_tiny_source(folder, "mpnet", head))).eval()
     source.save_pretrained(folder)
     return source
-
-
-def block_local_mask(attention_mask: torch.Tensor, block: int) -> torch.Tensor:
-    """(B, 1, L, L) additive mask: query q sees key k iff |q // b - k // b| <= 1 and k is not padding."""
-    position = torch.arange(attention_mask.shape[1])
-    local = (position[:, None] // block - position[None, :] // block).abs() <= 1
-    allowed = local[None, None] & attention_mask.bool()[:, None, None, :]
-    return torch.where(allowed, 0.0, torch.finfo(torch.float32).min)
 
 
 @pytest.mark.parametrize("head", ["MPNetModel", "MPNetForMaskedLM", "MPNetForSequenceClassification"])

@@ -12,7 +12,7 @@ import pytest
 import torch
 import transformers
 
-from helpers import TINY_CONFIGS, padded_batch, save_tiny_source
+from helpers import TINY_CONFIGS, block_local_mask, padded_batch, save_tiny_source
 from lsg_converter import LSGConverter
 from lsg_converter.models.lsg_sparse import SPARSITY_TYPES
 
@@ -45,14 +45,6 @@ def sharp_source(folder, arch: str, head: str) -> transformers.PreTrainedModel:
 def converted(folder, **settings) -> transformers.PreTrainedModel:
     model, _ = LSGConverter(max_sequence_length=16384).convert_from_pretrained(str(folder), **settings)
     return model.eval()
-
-
-def block_local_mask(attention_mask: torch.Tensor, block: int) -> torch.Tensor:
-    """(B, 1, L, L) additive mask: query q sees key k iff |q // b - k // b| <= 1 and k is not padding."""
-    position = torch.arange(attention_mask.shape[1])
-    local = (position[:, None] // block - position[None, :] // block).abs() <= 1
-    allowed = local[None, None] & attention_mask.bool()[:, None, None, :]
-    return torch.where(allowed, 0.0, torch.finfo(torch.float32).min)
 
 
 @pytest.mark.parametrize("arch", list(FAMILIES))
