@@ -64,7 +64,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from bench_extrapolation import play_paths
 from lsg_converter import LSGConverter, save_converted
-from lsg_converter.adaptation import TRAINABLE_PARTS, adapt_to_long_documents
+from lsg_converter.adaptation import LEARNING_RATES, TRAINABLE_PARTS, adapt_to_long_documents
 from real_models import minilm_path
 
 ADAPTATION_CATEGORIES = ("histories", "roman", "romances", "problems")
@@ -345,7 +345,7 @@ def machine_description(args: argparse.Namespace) -> str:
         f"{len(plays_of(EVALUATION_CATEGORIES))} others ({', '.join(EVALUATION_CATEGORIES)}), documents per play: at most "
         f"{args.docs_per_play}; adapt_to_long_documents(train={args.train!r}, "
         f"batch_size={args.batch_size}, mini_batch_size={args.mini_batch_size}, epochs={args.epochs:g}, "
-        f"max_minutes={args.minutes:g}, learning_rate={args.learning_rate:g}, seed={args.seed}); seed {args.seed}"
+        f"max_minutes={args.minutes:g}, learning_rate={args.learning_rate or LEARNING_RATES[args.train]:g}, seed={args.seed}); seed {args.seed}"
     )
 
 
@@ -358,8 +358,8 @@ def main() -> None:
                         help="adaptation epochs at most (one is ~28 steps at 4,096: the budget stops it first)")
     parser.add_argument("--batch-size", type=int, default=8, help="adaptation documents per step")
     parser.add_argument("--mini-batch-size", type=int, help="the cached loss with this many documents at once")
-    parser.add_argument("--train", choices=TRAINABLE_PARTS, default="positions+global", help="what the adaptation trains")
-    parser.add_argument("--learning-rate", type=float, default=1e-3, help="the adaptation's (1e-3; 2e-5 for --train all)")
+    parser.add_argument("--train", choices=TRAINABLE_PARTS, default="all", help="what the adaptation trains")
+    parser.add_argument("--learning-rate", type=float, help="the adaptation's (default: the library's for --train)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--results", metavar="TITLE", help="write the tables into --results-file under this heading")
     parser.add_argument("--results-file", type=Path, default=Path(__file__).with_name("RESULTS.md"))

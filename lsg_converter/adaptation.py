@@ -7,9 +7,9 @@ comes from a little training at the long length (LongEmbed, Zhu et al. 2024: tun
 vectors past the pretrained ones). The objective here is self-supervised, from the texts alone: a
 passage cut out of a document must find that document (what remains of it) among the other documents
 of the batch (in-batch negatives, `MultipleNegativesRankingLoss`; its cached variant where memory
-demands it). Only part of the model is trained by default: the position rows past the source's
-pretrained length and the global tokens, so that a text no longer than the source read is embedded as
-before the adaptation.
+demands it). The whole model is trained by default (measured: training only the new position rows and the
+global tokens, as LongEmbed does, gained nothing over chunking here; the whole model at 2e-5 did on
+in-document queries); ``train="positions"`` keeps a text the source could read exactly as it was.
 
     from lsg_converter.adaptation import adapt_to_long_documents
     model = adapt_to_long_documents("./minilm-4096", texts="./my-documents", output_path="./minilm-4096-adapted")
@@ -38,7 +38,9 @@ from .sources import local_source
 logger = logging.get_logger(__name__)
 
 # What the adaptation trains (see `trainable_parameters`).
-TRAINABLE_PARTS = ("positions+global", "positions", "global", "all")
+TRAINABLE_PARTS = ("all", "positions+global", "positions", "global")
+# AdamW's learning rate for each part where none is given: the whole model moves little, the new rows more.
+LEARNING_RATES = {"all": 2e-5, "positions+global": 1e-3, "positions": 1e-3, "global": 1e-3}
 TEXT_SUFFIXES = (".txt", ".md")  # the files a folder of texts is read from
 
 
@@ -146,14 +148,14 @@ def adapt_to_long_documents(
     *,
     output_path: str | os.PathLike | None = None,
     overwrite: bool = False,
-    train: str = "positions+global",
+    train: str = "all",
     passage_tokens: int = 64,
     batch_size: int = 8,
     mini_batch_size: int | None = None,
     epochs: float = 1.0,
     max_steps: int = -1,
     max_minutes: float | None = None,
-    learning_rate: float = 1e-3,
+    learning_rate: float | None = None,
     seed: int = 0,
 ) -> Any:
     """Adapt a converted sentence-transformers model to long documents, on the user's own texts.
@@ -166,16 +168,17 @@ def adapt_to_long_documents(
         output_path: where to save the adapted model (sentence-transformers' layout; nothing is written
             if the adaptation fails); None: not saved.
         overwrite: replace a non-empty `output_path`.
-        train: what is trained, one of `TRAINABLE_PARTS`: "positions+global" (default: the position rows
-            past the source's pretrained length and the global tokens: a text the source could read
-            keeps its positions), "positions", "global", or "all".
+        train: what is trained, one of `TRAINABLE_PARTS`: "all" (default: the whole model; measured on
+            held-out plays, benchmarks/RESULTS.md, the only choice that gained over chunking),
+            "positions+global" (the position rows past the source's pretrained length and the global
+            tokens: a text the source could read keeps its positions), "positions" or "global".
         passage_tokens: length of the passage cut out of each document, the query it must answer.
         batch_size: documents per step, each the others' negatives.
         mini_batch_size: run the cached in-batch loss (CachedMultipleNegativesRankingLoss) with this many
             documents in memory at once, for a batch larger than memory allows; None: the plain loss.
         epochs, max_steps: how long to train (max_steps > 0 wins), as in transformers' Trainer.
         max_minutes: stop after this many minutes (checked after each step).
-        learning_rate: AdamW's, without weight decay.
+        learning_rate: AdamW's, without weight decay; None: `LEARNING_RATES` of `train` (2e-5 for "all").
         seed: of the cuts, the shuffling and the training.
 
     Returns:
@@ -238,7 +241,7 @@ def adapt_to_long_documents(
             num_train_epochs=epochs,
             max_steps=max_steps,
             per_device_train_batch_size=batch_size,
-            learning_rate=learning_rate,
+            learning_rate=LEARNING_RATES[train] if learning_rate is None else learning_rate,
             weight_decay=0.0,
             warmup_steps=0.1,  # a fraction of the steps
             lr_scheduler_type="constant_with_warmup",

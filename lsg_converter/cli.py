@@ -38,7 +38,6 @@ def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace, interrup
 
     from . import LSGConverter, LSGError, MissingDependencyError, model_card, push_converted
     from .errors import missing_package
-    from .adaptation import adapt_converted_model, read_texts
     from .card import default_folder_name
     from .push import check_can_push
     from .sbert import pipeline_of
@@ -65,7 +64,9 @@ def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace, interrup
             seed=args.seed,
         )
         # refuse before the (long) conversion what would fail after it
-        if args.texts:
+        if args.texts:  # sentence-transformers' trainer (imported only to adapt) needs accelerate and datasets
+            from .adaptation import adapt_converted_model, read_texts
+
             read_texts(args.texts)
         if save_path:
             _check_output_folder(args, save_path, lsg_kwargs)

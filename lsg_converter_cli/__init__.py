@@ -46,7 +46,7 @@ INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as shells report Ctrl-C
 # that they equal lsg_converter.models.lsg_sparse.SPARSITY_TYPES and lsg_converter.positions.POSITION_TILINGS).
 SPARSITY_TYPES = ("none", "norm", "pooling", "stride", "block_stride", "bos_pooling", "lsh")
 POSITION_TILINGS = ("body", "table")
-ADAPTED_PARTS = ("positions+global", "positions", "global", "all")  # lsg_converter.adaptation.TRAINABLE_PARTS
+ADAPTED_PARTS = ("all", "positions+global", "positions", "global")  # lsg_converter.adaptation.TRAINABLE_PARTS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -209,8 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--adapt-train",
         dest="train",
         choices=ADAPTED_PARTS,
-        default="positions+global",
-        help="what is trained (default: the positions past the source's and the global tokens)",
+        default="all",
+        help="what is trained (default: the whole model; positions+global: only the positions past the "
+        "source's and the global tokens)",
     )
     adapt.add_argument(
         "--adapt-minutes", dest="max_minutes", type=float, default=30.0, metavar="M", help="time budget (default 30)"

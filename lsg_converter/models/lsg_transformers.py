@@ -54,7 +54,7 @@ __all__ = [
 
 logger = logging.get_logger(__name__)
 
-LSG_CODE_VERSION = "0.4.0"  # the lsg-converter release this code comes from (its _version.py)
+LSG_CODE_VERSION = "0.5.0"  # the lsg-converter release this code comes from (its _version.py)
 TESTED_TRANSFORMERS = ("5.13.0", "5.24.0")  # the oldest and the newest transformers CI ran this code with
 
 # The embeddings' argument that counts the cached tokens of a decoding step, newest name first.
