@@ -2,7 +2,7 @@
 long, unlabeled texts, with sentence-transformers' trainer, so that one pass over a document does better
 than embedding its chunks.
 
-Converted without training, an LSG embedder equals chunk-and-average; the gain of long-context embedders
+Converted without training, an LSG embedder is about as good as chunk-and-average; the gain of long-context embedders
 comes from a little training at the long length (LongEmbed, Zhu et al. 2024: tuning only the position
 vectors past the pretrained ones). The objective here is self-supervised, from the texts alone: a
 passage cut out of a document must find that document (what remains of it) among the other documents
@@ -17,13 +17,14 @@ in-document queries); ``train="positions"`` keeps a text the source could read e
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 from transformers import TrainerCallback
@@ -92,37 +93,48 @@ def document_pairs(
     return pairs
 
 
-def trainable_parameters(transformer: torch.nn.Module, part: str) -> list[torch.nn.Parameter]:
-    """Freeze everything in the LSG model `transformer` but `part` (`TRAINABLE_PARTS`) and return what is
-    trained. "positions": the rows of the position tables past the source's pretrained length (the rows
-    before them get no gradient); "global": the global token table; "all": every parameter."""
+@contextlib.contextmanager
+def trained_part(transformer: torch.nn.Module, part: str) -> Iterator[list[torch.nn.Parameter]]:
+    """Within the block, everything in the LSG model `transformer` is frozen but `part` (`TRAINABLE_PARTS`),
+    which the block gets: "positions": the rows of the position tables past the source's pretrained length
+    (a gradient hook zeroes the rows before them); "global": the global token table; "all": every
+    parameter. After it, every parameter is trainable again as it was, and the hooks are gone."""
     if part not in TRAINABLE_PARTS:
         raise InvalidSettingsError(f"train={part!r} is unknown: use one of {', '.join(TRAINABLE_PARTS)}.")
-    for parameter in transformer.parameters():
-        parameter.requires_grad_(part == "all")
-    if part == "all":
-        return list(transformer.parameters())
-    trained = []
-    if "global" in part and transformer.lsg_global_embeddings is not None:
-        trained.append(transformer.lsg_global_embeddings.weight.requires_grad_(True))
-    if "positions" in part:
-        trained += _new_position_rows(transformer)
-    return trained
+    was_trained = {parameter: parameter.requires_grad for parameter in transformer.parameters()}
+    hooks = []
+    try:
+        for parameter in transformer.parameters():
+            parameter.requires_grad_(part == "all")
+        trained = list(transformer.parameters()) if part == "all" else []
+        if "global" in part and transformer.lsg_global_embeddings is not None:
+            trained.append(transformer.lsg_global_embeddings.weight.requires_grad_(True))
+        if "positions" in part:
+            for table, kept_rows in _position_tables(transformer):
+                mask = torch.ones(table.shape[0], 1, dtype=table.dtype, device=table.device)
+                mask[:kept_rows] = 0
+                hooks.append(table.requires_grad_(True).register_hook(lambda gradient, mask=mask: gradient * mask.to(gradient)))
+                trained.append(table)
+        yield trained
+    finally:
+        for hook in hooks:
+            hook.remove()
+        for parameter, requires_grad in was_trained.items():
+            parameter.requires_grad_(requires_grad)
 
 
-def _new_position_rows(transformer: torch.nn.Module) -> list[torch.nn.Parameter]:
-    """The position tables of `transformer`, trained, each with a gradient hook that keeps its first rows
-    (the offset rows and the source's pretrained positions) as they are."""
+def _position_tables(transformer: torch.nn.Module) -> list[tuple[torch.nn.Parameter, int]]:
+    """The position tables of `transformer`, each with its first rows to keep (the offset rows and the
+    source's pretrained positions)."""
     layout, config = transformer.lsg_layout, transformer.config
     modules = dict(transformer.base_model.named_modules())
-    tables = [modules[name].weight for name in layout.position_tables if name in modules]
     pretrained = getattr(config, PRETRAINED_POSITIONS_KEY, None) or layout.max_input_length(config)
-    for table in tables:
-        kept_rows = table.shape[0] - layout.max_input_length(config) + pretrained
-        mask = torch.ones(table.shape[0], 1, dtype=table.dtype, device=table.device)
-        mask[:kept_rows] = 0
-        table.requires_grad_(True).register_hook(lambda gradient, mask=mask: gradient * mask.to(gradient))
-    return tables
+    offset = lambda table: table.shape[0] - layout.max_input_length(config)  # noqa: E731
+    return [
+        (modules[name].weight, offset(modules[name].weight) + pretrained)
+        for name in layout.position_tables
+        if name in modules
+    ]
 
 
 class TimeBudget(TrainerCallback):
@@ -224,41 +236,39 @@ def adapt_to_long_documents(
             f"The {len(texts)} texts give {len(pairs)} document of at least {2 * block_size} tokens (two blocks): "
             "adapting needs two or more; give longer texts."
         )
-    trained = trainable_parameters(transformer, train)
-    logger.info(
-        f"Adapting on {len(pairs)} documents of up to {model.max_seq_length} tokens from {len(texts)} texts; "
-        f"training {train} ({sum(p.numel() for p in trained):,} values)."
-    )
-    batch_size = min(batch_size, len(pairs))
-    if mini_batch_size is not None and mini_batch_size < batch_size:
-        loss = CachedMultipleNegativesRankingLoss(model, mini_batch_size=mini_batch_size)
-    else:
-        loss = MultipleNegativesRankingLoss(model)
-    dataset = Dataset.from_dict({"anchor": [p.passage for p in pairs], "positive": [p.document for p in pairs]})
-    with tempfile.TemporaryDirectory() as scratch:
-        arguments = SentenceTransformerTrainingArguments(
-            output_dir=scratch,
-            num_train_epochs=epochs,
-            max_steps=max_steps,
-            per_device_train_batch_size=batch_size,
-            learning_rate=LEARNING_RATES[train] if learning_rate is None else learning_rate,
-            weight_decay=0.0,
-            warmup_steps=0.1,  # a fraction of the steps
-            lr_scheduler_type="constant_with_warmup",
-            batch_sampler=BatchSamplers.NO_DUPLICATES,
-            dataloader_drop_last=True,
-            save_strategy="no",
-            logging_steps=max(1, len(pairs) // batch_size // 10),
-            report_to=[],
-            seed=seed,
-            use_cpu=not torch.cuda.is_available(),
+    with trained_part(transformer, train) as trained:
+        logger.info(
+            f"Adapting on {len(pairs)} documents of up to {model.max_seq_length} tokens from {len(texts)} texts; "
+            f"training {train} ({sum(p.numel() for p in trained):,} values)."
         )
-        trainer = SentenceTransformerTrainer(
-            model=model, args=arguments, train_dataset=dataset, loss=loss, callbacks=[TimeBudget(max_minutes)]
-        )
-        trainer.train()
-    for parameter in transformer.parameters():
-        parameter.requires_grad_(True)
+        batch_size = min(batch_size, len(pairs))
+        if mini_batch_size is not None and mini_batch_size < batch_size:
+            loss = CachedMultipleNegativesRankingLoss(model, mini_batch_size=mini_batch_size)
+        else:
+            loss = MultipleNegativesRankingLoss(model)
+        dataset = Dataset.from_dict({"anchor": [p.passage for p in pairs], "positive": [p.document for p in pairs]})
+        with tempfile.TemporaryDirectory() as scratch:
+            arguments = SentenceTransformerTrainingArguments(
+                output_dir=scratch,
+                num_train_epochs=epochs,
+                max_steps=max_steps,
+                per_device_train_batch_size=batch_size,
+                learning_rate=LEARNING_RATES[train] if learning_rate is None else learning_rate,
+                weight_decay=0.0,
+                warmup_steps=0.1,  # a fraction of the steps
+                lr_scheduler_type="constant_with_warmup",
+                batch_sampler=BatchSamplers.NO_DUPLICATES,
+                dataloader_drop_last=True,
+                save_strategy="no",
+                logging_steps=max(1, len(pairs) // batch_size // 10),
+                report_to=[],
+                seed=seed,
+                use_cpu=not torch.cuda.is_available(),
+            )
+            trainer = SentenceTransformerTrainer(
+                model=model, args=arguments, train_dataset=dataset, loss=loss, callbacks=[TimeBudget(max_minutes)]
+            )
+            trainer.train()
     model.eval()
     if output_path is not None:
         with staged_folder(target) as staging:

@@ -103,6 +103,19 @@ def test_training_the_new_positions_keeps_the_embedding_of_a_text_the_source_cou
     assert torch.equal(model.encode(short, convert_to_tensor=True), before_short)
 
 
+def test_after_adapting_every_parameter_trains_again(converted_folder):
+    """What the adaptation froze, and the hook that kept the pretrained position rows, end with it: a
+    later fine-tuning reaches the whole model."""
+    model = SentenceTransformer(str(converted_folder), trust_remote_code=True)
+    adapt_to_long_documents(model, long_texts(4, 1500), train="positions+global", batch_size=4, max_steps=1)
+
+    model(model.tokenize(["a short sentence"]))["sentence_embedding"].sum().backward()
+
+    transformer = model[0].auto_model
+    assert all(parameter.requires_grad for parameter in transformer.parameters())
+    assert transformer.embeddings.position_embeddings.weight.grad[:100].abs().sum() > 0
+
+
 def test_the_adapted_model_is_saved_and_loads_as_before(converted_folder, tmp_path):
     model = adapt_to_long_documents(
         converted_folder, long_texts(4, 1500), output_path=tmp_path / "adapted", batch_size=4, max_steps=1

@@ -317,7 +317,8 @@ class LSGModelMixin:
         lsg_attention: how LSG reaches the self-attention layers (lsg_attention_layers): by transformers'
             dispatch (`DispatchedAttention`, the default) or by swapping modules (`SwappedAttention`),
         lsg_recorded_outputs: output name -> the layer class that produces it, for a model that builds
-            its outputs by hand (MPNet: no ``_can_record_outputs``); None: the recorder's own.
+            its outputs by hand (MPNet, T5 before transformers 5.2x: no ``_can_record_outputs``); None:
+            the recorder's own (and the decoder's, for "cross_attentions").
         lsg_output_tuple: the tuple the recorder returns for ``return_dict=False``, made from its
             ModelOutput (the LSG steps run it with return_dict=True), where it is not
             ``ModelOutput.to_tuple()``: MPNet's keeps a None pooler output, whose place its heads count on.
@@ -380,8 +381,9 @@ class LSGModelMixin:
         if holds_pooler:
             self._add_missing_pooler(base)
         if backend is not None:  # what the source classes were shown while built; the model runs `backend`,
-            for module in self.modules():  # as do the inner models with a config of their own (T5's stacks)
-                if isinstance(module, PreTrainedModel):
+            config._attn_implementation_internal = backend
+            for module in self.modules():  # as do inner models with a config of their own (T5's stacks) that can
+                if isinstance(module, PreTrainedModel) and module.config is not config and _runs(module, backend):
                     module.config._attn_implementation = backend
         for name, spec in (getattr(config, KEPT_WEIGHTS_KEY, None) or {}).items():
             self._hold_kept_weight(name, spec)
@@ -436,7 +438,8 @@ class LSGModelMixin:
         # the decoder's own config where it has one (T5 builds its stacks with copies, see LSGT5Config)
         decoder_config = decoder.config if isinstance(decoder, PreTrainedModel) else self.config
         cross_attention_config = AttentionLayerConfig(decoder_config, registered_cross_attention)
-        for layer in recorded_modules(decoder, "cross_attentions"):  # the attention module, or a layer around it (T5's)
+        # the attention module, or a layer around it (T5's)
+        for layer in recorded_modules(decoder, "cross_attentions", self.lsg_recorded_outputs):
             for module in layer.modules():
                 if "config" in vars(module):  # the module that dispatches on its config
                     module.config = cross_attention_config
@@ -517,6 +520,13 @@ def lsg_auto_classes(config_class: type) -> dict[str, str]:
         for auto_class, path in config_class.lsg_auto_map().items()
         if auto_class != "AutoConfig"
     }
+
+
+def _runs(model: PreTrainedModel, backend: str) -> bool:
+    """Whether the transformers `model` has an implementation of attention `backend` (T5 before transformers
+    5.2x writes its attention by hand: eager only)."""
+    flag = {"sdpa": "_supports_sdpa", "flex_attention": "_supports_flex_attn"}.get(backend)
+    return flag is None or bool(getattr(model, flag, False))
 
 
 def module_name(root: nn.Module, module: nn.Module) -> str:

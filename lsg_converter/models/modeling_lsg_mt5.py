@@ -14,11 +14,13 @@ from .modeling_lsg_t5 import LSGT5Attention
 with transformers_names():  # one line naming both versions if a release removed one of these
     from transformers.models.mt5.modeling_mt5 import (
         MT5Attention,
+        MT5Block,
         MT5EncoderModel,
         MT5ForConditionalGeneration,
         MT5ForQuestionAnswering,
         MT5ForSequenceClassification,
         MT5ForTokenClassification,
+        MT5LayerCrossAttention,
         MT5Model,
     )
 
@@ -35,6 +37,8 @@ class LSGMT5Mixin(LSGModelMixin):
     config_class = LSGMT5Config
     lsg_layout = T5_LAYOUT
     lsg_attention = SwappedAttention((MT5Attention, adopted(LSGMT5Attention)))
+    # transformers before 5.2x builds T5's outputs by hand (no _can_record_outputs): the layers named here
+    lsg_recorded_outputs = {"hidden_states": MT5Block, "cross_attentions": MT5LayerCrossAttention}
 
 
 class LSGMT5Model(LSGMT5Mixin, MT5Model):

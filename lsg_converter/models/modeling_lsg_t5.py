@@ -34,11 +34,13 @@ from .lsg_transformers import transformers_names
 with transformers_names():  # one line naming both versions if a release removed one of these
     from transformers.models.t5.modeling_t5 import (
         T5Attention,
+        T5Block,
         T5EncoderModel,
         T5ForConditionalGeneration,
         T5ForQuestionAnswering,
         T5ForSequenceClassification,
         T5ForTokenClassification,
+        T5LayerCrossAttention,
         T5Model,
     )
 
@@ -65,7 +67,7 @@ class LSGT5Attention(T5Attention):
             hidden_states,
             mask,
             self.key_value_proj_dim,
-            scaling=self.scaling,
+            scaling=1.0,  # T5 does not scale its scores by 1/sqrt(d)
             position_terms=position_bias,
             output_attentions=kwargs.get("output_attentions"),
         )
@@ -78,6 +80,8 @@ class LSGT5Mixin(LSGModelMixin):
     config_class = LSGT5Config
     lsg_layout = T5_LAYOUT
     lsg_attention = SwappedAttention((T5Attention, adopted(LSGT5Attention)))
+    # transformers before 5.2x builds T5's outputs by hand (no _can_record_outputs): the layers named here
+    lsg_recorded_outputs = {"hidden_states": T5Block, "cross_attentions": T5LayerCrossAttention}
 
 
 class LSGT5Model(LSGT5Mixin, T5Model):

@@ -21,11 +21,13 @@ from .lsg_transformers import transformers_names
 with transformers_names():  # one line naming both versions if a release removed one of these
     from transformers.models.umt5.modeling_umt5 import (
         UMT5Attention,
+        UMT5Block,
         UMT5EncoderModel,
         UMT5ForConditionalGeneration,
         UMT5ForQuestionAnswering,
         UMT5ForSequenceClassification,
         UMT5ForTokenClassification,
+        UMT5LayerCrossAttention,
         UMT5Model,
     )
 
@@ -46,7 +48,7 @@ class LSGUMT5Attention(UMT5Attention):
             hidden_states,
             attention_mask,
             self.key_value_proj_dim,
-            scaling=self.scaling,
+            scaling=1.0,  # T5 does not scale its scores by 1/sqrt(d)
             position_terms=position_terms,
             output_attentions=kwargs.get("output_attentions"),
         )
@@ -58,6 +60,8 @@ class LSGUMT5Mixin(LSGModelMixin):
     config_class = LSGUMT5Config
     lsg_layout = T5_LAYOUT
     lsg_attention = SwappedAttention((UMT5Attention, adopted(LSGUMT5Attention)))
+    # transformers before 5.2x builds T5's outputs by hand (no _can_record_outputs): the layers named here
+    lsg_recorded_outputs = {"hidden_states": UMT5Block, "cross_attentions": UMT5LayerCrossAttention}
 
 
 class LSGUMT5Model(LSGUMT5Mixin, UMT5Model):
