@@ -65,10 +65,9 @@ class EagerBackend:
 
     def token_attention(self, job: TokenAttention) -> TokenOutput:
         blocks = BlockKeys.of(job, with_values=False)
-        batch, num_blocks = blocks.queries.shape[:2]
-        scores = blocks.folded(blocks.queries) @ blocks.folded(blocks.keys).transpose(-1, -2) * job.scaling
-        block_weights = explicit_softmax(scores + blocks.folded_mask(scores.dtype), scores.dtype)
-        block_weights = block_weights.unflatten(0, (batch, num_blocks))  # (B, nb, H, b, K)
+        scores = blocks.queries @ blocks.keys.transpose(-1, -2) * job.scaling  # (B * nb, H, b, K)
+        block_weights = explicit_softmax(scores + blocks.mask, scores.dtype)
+        block_weights = block_weights.unflatten(0, (job.keys.shape[0], job.num_blocks))  # (B, nb, H, b, K)
         weights = token_weights(job.pattern, block_weights, job.sparse, job.num_tokens)  # (B, H, t, g + t)
         layer_values = torch.cat([job.global_values, job.values[:, : job.num_tokens]], dim=1).transpose(1, 2)
         output, token_block = weighted_values(weights, layer_values, job.pattern.num_global)

@@ -199,6 +199,9 @@ class PositionTerms:
     key_rows: torch.Tensor | None = None
     key_bucket: Callable[[torch.Tensor], torch.Tensor] | None = None
     global_position: int = 0
+    # The block backends' additive masks made from these terms, kept for the next layer of the same
+    # forward (see `cached_block_mask`): key -> (the masks they were made for, the additive mask).
+    block_masks: dict = field(default_factory=dict, repr=False, compare=False)
 
     def parts(self) -> list[tuple[str, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]]:
         """(side, rows, bucket) of each term present: side "table", "query" or "key"."""
@@ -309,7 +312,10 @@ class TokenAttention:
     token_mask: (B, T) bool; global_keys, global_values: (B, g, H, D), global_mask: (B, g) bool;
     sparse: the sparse context, or None without sparse keys; kept: the keys DropKey leaves each block
     in training, (B, nb, H, 1 or b, K) bool in the order of `KeyPattern.key_columns` (drawn once, by
-    the core, see `block_dropout`), None otherwise; positions: the position terms, or None.
+    the core, see `block_dropout`), None otherwise; positions: the position terms, or None;
+    real_blocks: (B, nb) bool, the blocks that hold a real token, where some hold padding only (the
+    end of a short row in a padded batch); None: every block. The output rows of the others are zero
+    (the core sees to it); a backend may leave them out (`query_blocks`).
     """
 
     queries: torch.Tensor
@@ -325,11 +331,17 @@ class TokenAttention:
     num_tokens: int
     kept: torch.Tensor | None = None
     positions: PositionTerms | None = None
+    real_blocks: torch.Tensor | None = None
     _token_key_rows: torch.Tensor | None = field(default=None, init=False, repr=False)
 
     @property
     def num_blocks(self) -> int:
         return self.keys.shape[1] // self.pattern.block_size
+
+    @property
+    def query_blocks(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(batch index, block index) of the blocks that hold a real token, each (n,) int64; None: every block."""
+        return None if self.real_blocks is None else self.real_blocks.nonzero(as_tuple=True)
 
     @property
     def token_key_rows(self) -> torch.Tensor | None:
@@ -529,8 +541,9 @@ def block_dropout(job: TokenAttention, heads: int, dropout: float) -> torch.Tens
     return kept.unflatten(0, (batch, num_blocks))
 
 
-def block_position_scores(job: TokenAttention) -> torch.Tensor:
-    """The position terms of each block's queries over its keys: (B or 1, nb, H, b, K), key order.
+def block_position_scores(job: TokenAttention) -> list[torch.Tensor]:
+    """The position terms of each block's queries over its keys, in key order: pieces (B or 1, nb or 1,
+    1 or H, b, K_i) that broadcast to (B, nb, H, b, K_i) and join on the last dimension.
 
     Local keys sit at the same distances from the rows of every block: without query or key rows
     their piece is computed once, for block 1 (whose window lies inside the sequence), and broadcast.
@@ -569,53 +582,111 @@ def block_position_scores(job: TokenAttention) -> torch.Tensor:
         global_positions = global_query_positions(terms, num_global, device).view(1, 1, 1, 1, num_global)
         global_rows = key_rows(terms.key_rows, torch.arange(num_global, device=device).view(1, 1, 1, 1, num_global))
         pieces.insert(0, relative_scores(terms, query_positions, global_positions, query_rows, global_rows))
-    batch = max(piece.shape[0] for piece in pieces)
-    heads = max(piece.shape[2] for piece in pieces)
-    return torch.cat([piece.expand(batch, num_blocks, heads, block, -1) for piece in pieces], dim=-1)
+    return pieces
+
+
+def _tracing() -> bool:
+    """Whether torch.compile or torch.export is tracing (no host-side shortcuts then)."""
+    exporting = getattr(torch.compiler, "is_exporting", None)
+    return torch.compiler.is_compiling() or bool(exporting and exporting())
+
+
+def block_additive_mask(job: TokenAttention) -> torch.Tensor:
+    """The additive mask of each block over its keys, position terms included: (B, nb, 1 or H, 1 or b, K),
+    0 (or the terms) where a key may be attended, finfo.min elsewhere (see `additive_mask`).
+
+    Without gradients, the terms are written piece by piece into the mask (one pass over it); with
+    them, joined first, then masked."""
+    allowed = block_mask(job) if job.kept is None else job.kept  # (B, nb, 1 or H, 1 or b, K)
+    dtype = job.queries.dtype
+    if job.positions is None:
+        return additive_mask(allowed, dtype)
+    pieces = block_position_scores(job)
+    shape = (
+        max(allowed.shape[0], *(piece.shape[0] for piece in pieces)),
+        job.num_blocks,
+        max(allowed.shape[2], *(piece.shape[2] for piece in pieces)),
+        job.pattern.block_size,
+    )
+    if _tracing() or (torch.is_grad_enabled() and any(piece.requires_grad for piece in pieces)):
+        return additive_mask(allowed, dtype, torch.cat([piece.expand(*shape, -1) for piece in pieces], dim=-1))
+    mask = torch.empty(*shape, allowed.shape[-1], dtype=dtype, device=allowed.device)
+    lowest = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=allowed.device)
+    start = 0
+    for piece in pieces:
+        end = start + piece.shape[-1]
+        torch.where(allowed[..., start:end], piece.to(dtype).expand(*shape, -1), lowest, out=mask[..., start:end])
+        start = end
+    return mask
+
+
+def cached_block_mask(job: TokenAttention) -> torch.Tensor:
+    """`block_additive_mask`, made once per forward where every layer would make the same one: position
+    terms without query or key rows (MPNet's and T5's bias: one table for all layers, one
+    `PositionTerms` per forward), no gradients, no dropout. It is kept in the terms for the next layer
+    and reused when that layer's padding (and sparse keys) are equal."""
+    terms = job.positions
+    if (
+        terms is None
+        or terms.query_rows is not None
+        or terms.key_rows is not None
+        or job.kept is not None
+        or torch.is_grad_enabled()
+        or _tracing()
+    ):
+        return block_additive_mask(job)
+    made_for = [job.token_mask, job.global_mask]
+    if job.sparse is not None:
+        made_for += [job.sparse.mask, job.sparse.positions]
+    key = (job.pattern, job.queries.dtype, job.queries.device, job.num_tokens)
+    kept = terms.block_masks.get(key)
+    if kept is not None and all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(kept[0], made_for)):
+        return kept[1]
+    mask = block_additive_mask(job)
+    terms.block_masks[key] = (made_for, mask)
+    return mask
 
 
 @dataclass
 class BlockKeys:
-    """Each block's keys gathered for the block backends (sdpa, eager).
+    """Each block's keys gathered for the block backends (sdpa, eager), blocks folded into the batch.
 
-    queries: (B, nb, b, H, D); keys, values: (B, nb, K, H, D) in the order of `KeyPattern.key_columns`
-    (values None where not asked for); allowed: (B, nb, 1 or H, 1 or b, K) bool (DropKey applied);
-    scores: the position terms, (B or 1, nb, H, b, K), or None.
+    queries: (n, H, b, D); keys, values: (n, H, K, D) in the order of `KeyPattern.key_columns` (values
+    None where not asked for); mask: (n, 1 or H, 1 or b, K), additive (DropKey and position terms
+    applied). n = B * nb, or the number of blocks that hold a real token (`TokenAttention.query_blocks`)
+    where only those are asked for.
     """
 
     queries: torch.Tensor
     keys: torch.Tensor
     values: torch.Tensor | None
-    allowed: torch.Tensor
-    scores: torch.Tensor | None
+    mask: torch.Tensor
 
     @classmethod
-    def of(cls, job: TokenAttention, with_values: bool = True) -> BlockKeys:
+    def of(cls, job: TokenAttention, with_values: bool = True, only_real_blocks: bool = False) -> BlockKeys:
         pattern, num_blocks, sparse = job.pattern, job.num_blocks, job.sparse
+        chosen = job.query_blocks if only_real_blocks else None
 
-        def gathered(global_rows, sparse_rows, token_rows):  # one copy: (B, nb, K, H, D)
-            return torch.cat(block_keys(pattern, global_rows, sparse_rows, token_rows, num_blocks), dim=2)
+        def folded(x: torch.Tensor) -> torch.Tensor:  # (B, nb, R, ...) -> (n, R, ...): blocks folded into the batch
+            if chosen is None:
+                return x.expand(job.keys.shape[0], num_blocks, *x.shape[2:]).flatten(0, 1)
+            return x.expand(job.keys.shape[0], num_blocks, *x.shape[2:])[chosen]
+
+        def gathered(global_rows, sparse_rows, token_rows):  # one copy: (n, H, K, D)
+            pieces = block_keys(pattern, global_rows, sparse_rows, token_rows, num_blocks)
+            if chosen is not None:
+                pieces = [piece[chosen] for piece in pieces]
+                return torch.cat(pieces, dim=1).transpose(1, 2)
+            return torch.cat(pieces, dim=2).flatten(0, 1).transpose(1, 2)
 
         keys = gathered(job.global_keys, None if sparse is None else sparse.keys.transpose(1, 2), job.keys)
         values = None
         if with_values:
             values = gathered(job.global_values, None if sparse is None else sparse.values.transpose(1, 2), job.values)
+        mask = cached_block_mask(job)  # (B or 1, nb, 1 or H, 1 or b, K)
         return cls(
-            queries=job.queries.unflatten(1, (num_blocks, pattern.block_size)),
+            queries=folded(job.queries.unflatten(1, (num_blocks, pattern.block_size))).transpose(1, 2),
             keys=keys,
             values=values,
-            allowed=block_mask(job) if job.kept is None else job.kept,
-            scores=None if job.positions is None else block_position_scores(job),
+            mask=folded(mask),
         )
-
-    def folded(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, nb, K, H, D) -> (B * nb, H, K, D), a view: SDPA's fused kernels take 4D inputs."""
-        return x.flatten(0, 1).transpose(1, 2)
-
-    def folded_mask(self, dtype: torch.dtype) -> torch.Tensor:
-        """The additive mask of the folded blocks, position terms included: (B * nb, 1 or H, 1 or b, K)."""
-        if self.scores is None:
-            return additive_mask(self.allowed.flatten(0, 1), dtype)
-        batch = max(self.allowed.shape[0], self.scores.shape[0])
-        allowed = self.allowed.expand(batch, *self.allowed.shape[1:]).flatten(0, 1)
-        return additive_mask(allowed, dtype, self.scores.expand(batch, *self.scores.shape[1:]).flatten(0, 1))

@@ -3,7 +3,8 @@
 Each block of b token queries gets its keys gathered once (`lsg_pattern.BlockKeys`: views where they
 can be, one copy), and the blocks run as one batch of 4D inputs, (B * nb, H, b, D), so that SDPA's
 fused kernels run forward and backward (5D inputs, and its own dropout, fall back to the O(n^2) math
-kernel: dropout is DropKey, drawn by the core). Position terms join the additive mask. The default
+kernel: dropout is DropKey, drawn by the core). Position terms join the additive mask. The blocks of a
+padded batch that hold padding only are left out (`TokenAttention.real_blocks`). The default
 backend without CUDA.
 
 This file travels with saved models as remote code: it imports torch only.
@@ -27,16 +28,16 @@ class SdpaBackend:
         return True
 
     def token_attention(self, job: TokenAttention) -> TokenOutput:
-        blocks = BlockKeys.of(job)
-        batch, num_blocks, rows, heads, head_dim = blocks.queries.shape
+        blocks = BlockKeys.of(job, only_real_blocks=True)
         output = F.scaled_dot_product_attention(
-            blocks.folded(blocks.queries),
-            blocks.folded(blocks.keys),
-            blocks.folded(blocks.values),
-            attn_mask=blocks.folded_mask(job.queries.dtype),
-            scale=job.scaling,
-        )  # (B * nb, H, b, D)
-        output = output.transpose(1, 2).reshape(batch, num_blocks * rows, heads, head_dim)[:, : job.num_tokens]
+            blocks.queries, blocks.keys, blocks.values, attn_mask=blocks.mask, scale=job.scaling
+        )  # (n, H, b, D)
+        batch, padded_tokens, heads, head_dim = job.queries.shape
+        output = output.transpose(1, 2)  # (n, b, H, D)
+        if job.real_blocks is not None:  # the blocks of padding only get zeros
+            every_block = output.new_zeros(batch, job.num_blocks, *output.shape[1:])
+            output = every_block.index_put_(job.query_blocks, output)
+        output = output.reshape(batch, padded_tokens, heads, head_dim)[:, : job.num_tokens]
         return TokenOutput(output, None, None)
 
     dense_attention = staticmethod(sdpa_dense_attention)

@@ -1,0 +1,112 @@
+"""What LSG attention leaves out of an inference pass without changing a real token's output: the blocks
+of a padded batch that hold padding only, and a bias table's block mask made again at every layer."""
+
+import pytest
+import torch
+
+from helpers import OpRecorder, lsg_config, padding_mask
+from lsg_converter.models.lsg_attention import lsg_self_attention
+from lsg_converter.models.lsg_pattern import PositionTerms
+
+HEADS, HEAD_DIM, BLOCK, BUCKETS = 4, 8, 8, 9
+BACKENDS = ["sdpa", "eager", "flex_attention"]
+
+
+def random_qkv(lengths, seed=0, dtype=torch.float32):
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(len(lengths), HEADS, max(lengths), HEAD_DIM, generator=generator, dtype=dtype) for _ in range(3)]
+
+
+def bias_table_terms(seed=1):
+    """A table of one score per head and bucket (as MPNet's and T5's bias), its buckets clamped distances."""
+    table = torch.randn(HEADS, BUCKETS, generator=torch.Generator().manual_seed(seed))
+    return PositionTerms(bucket=lambda relative: relative.clamp(-4, 4) + 4, table=table)
+
+
+def attention(qkv, lengths, config, backend="sdpa", terms=None):
+    with torch.no_grad():
+        return lsg_self_attention(
+            *qkv, padding_mask(lengths, max(lengths)), config, backend=backend, position_terms=terms
+        )
+
+
+def sdpa_query_rows(recorder: OpRecorder) -> int:
+    """The query rows the SDPA kernels were given in all: elements of their outputs / HEADS / HEAD_DIM."""
+    outputs = [sizes[0] for name, sizes in recorder.ops if name.startswith("_scaled_dot_product")]
+    return sum(outputs) // (HEADS * HEAD_DIM)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_block_of_padding_only_gets_zero_output(backend):
+    config = lsg_config(block_size=BLOCK, sparse_block_size=BLOCK, sparsity_type="norm", num_global_tokens=1)
+    lengths = [1 + 80, 1 + 20]  # the second row: blocks 0-2 hold tokens, blocks 3-9 padding only
+    output = attention(random_qkv(lengths), lengths, config, backend)  # (B, H, g + t, D)
+
+    assert output[1, :, 1 + 3 * BLOCK :].abs().max() == 0
+    assert output[1, :, 1 + 20 : 1 + 3 * BLOCK].abs().min() > 0  # padding in a block with tokens: computed
+
+
+@pytest.mark.parametrize("backend", ["eager", "flex_attention"])
+def test_every_backend_gives_the_sdpa_rows_of_a_padded_batch(backend):
+    config = lsg_config(block_size=BLOCK, sparse_block_size=BLOCK, sparsity_type="pooling", num_global_tokens=2)
+    lengths = [2 + 75, 2 + 30]
+    qkv = random_qkv(lengths, dtype=torch.float64)
+
+    torch.testing.assert_close(attention(qkv, lengths, config, backend), attention(qkv, lengths, config), atol=1e-10, rtol=0)
+
+
+def test_the_sdpa_backend_attends_only_the_blocks_that_hold_a_real_token():
+    config = lsg_config(block_size=BLOCK, sparsity_type="none", num_global_tokens=1)
+    lengths = [1 + 80, 1 + 20]  # 10 blocks, then 3
+    qkv = random_qkv(lengths)
+    with OpRecorder() as recorder:
+        attention(qkv, lengths, config)
+
+    assert sdpa_query_rows(recorder) == (10 + 3) * BLOCK + 2  # the blocks' rows, then the 2 rows' global query
+
+
+def test_a_real_token_output_is_the_same_alone_and_beside_a_longer_row():
+    config = lsg_config(block_size=BLOCK, sparse_block_size=BLOCK, sparsity_type="norm", num_global_tokens=1)
+    lengths = [1 + 90, 1 + 21]
+    qkv = random_qkv(lengths, dtype=torch.float64)
+    batched = attention(qkv, lengths, config)
+    alone = attention([x[1:, :, : lengths[1]] for x in qkv], lengths[1:], config)
+
+    torch.testing.assert_close(batched[1:, :, : lengths[1]], alone, atol=1e-10, rtol=0)
+
+
+def test_a_bias_table_block_mask_is_made_once_for_layers_with_the_same_padding():
+    config = lsg_config(block_size=BLOCK, sparsity_type="none", num_global_tokens=1)
+    lengths = [1 + 80, 1 + 64]
+    terms = bias_table_terms()
+    first_layer = attention(random_qkv(lengths, seed=0), lengths, config, terms=terms)
+    with OpRecorder() as recorder:
+        second_layer = attention(random_qkv(lengths, seed=1), lengths, config, terms=terms)
+
+    mask_elements = 2 * 10 * HEADS * BLOCK * (1 + 3 * BLOCK)  # (B, nb, H, b, K), more than the keys gathered
+    assert recorder.outputs_of_at_least(mask_elements) == []
+    fresh = attention(random_qkv(lengths, seed=1), lengths, config, terms=bias_table_terms())
+    torch.testing.assert_close(second_layer, fresh, atol=0, rtol=0)
+    assert not torch.equal(first_layer, second_layer)
+
+
+def test_a_kept_block_mask_is_made_again_for_other_padding():
+    config = lsg_config(block_size=BLOCK, sparsity_type="none", num_global_tokens=1)
+    terms = bias_table_terms()
+    attention(random_qkv([1 + 80, 1 + 64]), [1 + 80, 1 + 64], config, terms=terms)
+    other_padding = attention(random_qkv([1 + 80, 1 + 50]), [1 + 80, 1 + 50], config, terms=terms)
+
+    fresh = attention(random_qkv([1 + 80, 1 + 50]), [1 + 80, 1 + 50], config, terms=bias_table_terms())
+    torch.testing.assert_close(other_padding, fresh, atol=0, rtol=0)
+
+
+def test_a_block_mask_with_gradients_is_made_at_every_layer():
+    config = lsg_config(block_size=BLOCK, sparsity_type="none", num_global_tokens=1)
+    lengths = [1 + 80, 1 + 64]
+    terms = bias_table_terms()
+    terms.table.requires_grad_(True)
+    for seed in (0, 1):
+        lsg_self_attention(*random_qkv(lengths, seed), padding_mask(lengths, max(lengths)), config, position_terms=terms).sum().backward()
+
+    assert terms.block_masks == {}
+    assert terms.table.grad.abs().sum() > 0
