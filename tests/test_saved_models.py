@@ -101,10 +101,19 @@ def test_saved_model_converted_again_at_its_length_carries_the_current_code_and_
     with torch.no_grad():
         logits = model.eval()(**inputs).logits
 
-    assert (logits - recorded["logits"]).abs().max().item() <= TOLERANCE
+    assert (real_rows(logits, inputs) - real_rows(recorded["logits"], inputs)).abs().max().item() <= TOLERANCE
     package_code = Path(lsg_transformers_file()).parent
     for code in folder.glob("*.py"):
         assert code.read_text() == (package_code / code.name).read_text(), code.name
+
+
+def real_rows(logits, inputs):
+    """The logits of the real tokens: an encoder's rows of padding are no output (since 0.5.0 those in blocks
+    of padding only are zero); a decoder's rows (as many as its inputs) are all real."""
+    mask = inputs.get("attention_mask")
+    if mask is None or logits.dim() < 3 or logits.shape[1] != mask.shape[1]:
+        return logits
+    return logits[inputs["attention_mask"].bool()]
 
 
 def lsg_transformers_file() -> str:

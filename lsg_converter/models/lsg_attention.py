@@ -61,6 +61,7 @@ from .lsg_pattern import (
     relative_scores,
     sdpa_dense_attention,
     sequence_positions,
+    tracing,
     weighted_values,
 )
 from .lsg_sdpa import SdpaBackend
@@ -188,9 +189,10 @@ def lsg_attention(
         step = _cached_causal_attention(
             *(x.transpose(1, 2) for x in (query, key, value)), key_mask, settings, dropout, scaling, position_terms
         )  # (B, q, H, D)
-        real_blocks = _real_blocks(padding_mask, num_global, -num_tokens % block, block)
+        first = (num_tokens - num_queries) // block * block  # the first block of the step's queries
+        real_blocks = _real_blocks(padding_mask, num_global, first, -num_tokens % block, block)
         if real_blocks is not None:  # a query in a block of padding only (so far) gets zeros, as in a whole pass
-            step_blocks = torch.arange(num_tokens - num_queries, num_tokens, device=query.device) // block
+            step_blocks = (torch.arange(num_tokens - num_queries, num_tokens, device=query.device) - first) // block
             step = torch.where(real_blocks[:, step_blocks, None, None], step, 0)
         return step.transpose(1, 2), None
 
@@ -228,7 +230,7 @@ def lsg_attention(
         scaling=scaling,
         num_tokens=num_tokens,
         positions=position_terms,
-        real_blocks=None if exporting else _real_blocks(padding_mask, num_global, padding, block),
+        real_blocks=_real_blocks(padding_mask, num_global, 0, padding, block),
     )
     if pattern.sparse_starts:
         job.sparse = sparse_context(
@@ -243,9 +245,9 @@ def lsg_attention(
     if dropout:
         job.kept = block_dropout(job, heads, dropout)
     tokens = _token_attention(kernel, job)
-    if job.real_blocks is not None:
-        tokens = _zero_padding_blocks(tokens, job.real_blocks, block)
     output = tokens.output  # (B, t, H, D)
+    if job.real_rows is not None:  # the rows of blocks of padding only are zero, as the sdpa backend leaves them
+        output = torch.where(job.real_rows[:, :, None, None], output, 0)
     if num_global:
         context = tokens.global_context or KeySequence(key, value, torch.arange(length, device=key.device))
         global_output = _global_attention(
@@ -255,22 +257,15 @@ def lsg_attention(
     return output.transpose(1, 2), tokens.weights
 
 
-def _real_blocks(padding_mask: torch.Tensor | None, num_global: int, padding: int, block: int) -> torch.Tensor | None:
-    """`TokenAttention.real_blocks`: (B, nb) bool, the blocks that hold a real token, where some hold
-    padding only; None where every block holds one (or while compiling, which takes no such branch)."""
-    if padding_mask is None or torch.compiler.is_compiling():
+def _real_blocks(padding_mask: torch.Tensor | None, num_global: int, first: int, padding: int, block: int):
+    """`TokenAttention.real_blocks` of the blocks from token `first` (a block start) on: (B, nb) bool, the
+    blocks that hold a real token; None without a padding mask, or where every block holds one (checked
+    outside compiled graphs only, which always carry the mask and zero the rows without a branch)."""
+    if padding_mask is None:
         return None
-    real = F.pad(padding_mask[:, num_global:], (0, padding), value=False).unflatten(1, (-1, block)).any(dim=-1)
-    return None if bool(real.all()) else real
-
-
-def _zero_padding_blocks(tokens: TokenOutput, real_blocks: torch.Tensor, block: int) -> TokenOutput:
-    """The token output (and weights) with the rows of the blocks of padding only set to zero, as the sdpa
-    backend leaves them, so that every backend gives the same rows."""
-    real_rows = real_blocks.repeat_interleave(block, dim=1)[:, : tokens.output.shape[1]]  # (B, t)
-    output = torch.where(real_rows[:, :, None, None], tokens.output, 0)
-    weights = None if tokens.weights is None else torch.where(real_rows[:, None, :, None], tokens.weights, 0)
-    return TokenOutput(output, weights, tokens.global_context)
+    tokens = F.pad(padding_mask[:, num_global + first :], (0, padding), value=False)
+    real = tokens.unflatten(1, (-1, block)).any(dim=-1)
+    return None if not tracing() and bool(real.all()) else real
 
 
 def _token_attention(kernel: Backend, job: TokenAttention) -> TokenOutput:

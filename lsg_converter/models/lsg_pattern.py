@@ -313,9 +313,9 @@ class TokenAttention:
     sparse: the sparse context, or None without sparse keys; kept: the keys DropKey leaves each block
     in training, (B, nb, H, 1 or b, K) bool in the order of `KeyPattern.key_columns` (drawn once, by
     the core, see `block_dropout`), None otherwise; positions: the position terms, or None;
-    real_blocks: (B, nb) bool, the blocks that hold a real token, where some hold padding only (the
-    end of a short row in a padded batch); None: every block. The output rows of the others are zero
-    (the core sees to it); a backend may leave them out (`query_blocks`).
+    real_blocks: (B, nb) bool, the blocks that hold a real token, where some may hold padding only
+    (the end of a short row in a padded batch); None: every block. The output rows of the others are
+    zero (the core sees to it); a backend may leave them out (`query_blocks`).
     """
 
     queries: torch.Tensor
@@ -339,9 +339,17 @@ class TokenAttention:
         return self.keys.shape[1] // self.pattern.block_size
 
     @property
+    def real_rows(self) -> torch.Tensor | None:
+        """(B, t) bool: the token queries in a block that holds a real token; None: every query."""
+        if self.real_blocks is None:
+            return None
+        return self.real_blocks.repeat_interleave(self.pattern.block_size, dim=1)[:, : self.num_tokens]
+
+    @property
     def query_blocks(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(batch index, block index) of the blocks that hold a real token, each (n,) int64; None: every block."""
-        return None if self.real_blocks is None else self.real_blocks.nonzero(as_tuple=True)
+        """(batch index, block index) of the blocks that hold a real token, each (n,) int64; None: every
+        block, or while compiling (a compiled graph computes every block, the core zeroes the rows)."""
+        return None if self.real_blocks is None or tracing() else self.real_blocks.nonzero(as_tuple=True)
 
     @property
     def token_key_rows(self) -> torch.Tensor | None:
@@ -585,7 +593,7 @@ def block_position_scores(job: TokenAttention) -> list[torch.Tensor]:
     return pieces
 
 
-def _tracing() -> bool:
+def tracing() -> bool:
     """Whether torch.compile or torch.export is tracing (no host-side shortcuts then)."""
     exporting = getattr(torch.compiler, "is_exporting", None)
     return torch.compiler.is_compiling() or bool(exporting and exporting())
@@ -608,7 +616,7 @@ def block_additive_mask(job: TokenAttention) -> torch.Tensor:
         max(allowed.shape[2], *(piece.shape[2] for piece in pieces)),
         job.pattern.block_size,
     )
-    if _tracing() or (torch.is_grad_enabled() and any(piece.requires_grad for piece in pieces)):
+    if tracing() or (torch.is_grad_enabled() and any(piece.requires_grad for piece in pieces)):
         return additive_mask(allowed, dtype, torch.cat([piece.expand(*shape, -1) for piece in pieces], dim=-1))
     mask = torch.empty(*shape, allowed.shape[-1], dtype=dtype, device=allowed.device)
     lowest = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=allowed.device)
@@ -632,7 +640,7 @@ def cached_block_mask(job: TokenAttention) -> torch.Tensor:
         or terms.key_rows is not None
         or job.kept is not None
         or torch.is_grad_enabled()
-        or _tracing()
+        or tracing()
     ):
         return block_additive_mask(job)
     made_for = [job.token_mask, job.global_mask]
@@ -653,8 +661,7 @@ class BlockKeys:
 
     queries: (n, H, b, D); keys, values: (n, H, K, D) in the order of `KeyPattern.key_columns` (values
     None where not asked for); mask: (n, 1 or H, 1 or b, K), additive (DropKey and position terms
-    applied). n = B * nb, or the number of blocks that hold a real token (`TokenAttention.query_blocks`)
-    where only those are asked for.
+    applied). n = B * nb, or the number of blocks chosen.
     """
 
     queries: torch.Tensor
@@ -663,9 +670,12 @@ class BlockKeys:
     mask: torch.Tensor
 
     @classmethod
-    def of(cls, job: TokenAttention, with_values: bool = True, only_real_blocks: bool = False) -> BlockKeys:
+    def of(
+        cls, job: TokenAttention, with_values: bool = True, chosen: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> BlockKeys:
+        """The blocks of `job`: every block, or the `chosen` ones ((batch index, block index), as
+        `TokenAttention.query_blocks` gives them)."""
         pattern, num_blocks, sparse = job.pattern, job.num_blocks, job.sparse
-        chosen = job.query_blocks if only_real_blocks else None
 
         def folded(x: torch.Tensor) -> torch.Tensor:  # (B, nb, R, ...) -> (n, R, ...): blocks folded into the batch
             if chosen is None:

@@ -28,15 +28,16 @@ class SdpaBackend:
         return True
 
     def token_attention(self, job: TokenAttention) -> TokenOutput:
-        blocks = BlockKeys.of(job, only_real_blocks=True)
+        chosen = job.query_blocks  # None: every block
+        blocks = BlockKeys.of(job, chosen=chosen)
         output = F.scaled_dot_product_attention(
             blocks.queries, blocks.keys, blocks.values, attn_mask=blocks.mask, scale=job.scaling
         )  # (n, H, b, D)
         batch, padded_tokens, heads, head_dim = job.queries.shape
         output = output.transpose(1, 2)  # (n, b, H, D)
-        if job.real_blocks is not None:  # the blocks of padding only get zeros
+        if chosen is not None:  # the blocks of padding only get zeros
             every_block = output.new_zeros(batch, job.num_blocks, *output.shape[1:])
-            output = every_block.index_put_(job.query_blocks, output)
+            output = every_block.index_put_(chosen, output)
         output = output.reshape(batch, padded_tokens, heads, head_dim)[:, : job.num_tokens]
         return TokenOutput(output, None, None)
 
