@@ -57,6 +57,7 @@ from .lsg_pattern import (
     dense_position_scores,
     drop_keys,
     explicit_softmax,
+    is_exporting,
     pad_rows,
     relative_scores,
     sdpa_dense_attention,
@@ -77,12 +78,6 @@ LSG_ATTENTION = "lsg"  # prefix of the attentions registered with transformers, 
 # (Imported by name: transformers copies a model's remote code by following `from .module import` lines.)
 BACKENDS: dict[str, Backend] = {"eager": EagerBackend(), "sdpa": SdpaBackend(), "flex_attention": FlexBackend()}
 LSG_BACKENDS = tuple(BACKENDS)
-
-
-def is_exporting() -> bool:
-    """Whether torch.export is tracing the model (torch >= 2.7; False before, where it is not checked)."""
-    check = getattr(torch.compiler, "is_exporting", None)
-    return bool(check and check())
 
 
 def default_backend() -> str:

@@ -593,10 +593,22 @@ def block_position_scores(job: TokenAttention) -> list[torch.Tensor]:
     return pieces
 
 
+def is_exporting() -> bool:
+    """Whether torch.export is tracing the model (torch >= 2.7; False before, where it is not checked)."""
+    check = getattr(torch.compiler, "is_exporting", None)
+    return bool(check and check())
+
+
 def tracing() -> bool:
     """Whether torch.compile or torch.export is tracing (no host-side shortcuts then)."""
-    exporting = getattr(torch.compiler, "is_exporting", None)
-    return torch.compiler.is_compiling() or bool(exporting and exporting())
+    return torch.compiler.is_compiling() or is_exporting()
+
+
+def folded_blocks(x: torch.Tensor, batch: int, chosen: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """(B or 1, nb, ...) -> (n, ...): every block folded into the batch (n = B * nb), or the `chosen` ones
+    ((batch index, block index), as `TokenAttention.query_blocks` gives them)."""
+    x = x.expand(batch, *x.shape[1:])
+    return x.flatten(0, 1) if chosen is None else x[chosen]
 
 
 def block_additive_mask(job: TokenAttention) -> torch.Tensor:
@@ -628,12 +640,13 @@ def block_additive_mask(job: TokenAttention) -> torch.Tensor:
     return mask
 
 
-def cached_block_mask(job: TokenAttention) -> torch.Tensor:
-    """`block_additive_mask`, made once per forward where every layer would make the same one: position
-    terms without query or key rows (MPNet's and T5's bias: one table for all layers, one
-    `PositionTerms` per forward), no gradients, no dropout. It is kept in the terms for the next layer
-    and reused when that layer's padding (and sparse keys) are equal."""
-    terms = job.positions
+def cached_block_mask(job: TokenAttention, chosen: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """`block_additive_mask` folded into the batch, every block or the `chosen` ones (`folded_blocks`):
+    (n, 1 or H, 1 or b, K). Made once per forward where every layer would make the same one: position
+    terms without query or key rows (MPNet's and T5's bias: one table for all layers, one `PositionTerms`
+    per forward), no gradients, no dropout. It is kept in the terms for the next layer and reused when
+    that layer's padding (and sparse keys) are equal, which also makes the chosen blocks the same."""
+    terms, batch = job.positions, job.keys.shape[0]
     if (
         terms is None
         or terms.query_rows is not None
@@ -642,15 +655,17 @@ def cached_block_mask(job: TokenAttention) -> torch.Tensor:
         or torch.is_grad_enabled()
         or tracing()
     ):
-        return block_additive_mask(job)
+        return folded_blocks(block_additive_mask(job), batch, chosen)
     made_for = [job.token_mask, job.global_mask]
     if job.sparse is not None:
         made_for += [job.sparse.mask, job.sparse.positions]
-    key = (job.pattern, job.queries.dtype, job.queries.device, job.num_tokens)
+    if job.real_blocks is not None:
+        made_for.append(job.real_blocks)
+    key = (job.pattern, job.queries.dtype, job.queries.device, job.num_tokens, chosen is None, len(made_for))
     kept = terms.block_masks.get(key)
     if kept is not None and all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(kept[0], made_for)):
         return kept[1]
-    mask = block_additive_mask(job)
+    mask = folded_blocks(block_additive_mask(job), batch, chosen)
     terms.block_masks[key] = (made_for, mask)
     return mask
 
@@ -677,11 +692,6 @@ class BlockKeys:
         `TokenAttention.query_blocks` gives them)."""
         pattern, num_blocks, sparse = job.pattern, job.num_blocks, job.sparse
 
-        def folded(x: torch.Tensor) -> torch.Tensor:  # (B, nb, R, ...) -> (n, R, ...): blocks folded into the batch
-            if chosen is None:
-                return x.expand(job.keys.shape[0], num_blocks, *x.shape[2:]).flatten(0, 1)
-            return x.expand(job.keys.shape[0], num_blocks, *x.shape[2:])[chosen]
-
         def gathered(global_rows, sparse_rows, token_rows):  # one copy: (n, H, K, D)
             pieces = block_keys(pattern, global_rows, sparse_rows, token_rows, num_blocks)
             if chosen is not None:
@@ -693,10 +703,10 @@ class BlockKeys:
         values = None
         if with_values:
             values = gathered(job.global_values, None if sparse is None else sparse.values.transpose(1, 2), job.values)
-        mask = cached_block_mask(job)  # (B or 1, nb, 1 or H, 1 or b, K)
+        queries = job.queries.unflatten(1, (num_blocks, pattern.block_size))  # (B, nb, b, H, D)
         return cls(
-            queries=folded(job.queries.unflatten(1, (num_blocks, pattern.block_size))).transpose(1, 2),
+            queries=folded_blocks(queries, job.keys.shape[0], chosen).transpose(1, 2),
             keys=keys,
             values=values,
-            mask=folded(mask),
+            mask=cached_block_mask(job, chosen),
         )
