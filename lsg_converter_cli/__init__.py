@@ -217,6 +217,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--adapt-minutes", dest="max_minutes", type=float, default=30.0, metavar="M", help="time budget (default 30)"
     )
     adapt.add_argument(
+        "--adapt-epochs", dest="epochs", type=float, default=4.0, metavar="E",
+        help="times the texts are read, each cut into other documents (default 4; the time budget may stop it first)",
+    )
+    adapt.add_argument(
         "--adapt-batch-size", dest="batch_size", type=_positive_int, default=8, metavar="N",
         help="documents per step, each the others' negatives (default 8)",
     )

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from lsg_converter import LSGConverter, save_converted
-from lsg_converter.adaptation import adapt_to_long_documents, document_pairs
-from lsg_converter.errors import OutputExistsError, TrainingTextsError, UnsupportedModelError
+from lsg_converter.adaptation import adapt_to_long_documents, document_rounds, round_batch_sampler
+from lsg_converter.errors import InvalidSettingsError, OutputExistsError, TrainingTextsError, UnsupportedModelError
 
 pytest.importorskip("datasets")
 from sentence_transformers import SentenceTransformer  # noqa: E402
@@ -70,7 +70,7 @@ def converted_folder(source_folder, tmp_path_factory) -> Path:
 def in_batch_loss(model: SentenceTransformer, texts: list[str]) -> float:
     """The adaptation's objective on `texts`' (passage, rest of the document) pairs: the cross-entropy of
     each passage over all the documents, scaled cosines (MultipleNegativesRankingLoss, scale 20)."""
-    pairs = document_pairs(texts, model.tokenizer, model.max_seq_length - 2, 64, 32)
+    (pairs,) = document_rounds(texts, model.tokenizer, model.max_seq_length - 2, 64, 32)
     with torch.no_grad():
         passages = model.encode([pair.passage for pair in pairs], convert_to_tensor=True)
         documents = model.encode([pair.document for pair in pairs], convert_to_tensor=True)
@@ -86,6 +86,40 @@ def test_adapting_a_few_steps_lowers_the_models_own_training_loss(converted_fold
     adapt_to_long_documents(model, texts, train="all", batch_size=8, epochs=2, learning_rate=1e-3, seed=0)
 
     assert in_batch_loss(model, texts) < 0.8 * before
+
+
+def test_each_round_cuts_other_documents_and_passages_from_the_texts(minilm_path):
+    from transformers import AutoTokenizer
+
+    texts = long_texts(3, 1500)
+    rounds = document_rounds(texts, AutoTokenizer.from_pretrained(minilm_path), 300, 32, 64, rounds=2)
+
+    assert len(rounds) == 2
+    assert {pair.document for pair in rounds[0]}.isdisjoint(pair.document for pair in rounds[1])
+    assert all(any(pair.passage in text for text in texts) for made in rounds for pair in made)
+
+
+@pytest.mark.parametrize("share, kept", [(1.0, True), (0.0, False)])
+def test_the_in_document_share_leaves_the_passage_in_its_document_or_cuts_it_out(minilm_path, share, kept):
+    from transformers import AutoTokenizer
+
+    (pairs,) = document_rounds(long_texts(3, 1500), AutoTokenizer.from_pretrained(minilm_path), 300, 32, 64,
+                               in_document_share=share)
+
+    assert all((pair.passage in pair.document) == kept for pair in pairs)
+
+
+def test_a_batch_holds_pairs_of_one_round_only():
+    """Each round holds each document once: a batch within a round never gives a document as its own
+    passage's negative."""
+    sampler = round_batch_sampler([5, 7, 6])(list(range(18)), batch_size=3, drop_last=True)
+
+    batches = list(sampler)
+
+    rounds = [range(0, 5), range(5, 12), range(12, 18)]
+    assert len(batches) == len(sampler) == 1 + 2 + 2
+    assert all(any(set(batch) <= set(made) for made in rounds) for batch in batches)
+    assert len({index for batch in batches for index in batch}) == 15
 
 
 def test_training_the_new_positions_keeps_the_embedding_of_a_text_the_source_could_read(source_folder, tmp_path):
@@ -139,6 +173,13 @@ def test_no_texts_is_one_line_and_nothing_is_written(converted_folder, tmp_path)
 def test_texts_shorter_than_two_blocks_are_refused_and_nothing_is_written(converted_folder, tmp_path):
     with pytest.raises(TrainingTextsError, match="at least 32 tokens .two blocks."):
         adapt_to_long_documents(converted_folder, long_texts(10, 12), output_path=tmp_path / "adapted")
+
+    assert not (tmp_path / "adapted").exists()
+
+
+def test_an_in_document_share_out_of_0_to_1_is_refused_and_nothing_is_written(converted_folder, tmp_path):
+    with pytest.raises(InvalidSettingsError, match="give a number from 0 to 1"):
+        adapt_to_long_documents(converted_folder, long_texts(4, 1500), in_document_share=1.5, output_path=tmp_path / "adapted")
 
     assert not (tmp_path / "adapted").exists()
 

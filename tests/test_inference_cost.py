@@ -3,10 +3,12 @@ of a padded batch that hold padding only, and a bias table's block mask made aga
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from helpers import OpRecorder, lsg_config, padding_mask
 from lsg_converter.models.lsg_attention import lsg_self_attention
 from lsg_converter.models.lsg_pattern import PositionTerms
+from lsg_converter.models.lsg_sdpa import mask_runs
 
 HEADS, HEAD_DIM, BLOCK, BUCKETS = 4, 8, 8, 9
 BACKENDS = ["sdpa", "eager", "flex_attention"]
@@ -34,6 +36,20 @@ def sdpa_query_rows(recorder: OpRecorder) -> int:
     """The query rows the SDPA kernels were given in all: elements of their outputs / HEADS / HEAD_DIM."""
     outputs = [sizes[0] for name, sizes in recorder.ops if name.startswith("_scaled_dot_product")]
     return sum(outputs) // (HEADS * HEAD_DIM)
+
+
+class SdpaCalls(TorchDispatchMode):
+    """The query rows each SDPA kernel call under it was given, apart by whether it had a mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows = {True: 0, False: 0}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.overloadpacket.__name__.startswith("_scaled_dot_product"):
+            self.rows[kwargs.get("attn_mask") is not None] += args[0].shape[0] * args[0].shape[2]
+        return func(*args, **kwargs)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -110,3 +126,31 @@ def test_a_block_mask_with_gradients_is_made_at_every_layer():
 
     assert terms.block_masks == {}
     assert terms.table.grad.abs().sum() > 0
+
+
+def test_mask_runs_part_the_blocks_into_runs_that_need_their_mask_or_not():
+    lowest = torch.finfo(torch.float32).min
+    mask = torch.zeros(6, 1, 1, 5)
+    mask[0, ..., :2] = lowest  # no left neighbour
+    mask[4:, ..., 3:] = lowest  # padding
+
+    assert mask_runs(mask) == [(0, 1, True), (1, 4, False), (4, 6, True)]
+    assert mask_runs(torch.zeros(6, 2, 1, 5)) == [(0, 6, True)]  # rows per head: not scanned
+
+
+def test_the_sdpa_backend_runs_the_blocks_away_from_the_edges_without_a_mask():
+    config = lsg_config(block_size=BLOCK, sparsity_type="none", num_global_tokens=1)
+    lengths = [1 + 80]  # 10 blocks: the first and the last lack a neighbour
+    with SdpaCalls() as calls:
+        attention(random_qkv(lengths), lengths, config)
+
+    assert calls.rows[False] == 8 * BLOCK
+    assert calls.rows[True] == 2 * BLOCK + 1  # and the global query
+
+
+def test_blocks_run_without_a_mask_give_the_eager_output_of_a_padded_batch():
+    config = lsg_config(block_size=BLOCK, sparsity_type="none", num_global_tokens=1)
+    lengths = [1 + 80, 1 + 45]
+    qkv = random_qkv(lengths, dtype=torch.float64)
+
+    torch.testing.assert_close(attention(qkv, lengths, config), attention(qkv, lengths, config, "eager"), atol=1e-12, rtol=0)
