@@ -215,8 +215,7 @@ def tiny_lsg_bert(tmp_path_factory):
     return folder
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the default without CUDA")
-def test_default_backend_without_cuda_is_sdpa(tiny_lsg_bert):
+def test_default_backend_is_sdpa(tiny_lsg_bert):
     model = LSGBertForMaskedLM.from_pretrained(tiny_lsg_bert).eval()
     inputs = tiny_inputs()
 

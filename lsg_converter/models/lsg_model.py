@@ -217,7 +217,7 @@ class LSGConfigMixin:
     def _attn_implementation(self) -> str | None:
         """The backend of the LSG attention: ``"eager"``, ``"sdpa"`` or ``"flex_attention"`` (see
         `lsg_attention.lsg_backend`), or None until a model is built (transformers then resolves it:
-        flex_attention where CUDA is available, sdpa elsewhere).
+        sdpa).
 
         Set it the transformers way, with ``attn_implementation=`` in ``from_pretrained`` or the config,
         or ``model.set_attn_implementation(...)``; other values raise ValueError. The model's LSG
@@ -463,7 +463,7 @@ class LSGModelMixin:
 
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
         """transformers' check of an ``attn_implementation``: an LSG model takes "eager", "sdpa",
-        "flex_attention" or None (flex_attention where CUDA is available, sdpa elsewhere) and runs its
+        "flex_attention" or None (sdpa) and runs its
         LSG attention with that backend (see `lsg_attention.lsg_backend`)."""
         if self.config.lsg_dense_decoder:
             return super().get_correct_attn_implementation(requested_attention, is_init_check)

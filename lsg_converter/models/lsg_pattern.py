@@ -25,6 +25,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 def uses_sparse_keys(config: Any) -> bool:
@@ -436,10 +437,23 @@ def drop_keys(allowed: torch.Tensor, groups_shape: torch.Size, num_keys: int, dr
     return torch.where(kept.any(dim=-1, keepdim=True), kept, allowed)
 
 
+# SDPA's kernels for LSG's calls on CUDA: not cuDNN's, the default on H100/H200, which fails on masked
+# calls of some key counts (torch 2.11, H200: "misaligned address" at 385 keys, block 128) and gives
+# NaN gradients at others (pytorch/pytorch#196678)
+CUDA_SDPA_KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def fused_attention(query, key, value, mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
+    """`scaled_dot_product_attention` with an additive mask (or none), on CUDA without cuDNN's kernels."""
+    if not query.is_cuda:
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling)
+    with sdpa_kernel(CUDA_SDPA_KERNELS):
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling)
+
+
 def sdpa_dense_attention(query, key, value, allowed, scaling, scores) -> tuple[torch.Tensor, None]:
     """`Backend.dense_attention` through SDPA (no weights): the sdpa and flex_attention backends'."""
-    mask = additive_mask(allowed, query.dtype, scores)
-    return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling), None
+    return fused_attention(query, key, value, additive_mask(allowed, query.dtype, scores), scaling), None
 
 
 def weighted_values(

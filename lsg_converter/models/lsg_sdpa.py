@@ -13,9 +13,8 @@ This file travels with saved models as remote code: it imports torch only.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from .lsg_pattern import BlockKeys, TokenAttention, TokenOutput, sdpa_dense_attention, tracing
+from .lsg_pattern import BlockKeys, TokenAttention, TokenOutput, fused_attention, sdpa_dense_attention, tracing
 
 
 class SdpaBackend:
@@ -34,9 +33,8 @@ class SdpaBackend:
         queries, keys, values, mask = blocks.queries, blocks.keys, blocks.values, blocks.mask
         output = queries.new_empty(queries.shape[0], job.pattern.block_size, heads, values.shape[-1])  # (n, b, H, D)
         for start, end, masked in mask_runs(mask):
-            output[start:end] = F.scaled_dot_product_attention(
-                queries[start:end], keys[start:end], values[start:end],
-                attn_mask=mask[start:end] if masked else None, scale=job.scaling,
+            output[start:end] = fused_attention(
+                queries[start:end], keys[start:end], values[start:end], mask[start:end] if masked else None, job.scaling
             ).transpose(1, 2)
         if chosen is not None:  # the blocks of padding only get zeros
             every_block = output.new_zeros(batch, job.num_blocks, *output.shape[1:])

@@ -140,9 +140,13 @@ def _lsh_round(keys, columns: Columns, weights, buckets: int, generator: torch.G
         else:
             bucket = torch.zeros_like(weights, dtype=torch.long)
 
+    # one-hot membership (B, H, C, buckets, items): a bucket's sum is a matrix product, the same on every
+    # run (CUDA's scatter_add adds in a varying order, and in half precision its sums, then the next
+    # round's buckets, change from run to run)
+    membership = F.one_hot(bucket.squeeze(-1), buckets).transpose(-1, -2)
+
     def bucket_sums(x):  # (B, H, C, items, width) -> (B, H, C, buckets, width)
-        width = x.shape[-1]
-        return x.new_zeros(batch, heads, chunks, buckets, width).scatter_add(-2, bucket.expand(-1, -1, -1, -1, width), x)
+        return membership.to(x.dtype) @ x
 
     return bucket_sums(keys), [bucket_sums(column) for column in columns], bucket_sums(weights)
 
