@@ -5,7 +5,7 @@ can be, one copy), and the blocks run as one batch of 4D inputs, (B * nb, H, b, 
 fused kernels run forward and backward (5D inputs, and its own dropout, fall back to the O(n^2) math
 kernel: dropout is DropKey, drawn by the core). Position terms join the additive mask; the blocks
 whose mask is all zero run without it (`mask_runs`). The blocks of a padded batch that hold padding
-only are left out (`TokenAttention.real_blocks`). The default backend without CUDA.
+only are left out (`TokenAttention.real_blocks`). The default backend, on the CPU and on CUDA.
 
 This file travels with saved models as remote code: it imports torch only.
 """

@@ -131,7 +131,7 @@ def _lsh_round(keys, columns: Columns, weights, buckets: int, generator: torch.G
     keys: (B, H, C, items, D); columns: (B, H, C, items, width) each; weights: (B, H, C, items, 1)
     token counts (0 = padding).
     """
-    batch, heads, chunks, _, head_dim = keys.shape
+    heads, head_dim = keys.shape[1], keys.shape[-1]
     with torch.no_grad():
         if buckets > 1:
             planes = lsh_hyperplanes((1, heads, 1, head_dim, buckets // 2), generator, keys.dtype, keys.device)
@@ -143,10 +143,10 @@ def _lsh_round(keys, columns: Columns, weights, buckets: int, generator: torch.G
     # one-hot membership (B, H, C, buckets, items): a bucket's sum is a matrix product, the same on every
     # run (CUDA's scatter_add adds in a varying order, and in half precision its sums, then the next
     # round's buckets, change from run to run)
-    membership = F.one_hot(bucket.squeeze(-1), buckets).transpose(-1, -2)
+    membership = F.one_hot(bucket.squeeze(-1), buckets).transpose(-1, -2).to(keys.dtype)
 
     def bucket_sums(x):  # (B, H, C, items, width) -> (B, H, C, buckets, width)
-        return membership.to(x.dtype) @ x
+        return membership.to(x.dtype) @ x  # a no-op conversion unless x is another dtype (float32 positions)
 
     return bucket_sums(keys), [bucket_sums(column) for column in columns], bucket_sums(weights)
 
