@@ -138,14 +138,42 @@ def test_mask_runs_part_the_blocks_into_runs_that_need_their_mask_or_not():
     assert mask_runs(torch.zeros(6, 2, 1, 5)) == [(0, 6, True)]  # rows per head: not scanned
 
 
-def test_the_sdpa_backend_runs_the_blocks_away_from_the_edges_without_a_mask():
+def test_the_gathered_blocks_away_from_the_edges_run_without_a_mask():
     config = lsg_config(block_size=BLOCK, sparsity_type="none", num_global_tokens=1)
     lengths = [1 + 80]  # 10 blocks: the first and the last lack a neighbour
-    with SdpaCalls() as calls:
-        attention(random_qkv(lengths), lengths, config)
+    queries, keys, values = random_qkv(lengths)
+    with SdpaCalls() as calls:  # with gradients: every block's keys gathered
+        lsg_self_attention(queries.requires_grad_(), keys, values, padding_mask(lengths, max(lengths)), config)
 
     assert calls.rows[False] == 8 * BLOCK
     assert calls.rows[True] == 2 * BLOCK + 1  # and the global query
+
+
+@pytest.mark.parametrize("num_global", [0, 1, 3])
+def test_blocks_read_as_window_views_give_the_eager_output_of_a_padded_batch(num_global):
+    config = lsg_config(block_size=BLOCK, sparsity_type="none", num_global_tokens=num_global)
+    lengths = [num_global + 203, num_global + 61]  # 26 blocks, the last one padded; then 8
+    qkv = random_qkv(lengths, dtype=torch.float64)
+
+    torch.testing.assert_close(attention(qkv, lengths, config), attention(qkv, lengths, config, "eager"), atol=1e-12, rtol=0)
+
+
+def test_blocks_read_as_window_views_copy_no_keys():
+    config = lsg_config(block_size=BLOCK, sparsity_type="none", num_global_tokens=1)
+    lengths = [1 + 203]  # 26 blocks: gathered, their windows would hold 26 x (1 + 3 x 8) keys
+    with OpRecorder() as recorder:
+        attention(random_qkv(lengths), lengths, config)
+
+    assert recorder.largest <= HEADS * 26 * BLOCK * HEAD_DIM  # the blocks' output: no copy of the windows
+
+
+def test_blocks_read_as_window_views_give_the_same_output_with_gradients():
+    config = lsg_config(block_size=BLOCK, sparsity_type="none", num_global_tokens=2)
+    lengths = [2 + 120, 2 + 77]
+    qkv = random_qkv(lengths)
+    gathered = lsg_self_attention(*(x.clone().requires_grad_() for x in qkv), padding_mask(lengths, max(lengths)), config)
+
+    torch.testing.assert_close(attention(qkv, lengths, config), gathered.detach(), atol=1e-6, rtol=1e-5)
 
 
 def test_blocks_run_without_a_mask_give_the_eager_output_of_a_padded_batch():

@@ -57,7 +57,6 @@ from .lsg_pattern import (
     drop_keys,
     explicit_softmax,
     is_exporting,
-    pad_rows,
     relative_scores,
     sdpa_dense_attention,
     sequence_positions,
@@ -212,12 +211,11 @@ def lsg_attention(
     global_values, token_values = value.transpose(1, 2).split([num_global, num_tokens], dim=1)
     global_mask, token_mask = key_mask.split([num_global, num_tokens], dim=1)
     if exporting or padding:  # no test of the padding while exporting: the graph pads by 0 rows too
-        token_queries, token_keys, token_values = (pad_rows(x, 0, padding) for x in (token_queries, token_keys, token_values))
         token_mask = F.pad(token_mask, (0, padding), value=False)
     job = TokenAttention(
-        queries=token_queries,
-        keys=token_keys,
-        values=token_values,
+        token_queries=token_queries,
+        token_keys=token_keys,
+        token_values=token_values,
         token_mask=token_mask,
         global_keys=global_keys,
         global_values=global_values,
@@ -231,7 +229,7 @@ def lsg_attention(
     )
     if pattern.sparse_starts:
         job.sparse = sparse_context(
-            *(x.transpose(1, 2) for x in (token_queries, token_keys, token_values)),
+            *(x.transpose(1, 2) for x in (job.queries, job.keys, job.values)),
             token_mask,
             settings,
             scaling,

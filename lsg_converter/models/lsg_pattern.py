@@ -309,8 +309,8 @@ class SparseContext:
 class TokenAttention:
     """What the core hands a backend: the t token queries and every key they may see.
 
-    queries, keys, values: (B, T, H, D), the tokens padded at the end to T = nb b (padding masked);
-    token_mask: (B, T) bool; global_keys, global_values: (B, g, H, D), global_mask: (B, g) bool;
+    token_queries, token_keys, token_values: (B, t, H, D); `queries`, `keys`, `values`: the same padded
+    at the end to T = nb b (padding masked), made on first use; token_mask: (B, T) bool; global_keys, global_values: (B, g, H, D), global_mask: (B, g) bool;
     sparse: the sparse context, or None without sparse keys; kept: the keys DropKey leaves each block
     in training, (B, nb, H, 1 or b, K) bool in the order of `KeyPattern.key_columns` (drawn once, by
     the core, see `block_dropout`), None otherwise; positions: the position terms, or None;
@@ -319,9 +319,9 @@ class TokenAttention:
     zero (the core sees to it); a backend may leave them out (`query_blocks`).
     """
 
-    queries: torch.Tensor
-    keys: torch.Tensor
-    values: torch.Tensor
+    token_queries: torch.Tensor
+    token_keys: torch.Tensor
+    token_values: torch.Tensor
     token_mask: torch.Tensor
     global_keys: torch.Tensor
     global_values: torch.Tensor
@@ -334,10 +334,33 @@ class TokenAttention:
     positions: PositionTerms | None = None
     real_blocks: torch.Tensor | None = None
     _token_key_rows: torch.Tensor | None = field(default=None, init=False, repr=False)
+    _padded: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = field(default=None, init=False, repr=False)
 
     @property
     def num_blocks(self) -> int:
-        return self.keys.shape[1] // self.pattern.block_size
+        return self.token_mask.shape[1] // self.pattern.block_size
+
+    def _padded_tokens(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The token queries, keys and values padded to T rows, made once (no copy where t = T, except
+        while exporting: the traced graph then pads by 0 rows too). (A field, not a
+        functools.cached_property, whose lock torch.compile cannot trace.)"""
+        if self._padded is None:
+            tokens = (self.token_queries, self.token_keys, self.token_values)
+            padding = self.token_mask.shape[1] - self.num_tokens
+            self._padded = tuple(pad_rows(x, 0, padding) for x in tokens) if padding or is_exporting() else tokens
+        return self._padded
+
+    @property
+    def queries(self) -> torch.Tensor:
+        return self._padded_tokens()[0]
+
+    @property
+    def keys(self) -> torch.Tensor:
+        return self._padded_tokens()[1]
+
+    @property
+    def values(self) -> torch.Tensor:
+        return self._padded_tokens()[2]
 
     @property
     def real_rows(self) -> torch.Tensor | None:
@@ -360,7 +383,7 @@ class TokenAttention:
         (Kept in a field, not a functools.cached_property, whose lock torch.compile cannot trace.)"""
         if self._token_key_rows is None and self.positions is not None and self.positions.key_rows is not None:
             token_rows = self.positions.key_rows[:, :, self.pattern.num_global :]
-            self._token_key_rows = F.pad(token_rows, (0, 0, 0, self.keys.shape[1] - token_rows.shape[2]))
+            self._token_key_rows = F.pad(token_rows, (0, 0, 0, self.token_mask.shape[1] - token_rows.shape[2]))
         return self._token_key_rows
 
 

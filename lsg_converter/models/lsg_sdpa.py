@@ -7,14 +7,34 @@ kernel: dropout is DropKey, drawn by the core). Position terms join the additive
 whose mask is all zero run without it (`mask_runs`). The blocks of a padded batch that hold padding
 only are left out (`TokenAttention.real_blocks`). The default backend, on the CPU and on CUDA.
 
+On the CPU, without gradients, the blocks whose keys are all real local and global tokens (every block
+but those at the edges and the padding, when there are no sparse keys, position terms or causal mask)
+read their local keys as overlapping views of the layer's keys, with no copy (`window_view_attention`),
+and the global keys join through the log-sum-exp of each part.
+
 This file travels with saved models as remote code: it imports torch only.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-from .lsg_pattern import BlockKeys, TokenAttention, TokenOutput, fused_attention, sdpa_dense_attention, tracing
+from .lsg_pattern import (
+    BlockKeys,
+    TokenAttention,
+    TokenOutput,
+    additive_mask,
+    fused_attention,
+    sdpa_dense_attention,
+    tracing,
+)
+
+# The CPU flash kernel, which also returns each query's log-sum-exp (absent from older torch builds)
+CPU_FLASH_ATTENTION = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+# It runs key counts of a multiple of 16 fastest (its vector width: 510 keys take 14% longer than 512):
+# window views round the local keys up with the rows that follow, masked
+KEY_MULTIPLE = 16
 
 
 class SdpaBackend:
@@ -27,22 +47,152 @@ class SdpaBackend:
         return True
 
     def token_attention(self, job: TokenAttention) -> TokenOutput:
-        chosen = job.query_blocks  # None: every block
-        blocks = BlockKeys.of(job, chosen=chosen)
-        batch, padded_tokens, heads, _ = job.queries.shape
-        queries, keys, values, mask = blocks.queries, blocks.keys, blocks.values, blocks.mask
-        output = queries.new_empty(queries.shape[0], job.pattern.block_size, heads, values.shape[-1])  # (n, b, H, D)
-        for start, end, masked in mask_runs(mask):
-            output[start:end] = fused_attention(
-                queries[start:end], keys[start:end], values[start:end], mask[start:end] if masked else None, job.scaling
-            ).transpose(1, 2)
-        if chosen is not None:  # the blocks of padding only get zeros
-            every_block = output.new_zeros(batch, job.num_blocks, *output.shape[1:])
-            output = every_block.index_put_(chosen, output)
+        batch, _, heads, _ = job.token_queries.shape
+        padded_tokens = job.token_mask.shape[1]
+        shape = (batch, job.num_blocks, job.pattern.block_size, heads, job.token_values.shape[-1])
+        viewed = window_view_blocks(job)
+        if viewed is None:  # every block gathered
+            chosen = job.query_blocks  # None: every block
+            output = gathered_attention(job, chosen)
+            if chosen is not None:  # the blocks of padding only get zeros
+                output = output.new_zeros(shape).index_put_(chosen, output)
+        else:
+            computed = torch.ones_like(viewed) if job.real_blocks is None else job.real_blocks
+            output = job.token_queries.new_empty(shape) if bool(computed.all()) else job.token_queries.new_zeros(shape)
+            for row, start, end in block_runs(viewed):
+                window_view_attention(job, row, start, end, out=output[row, start:end])
+            edges = (computed & ~viewed).nonzero(as_tuple=True)
+            if edges[0].numel():
+                output[edges] = edge_block_attention(job, edges)
         output = output.reshape(batch, padded_tokens, heads, -1)[:, : job.num_tokens]
         return TokenOutput(output, None, None)
 
     dense_attention = staticmethod(sdpa_dense_attention)
+
+
+def gathered_attention(job: TokenAttention, chosen: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """The output of every block, or of the `chosen` ones ((batch index, block index)), their keys
+    gathered (`BlockKeys`): (n, b, H, D)."""
+    blocks = BlockKeys.of(job, chosen=chosen)
+    queries, keys, values, mask = blocks.queries, blocks.keys, blocks.values, blocks.mask
+    output = queries.new_empty(queries.shape[0], job.pattern.block_size, queries.shape[1], values.shape[-1])
+    for start, end, masked in mask_runs(mask):
+        output[start:end] = fused_attention(
+            queries[start:end], keys[start:end], values[start:end], mask[start:end] if masked else None, job.scaling
+        ).transpose(1, 2)
+    return output
+
+
+def window_view_blocks(job: TokenAttention) -> torch.Tensor | None:
+    """(B, nb) bool: the blocks whose local window lies inside the sequence and holds real tokens only,
+    whose keys `window_view_attention` reads as views; None where that path does not apply (not on the
+    CPU, gradients, tracing, sparse keys, position terms, DropKey, a causal mask, a padded global token,
+    half precision, values of another size than the keys): every block's keys are then gathered."""
+    pattern, keys = job.pattern, job.token_keys
+    applies = (
+        CPU_FLASH_ATTENTION is not None
+        and keys.device.type == "cpu"
+        and keys.dtype in (torch.float32, torch.float64)
+        and job.token_values.shape[-1] == keys.shape[-1]
+        and job.sparse is None
+        and job.positions is None
+        and job.kept is None
+        and not pattern.causal
+        and not tracing()
+        and not (torch.is_grad_enabled() and any(x.requires_grad for x in (job.token_queries, keys, job.token_values, job.global_keys, job.global_values)))
+        and bool(job.global_mask.all())
+    )
+    if not applies:
+        return None
+    real_blocks = job.token_mask.unflatten(1, (job.num_blocks, pattern.block_size)).all(dim=-1)  # (B, nb)
+    window = pattern.blocks_before + 1 + pattern.blocks_after
+    real_windows = F.pad(real_blocks, (pattern.blocks_before, pattern.blocks_after), value=False).unfold(1, window, 1)
+    rounded_ends = pattern.local_end(torch.arange(job.num_blocks, device=keys.device)) + extra_keys(pattern)
+    return real_windows.all(dim=-1) & (rounded_ends <= job.num_tokens)
+
+
+def extra_keys(pattern) -> int:
+    """The rows after each local window that round a window view's keys up to `KEY_MULTIPLE`."""
+    return -pattern.local_size % KEY_MULTIPLE
+
+
+def block_runs(blocks: torch.Tensor) -> list[tuple[int, int, int]]:
+    """(row, start, end) of each run of consecutive True blocks in (B, nb) bool."""
+    runs = []
+    for row, flags in enumerate(blocks.tolist()):
+        start = None
+        for index, flag in enumerate(flags + [False]):
+            if flag and start is None:
+                start = index
+            elif not flag and start is not None:
+                runs.append((row, start, index))
+                start = None
+    return runs
+
+
+def window_view_attention(job: TokenAttention, row: int, start: int, end: int, out: torch.Tensor) -> None:
+    """The output of blocks [start, end) of batch row `row` into `out` (n, b, H, D), n = end - start,
+    blocks whose local keys are all real (`window_view_blocks`): each block's local keys and values are
+    an overlapping view of the layer's, no copy, with the `extra_keys` rows after it masked."""
+    pattern, dtype = job.pattern, job.token_keys.dtype
+    block, extra = pattern.block_size, extra_keys(pattern)
+    size = pattern.local_size + extra
+    first, last = pattern.local_start(start), pattern.local_start(end - 1) + size
+
+    def windows(rows: torch.Tensor) -> torch.Tensor:  # (t, H, D) -> (n, H, local + extra, D), views of rows
+        return rows[first:last].unfold(0, size, block).transpose(2, 3)
+
+    mask = None
+    if extra:
+        mask = torch.zeros(1, 1, 1, size, dtype=dtype, device=job.token_keys.device)
+        mask[..., -extra:] = torch.finfo(dtype).min
+    queries = job.token_queries[row, start * block : end * block].unflatten(0, (-1, block)).transpose(1, 2)  # (n, H, b, D)
+    keys, values = windows(job.token_keys[row]), windows(job.token_values[row])
+    local_then_global(job, queries, keys, values, mask, job.global_keys[row : row + 1], job.global_values[row : row + 1], out)
+
+
+def edge_block_attention(job: TokenAttention, chosen: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """The output (n, b, H, D) of the `chosen` blocks ((batch index, block index), each (n,)), whose local
+    window reaches outside the sequence or over padding: only their own queries and windows are gathered
+    (rows past the last token read the last one: their keys are masked, their outputs dropped)."""
+    pattern, rows, blocks = job.pattern, *chosen
+    block, last_token = pattern.block_size, job.num_tokens - 1
+    columns = pattern.local_start(blocks)[:, None] + torch.arange(pattern.local_size, device=blocks.device)  # (n, local)
+    inside = (columns >= 0) & (columns < job.token_mask.shape[1])
+    allowed = inside & job.token_mask[rows[:, None], columns.clamp(0, job.token_mask.shape[1] - 1)]
+    mask = additive_mask(allowed, job.token_keys.dtype)[:, None, None, :]  # (n, 1, 1, local)
+    columns = columns.clamp(0, last_token)
+    keys = job.token_keys[rows[:, None], columns].transpose(1, 2)  # (n, H, local, D)
+    values = job.token_values[rows[:, None], columns].transpose(1, 2)
+    query_rows = (blocks[:, None] * block + torch.arange(block, device=blocks.device)).clamp(max=last_token)  # (n, b)
+    queries = job.token_queries[rows[:, None], query_rows].transpose(1, 2)  # (n, H, b, D)
+    out = queries.new_empty(queries.shape[0], block, queries.shape[1], values.shape[-1])
+    local_then_global(job, queries, keys, values, mask, job.global_keys[rows], job.global_values[rows], out)
+    return out
+
+
+def local_then_global(
+    job: TokenAttention, queries, keys, values, mask: torch.Tensor | None, global_keys, global_values, out: torch.Tensor
+) -> None:
+    """Attention of queries (n, H, b, D) over their local keys and values (n, H, local, D) and the g
+    global ones (n or 1, g, H, D), written into `out` (n, b, H, D).
+
+    The local keys run through the CPU flash kernel, which returns each query's log-sum-exp L_local;
+    the global keys, L_global and their output O_global, are few and run as plain products. The
+    softmax over both is their outputs weighted by their shares of the total:
+    O = O_local + sigmoid(L_global - L_local) (O_global - O_local)."""
+    local_output, local_lse = CPU_FLASH_ATTENTION(queries, keys, values, 0.0, False, attn_mask=mask, scale=job.scaling)
+    if not global_keys.shape[1]:
+        out.copy_(local_output.transpose(1, 2))
+        return
+    # (n, H, b, 1, D) x (n or 1, H, 1, g, D) -> (n, H, b, g): products summed where the queries lie (a
+    # matmul would first copy the strided queries)
+    global_scores = (queries.unsqueeze(3) * global_keys.transpose(1, 2).unsqueeze(2)).sum(dim=-1) * job.scaling
+    global_lse = global_scores.logsumexp(dim=-1)
+    global_values = global_values.transpose(1, 2)  # (n or 1, H, g, D)
+    global_output = global_values if global_values.shape[2] == 1 else global_scores.softmax(dim=-1) @ global_values
+    global_share = torch.sigmoid(global_lse - local_lse).to(local_output.dtype).unsqueeze(-1)
+    torch.lerp(local_output, global_output, global_share, out=out.transpose(1, 2))
 
 
 def mask_runs(mask: torch.Tensor) -> list[tuple[int, int, bool]]:
