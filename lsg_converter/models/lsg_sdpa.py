@@ -7,10 +7,11 @@ kernel: dropout is DropKey, drawn by the core). Position terms join the additive
 whose mask is all zero run without it (`mask_runs`). The blocks of a padded batch that hold padding
 only are left out (`TokenAttention.real_blocks`). The default backend, on the CPU and on CUDA.
 
-On the CPU, without gradients, the blocks whose keys are all real local and global tokens (every block
-but those at the edges and the padding, when there are no sparse keys, position terms or causal mask)
-read their local keys as overlapping views of the layer's keys, with no copy (`window_view_attention`),
-and the global keys join through the log-sum-exp of each part.
+On the CPU, without gradients (and without sparse keys, position terms, DropKey or a causal mask), the
+blocks whose window holds real tokens only read their local keys as overlapping views of the layer's
+keys, with no copy, rounded up to `KEY_MULTIPLE` keys with masked rows (`window_view_attention`); the
+few others (at the edges, beside padding) gather their own window only (`edge_block_attention`). The
+global keys join through the log-sum-exp of each part (`local_then_global`).
 
 This file travels with saved models as remote code: it imports torch only.
 """
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 
 from .lsg_pattern import (
     BlockKeys,
+    KeyPattern,
     TokenAttention,
     TokenOutput,
     additive_mask,
@@ -111,7 +113,7 @@ def window_view_blocks(job: TokenAttention) -> torch.Tensor | None:
     return real_windows.all(dim=-1) & (rounded_ends <= job.num_tokens)
 
 
-def extra_keys(pattern) -> int:
+def extra_keys(pattern: KeyPattern) -> int:
     """The rows after each local window that round a window view's keys up to `KEY_MULTIPLE`."""
     return -pattern.local_size % KEY_MULTIPLE
 
