@@ -19,7 +19,6 @@ This file travels with saved models as remote code: it imports torch only.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from .lsg_pattern import (
     BlockKeys,
@@ -27,7 +26,9 @@ from .lsg_pattern import (
     TokenAttention,
     TokenOutput,
     additive_mask,
+    block_mask,
     fused_attention,
+    local_windows,
     sdpa_dense_attention,
     tracing,
 )
@@ -106,11 +107,9 @@ def window_view_blocks(job: TokenAttention) -> torch.Tensor | None:
     )
     if not applies:
         return None
-    real_blocks = job.token_mask.unflatten(1, (job.num_blocks, pattern.block_size)).all(dim=-1)  # (B, nb)
-    window = pattern.blocks_before + 1 + pattern.blocks_after
-    real_windows = F.pad(real_blocks, (pattern.blocks_before, pattern.blocks_after), value=False).unfold(1, window, 1)
+    real_windows = torch.cat(local_windows(pattern, job.token_mask, job.num_blocks, False), dim=2).all(dim=-1)  # (B, nb)
     rounded_ends = pattern.local_end(torch.arange(job.num_blocks, device=keys.device)) + extra_keys(pattern)
-    return real_windows.all(dim=-1) & (rounded_ends <= job.num_tokens)
+    return real_windows & (rounded_ends <= job.num_tokens)
 
 
 def extra_keys(pattern: KeyPattern) -> int:
@@ -118,18 +117,19 @@ def extra_keys(pattern: KeyPattern) -> int:
     return -pattern.local_size % KEY_MULTIPLE
 
 
+def runs_of(flags: list[bool]) -> list[tuple[int, int, bool]]:
+    """(start, end, flag) of each run of equal consecutive flags."""
+    runs, start = [], 0
+    for end in range(1, len(flags) + 1):
+        if end == len(flags) or flags[end] != flags[start]:
+            runs.append((start, end, flags[start]))
+            start = end
+    return runs
+
+
 def block_runs(blocks: torch.Tensor) -> list[tuple[int, int, int]]:
     """(row, start, end) of each run of consecutive True blocks in (B, nb) bool."""
-    runs = []
-    for row, flags in enumerate(blocks.tolist()):
-        start = None
-        for index, flag in enumerate(flags + [False]):
-            if flag and start is None:
-                start = index
-            elif not flag and start is not None:
-                runs.append((row, start, index))
-                start = None
-    return runs
+    return [(row, start, end) for row, flags in enumerate(blocks.tolist()) for start, end, flag in runs_of(flags) if flag]
 
 
 def window_view_attention(job: TokenAttention, row: int, start: int, end: int, out: torch.Tensor) -> None:
@@ -158,12 +158,10 @@ def edge_block_attention(job: TokenAttention, chosen: tuple[torch.Tensor, torch.
     window reaches outside the sequence or over padding: only their own queries and windows are gathered
     (rows past the last token read the last one: their keys are masked, their outputs dropped)."""
     pattern, rows, blocks = job.pattern, *chosen
-    block, last_token = pattern.block_size, job.num_tokens - 1
-    columns = pattern.local_start(blocks)[:, None] + torch.arange(pattern.local_size, device=blocks.device)  # (n, local)
-    inside = (columns >= 0) & (columns < job.token_mask.shape[1])
-    allowed = inside & job.token_mask[rows[:, None], columns.clamp(0, job.token_mask.shape[1] - 1)]
-    mask = additive_mask(allowed, job.token_keys.dtype)[:, None, None, :]  # (n, 1, 1, local)
-    columns = columns.clamp(0, last_token)
+    block, num_global, last_token = pattern.block_size, pattern.num_global, job.num_tokens - 1
+    mask = additive_mask(block_mask(job)[chosen][..., num_global:], job.token_keys.dtype)  # (n, 1, 1, local)
+    # (n, local): the windows' token rows; those outside the sequence (numbered t) read the last token
+    columns = (pattern.key_columns(blocks, job.num_tokens, 0)[:, num_global:] - num_global).clamp(max=last_token)
     keys = job.token_keys[rows[:, None], columns].transpose(1, 2)  # (n, H, local, D)
     values = job.token_values[rows[:, None], columns].transpose(1, 2)
     query_rows = (blocks[:, None] * block + torch.arange(block, device=blocks.device)).clamp(max=last_token)  # (n, b)
@@ -203,13 +201,6 @@ def mask_runs(mask: torch.Tensor) -> list[tuple[int, int, bool]]:
     terms: a block away from the edges and the padding) runs SDPA without one, the fused kernels' faster
     path, with the same result. Masks with rows per head or query (position terms, DropKey) are not
     scanned: one run that needs its mask."""
-    blocks = mask.shape[0]
     if mask.shape[1] * mask.shape[2] != 1 or tracing():
-        return [(0, blocks, True)]
-    needed = mask.flatten(1).ne(0).any(dim=1).tolist()
-    runs, start = [], 0
-    for end in range(1, blocks + 1):
-        if end == blocks or needed[end] != needed[start]:
-            runs.append((start, end, needed[start]))
-            start = end
-    return runs
+        return [(0, mask.shape[0], True)]
+    return runs_of(mask.flatten(1).ne(0).any(dim=1).tolist())
