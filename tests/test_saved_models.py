@@ -149,3 +149,42 @@ def test_a_saved_model_on_a_transformers_outside_its_tested_range_says_so_once(t
     warnings = [line for line in process.stderr.splitlines() if "tested with transformers 1.0.0 to 1.1.0" in line]
     assert len(warnings) == 1, process.stderr[-2000:]
     assert "is newer" in warnings[0] and "lsg-convert <model> --max-len" in warnings[0]
+
+
+def test_two_saved_models_with_different_code_each_run_their_own_attention_in_one_process(tmp_path):
+    """transformers' attention registry is one dictionary per process: a model saved by another release,
+    loaded after one of this release, must not replace the attention the first one runs."""
+    import shutil
+
+    from helpers import save_tiny_source
+    from lsg_converter import LSGConverter, save_converted
+
+    source = save_tiny_source(tmp_path / "source", "bert", "BertForMaskedLM")
+    model, tokenizer = LSGConverter(max_sequence_length=256).convert_from_pretrained(
+        str(source), block_size=16, sparse_block_size=16, sparsity_type="pooling"
+    )
+    first = save_converted(model, tokenizer, tmp_path / "first")
+    second = shutil.copytree(first, tmp_path / "second")  # another release's code: its attention output doubled
+    code = second / "lsg_attention.py"
+    returned = "    return output.transpose(1, 2).contiguous(), weights\n"
+    assert code.read_text().count(returned) == 1
+    code.write_text(code.read_text().replace(returned, returned.replace("return output", "return 2 * output")))
+
+    process = run_without_lsg_converter(
+        f"""
+        import torch, transformers
+        load = lambda folder: transformers.AutoModelForMaskedLM.from_pretrained(folder, trust_remote_code=True).eval()
+        input_ids = torch.randint(5, 90, (1, 200))
+        with torch.no_grad():
+            first = load({str(first)!r})
+            before = first(input_ids=input_ids).logits
+            second = load({str(second)!r})
+            print("SECOND_DIFFERS", not torch.allclose(second(input_ids=input_ids).logits, before))
+            print("FIRST_UNCHANGED", torch.equal(first(input_ids=input_ids).logits, before))
+        """,
+        cwd=tmp_path,
+    )
+
+    assert process.returncode == 0, process.stderr[-2000:]
+    assert "SECOND_DIFFERS True" in process.stdout, process.stdout
+    assert "FIRST_UNCHANGED True" in process.stdout, process.stdout

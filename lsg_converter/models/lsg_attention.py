@@ -33,6 +33,7 @@ This file travels with saved models as remote code: it imports torch and transfo
 from __future__ import annotations
 
 import functools
+import hashlib
 from typing import Any
 
 import torch
@@ -70,7 +71,11 @@ from .lsg_transformers import ALL_ATTENTION_FUNCTIONS
 
 logger = logging.get_logger(__name__)
 
-LSG_ATTENTION = "lsg"  # prefix of the attentions registered with transformers, one per backend
+# Prefix of the attentions registered with transformers, one per backend. It names this copy of the code
+# (the package's, or the remote code of a saved model, each its own module), so that models saved by
+# different versions, loaded in one process, each run their own attention: transformers' registry is
+# one dictionary, and a shared name would run the copy loaded last for all of them.
+LSG_ATTENTION = "lsg_" + hashlib.sha256(__name__.encode()).hexdigest()[:12]
 # attn_implementation value -> the backend of its token queries. Each is registered with transformers
 # as f"{LSG_ATTENTION}_{name}".
 # (Imported by name: transformers copies a model's remote code by following `from .module import` lines.)

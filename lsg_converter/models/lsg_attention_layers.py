@@ -133,7 +133,7 @@ def projected_self_attention(
 class AttentionLayerConfig:
     """The config as the LSG self-attention layers of a model read it: the model's config, attribute for
     attribute (reads and writes go to it), except ``_attn_implementation``, which names the registered
-    LSG attention of the model's backend (``"lsg_sdpa"`` while the config reads ``"sdpa"``; `registered`
+    LSG attention of the model's backend (``"lsg_<code>_sdpa"`` while the config reads ``"sdpa"``; `registered`
     names it, `lsg_attention.registered_cross_attention` for a decoder's cross-attention layers).
 
     transformers' attention layers dispatch on ``self.config._attn_implementation``: this is how they
