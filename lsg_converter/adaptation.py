@@ -191,6 +191,20 @@ def _position_tables(transformer: torch.nn.Module) -> list[tuple[torch.nn.Parame
     ]
 
 
+def weights_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of `model`'s parameters, by name (what `blend_weights` moves back to)."""
+    return {name: parameter.detach().clone() for name, parameter in model.named_parameters()}
+
+
+def blend_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], share: float) -> None:
+    """Move each parameter of `model` named in `weights` the `share` of the way to it, in place:
+    (1 - share) * trained + share * given (weight-space ensembling, WiSE-FT)."""
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name in weights:
+                parameter.lerp_(weights[name].to(parameter), share)
+
+
 class TimeBudget(TrainerCallback):
     """Stops the training once `minutes` have passed (checked after each step)."""
 
@@ -223,6 +237,8 @@ def adapt_to_long_documents(
     max_steps: int = -1,
     max_minutes: float | None = None,
     learning_rate: float | None = None,
+    bf16: bool = False,
+    source_share: float = 0.0,
     seed: int = 0,
 ) -> Any:
     """Adapt a converted sentence-transformers model to long documents, on the user's own texts.
@@ -249,6 +265,13 @@ def adapt_to_long_documents(
             (a fraction reads part of the last time); max_steps > 0: optimizer steps instead.
         max_minutes: stop after this many minutes (checked after each step).
         learning_rate: AdamW's, without weight decay; None: `LEARNING_RATES` of `train` (3e-5 for "all").
+        bf16: train in bfloat16 mixed precision (torch.autocast; the weights and the optimizer stay in
+            float32): about a quarter less time per step on a CPU with AVX512-BF16 or AMX, measured
+            (benchmarks/RESULTS.md), so more steps in `max_minutes`; slower on a CPU without them.
+        source_share: after training, move every weight this share of the way back to the model as it
+            was given (weight-space ensembling, WiSE-FT, Wortsman et al. 2022): 0 keeps the trained
+            weights; measured on held-out plays, 0.2 keeps short texts nearer their source embedding
+            at a small cost in long-document retrieval (benchmarks/RESULTS.md).
         seed: of the cuts, the shuffling and the training.
 
     Returns:
@@ -288,6 +311,8 @@ def adapt_to_long_documents(
         )
     if not 0.0 <= in_document_share <= 1.0:
         raise InvalidSettingsError(f"in_document_share={in_document_share} is no share: give a number from 0 to 1.")
+    if not 0.0 <= source_share < 1.0:
+        raise InvalidSettingsError(f"source_share={source_share} is no share: give a number from 0 (the trained weights) up to 1.")
     block_size = transformer.config.block_size
     rounds = document_rounds(
         texts, model.tokenizer, model.max_seq_length - 2, passage_tokens, 2 * block_size,
@@ -328,12 +353,15 @@ def adapt_to_long_documents(
                 logging_steps=max(1, len(pairs) // batch_size // 10),
                 report_to=[],
                 seed=seed,
+                bf16=bf16,
                 use_cpu=not torch.cuda.is_available(),
             )
             trainer = SentenceTransformerTrainer(
                 model=model, args=arguments, train_dataset=dataset, loss=loss, callbacks=[TimeBudget(max_minutes)]
             )
+            as_given = weights_of(model) if source_share else {}
             trainer.train()
+    blend_weights(model, as_given, source_share)
     model.eval()
     if output_path is not None:
         with staged_folder(target) as staging:

@@ -47,6 +47,7 @@ INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as shells report Ctrl-C
 SPARSITY_TYPES = ("none", "norm", "pooling", "stride", "block_stride", "bos_pooling", "lsh")
 POSITION_TILINGS = ("body", "table")
 ADAPTED_PARTS = ("all", "positions+global", "positions", "global")  # lsg_converter.adaptation.TRAINABLE_PARTS
+ADAPTATION_SOURCE_SHARE = 0.0  # lsg_converter.adaptation.adapt_to_long_documents's default source_share
 
 
 class _Parser(argparse.ArgumentParser):
@@ -223,6 +224,15 @@ def build_parser() -> argparse.ArgumentParser:
     adapt.add_argument(
         "--adapt-batch-size", dest="batch_size", type=_positive_int, default=8, metavar="N",
         help="documents per step, each the others' negatives (default 8)",
+    )
+    adapt.add_argument(
+        "--adapt-bf16", dest="bf16", action="store_true",
+        help="train in bfloat16 mixed precision: faster on CPUs with AVX512-BF16 or AMX and recent GPUs",
+    )
+    adapt.add_argument(
+        "--adapt-source-share", dest="source_share", type=float, default=ADAPTATION_SOURCE_SHARE, metavar="S",
+        help="after training, move the weights this share of the way back to the converted ones: short texts "
+        f"stay nearer the source's embedding (default {ADAPTATION_SOURCE_SHARE:g}; 0: the trained weights)",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing non-empty output folder")
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors")

@@ -88,6 +88,17 @@ def test_adapting_a_few_steps_lowers_the_models_own_training_loss(converted_fold
     assert in_batch_loss(model, texts) < 0.8 * before
 
 
+def test_adapting_in_bfloat16_mixed_precision_lowers_the_loss_and_keeps_float32_weights(converted_folder):
+    texts = long_texts(8, 1500)
+    model = SentenceTransformer(str(converted_folder), trust_remote_code=True)
+    before = in_batch_loss(model, texts)
+
+    adapt_to_long_documents(model, texts, train="all", batch_size=8, epochs=2, learning_rate=1e-3, bf16=True, seed=0)
+
+    assert in_batch_loss(model, texts) < 0.8 * before
+    assert {parameter.dtype for parameter in model.parameters()} == {torch.float32}
+
+
 def test_each_round_cuts_other_documents_and_passages_from_the_texts(minilm_path):
     from transformers import AutoTokenizer
 
@@ -184,6 +195,30 @@ def test_an_in_document_share_out_of_0_to_1_is_refused_and_nothing_is_written(co
     assert not (tmp_path / "adapted").exists()
 
 
+def test_a_source_share_out_of_0_to_1_is_refused_and_nothing_is_written(converted_folder, tmp_path):
+    with pytest.raises(InvalidSettingsError, match="source_share=1.0 is no share"):
+        adapt_to_long_documents(converted_folder, long_texts(4, 1500), source_share=1.0, output_path=tmp_path / "adapted")
+
+    assert not (tmp_path / "adapted").exists()
+
+
+def test_a_source_share_leaves_each_weight_that_share_of_the_way_back_to_the_given_one(converted_folder):
+    texts = long_texts(4, 1500)
+    given = SentenceTransformer(str(converted_folder), trust_remote_code=True).state_dict()
+    adapted = {
+        share: adapt_to_long_documents(
+            SentenceTransformer(str(converted_folder), trust_remote_code=True), texts, batch_size=4, max_steps=2,
+            learning_rate=1e-3, source_share=share, seed=0,
+        ).state_dict()
+        for share in (0.0, 0.25)
+    }
+
+    trained, blended = adapted[0.0], adapted[0.25]
+    assert any(not torch.equal(trained[name], weight) for name, weight in given.items())
+    for name, weight in given.items():
+        torch.testing.assert_close(blended[name], torch.lerp(trained[name], weight, 0.25) if weight.is_floating_point() else weight)
+
+
 def test_a_sentence_transformers_model_that_is_not_lsg_is_refused(source_folder, tmp_path):
     with pytest.raises(UnsupportedModelError, match="convert it first"):
         adapt_to_long_documents(source_folder, long_texts(4, 1500), output_path=tmp_path / "adapted")
@@ -215,7 +250,7 @@ def test_lsg_convert_adapt_on_converts_adapts_and_saves_a_sentence_transformers_
         (texts / f"{index}.txt").write_text(text)
     arguments = [str(source_folder), "--max-len", str(LENGTH), "--block-size", "16", "--save-path", str(tmp_path / "out")]
 
-    assert main([*arguments, "--adapt-on", str(texts), "--adapt-train", "all", "--adapt-batch-size", "4"]) == 0
+    assert main([*arguments, "--adapt-on", str(texts), "--adapt-train", "all", "--adapt-batch-size", "4", "--adapt-bf16"]) == 0
     assert "SentenceTransformer(" in capsys.readouterr().out
     assert main([*arguments[:-1], str(tmp_path / "plain")]) == 0
 

@@ -5,6 +5,7 @@ the run done (Saved, exit 0) once its folder is in place."""
 
 from __future__ import annotations
 
+import inspect
 import shutil
 import signal
 import subprocess
@@ -14,7 +15,7 @@ import pytest
 from helpers import closed_port_endpoint, hub_environment, python_command, run_process
 from lsg_converter._version import __version__
 from lsg_converter.models.lsg_sparse import SPARSITY_TYPES
-from lsg_converter.adaptation import TRAINABLE_PARTS
+from lsg_converter.adaptation import TRAINABLE_PARTS, adapt_to_long_documents
 from lsg_converter.positions import POSITION_TILINGS
 import lsg_converter_cli
 from lsg_converter_cli import main
@@ -71,6 +72,8 @@ def test_the_parser_offers_the_library_choices():
     assert lsg_converter_cli.SPARSITY_TYPES == SPARSITY_TYPES
     assert lsg_converter_cli.POSITION_TILINGS == POSITION_TILINGS
     assert lsg_converter_cli.ADAPTED_PARTS == TRAINABLE_PARTS
+    default_share = inspect.signature(adapt_to_long_documents).parameters["source_share"].default
+    assert lsg_converter_cli.ADAPTATION_SOURCE_SHARE == default_share
 
 
 @pytest.mark.parametrize(
