@@ -361,6 +361,8 @@ def adapt_to_long_documents(
             )
             as_given = weights_of(model) if source_share else {}
             trainer.train()
+            # bf16: the trainer's accelerator wrapped the model's forward in autocast; it runs in float32 again
+            trainer.accelerator.unwrap_model(model, keep_fp32_wrapper=False)
     blend_weights(model, as_given, source_share)
     model.eval()
     if output_path is not None:

@@ -99,6 +99,16 @@ def test_adapting_in_bfloat16_mixed_precision_lowers_the_loss_and_keeps_float32_
     assert {parameter.dtype for parameter in model.parameters()} == {torch.float32}
 
 
+def test_a_model_adapted_in_bfloat16_runs_in_float32_afterwards(converted_folder, tmp_path):
+    model = adapt_to_long_documents(
+        converted_folder, long_texts(4, 1500), output_path=tmp_path / "adapted", batch_size=4, max_steps=1, bf16=True
+    )
+
+    loaded = SentenceTransformer(str(tmp_path / "adapted"), trust_remote_code=True)
+    texts = long_texts(1, 400, seed=5)
+    torch.testing.assert_close(model.encode(texts), loaded.encode(texts), atol=1e-6, rtol=0)
+
+
 def test_each_round_cuts_other_documents_and_passages_from_the_texts(minilm_path):
     from transformers import AutoTokenizer
 
