@@ -14,6 +14,8 @@ cuts the texts afresh into other documents and passages (with one fixed cut the 
 every epoch, and the training loss fell from 1.2 to 0.2 within two). The whole model is trained by
 default (measured: training only the new position rows and the global tokens, as LongEmbed does, gained
 nothing over chunking here); ``train="positions"`` keeps a text the source could read exactly as it was.
+After training, the weights move a fifth of the way back to the converted ones (``source_share=0.2``,
+WiSE-FT): short texts stay nearer the source's embedding, the long-document gain stays.
 
     from lsg_converter.adaptation import adapt_to_long_documents
     model = adapt_to_long_documents("./minilm-4096", texts="./my-documents", output_path="./minilm-4096-adapted")
@@ -238,7 +240,7 @@ def adapt_to_long_documents(
     max_minutes: float | None = None,
     learning_rate: float | None = None,
     bf16: bool = False,
-    source_share: float = 0.0,
+    source_share: float = 0.2,
     seed: int = 0,
 ) -> Any:
     """Adapt a converted sentence-transformers model to long documents, on the user's own texts.
@@ -269,9 +271,10 @@ def adapt_to_long_documents(
             float32): about a quarter less time per step on a CPU with AVX512-BF16 or AMX, measured
             (benchmarks/RESULTS.md), so more steps in `max_minutes`; slower on a CPU without them.
         source_share: after training, move every weight this share of the way back to the model as it
-            was given (weight-space ensembling, WiSE-FT, Wortsman et al. 2022): 0 keeps the trained
-            weights; measured on held-out plays, 0.2 keeps short texts nearer their source embedding
-            at a small cost in long-document retrieval (benchmarks/RESULTS.md).
+            was given (weight-space ensembling, WiSE-FT, Wortsman et al. 2022); 0 keeps the trained
+            weights. Measured on held-out plays (benchmarks/RESULTS.md), 0.2 lifted the lowest
+            short-text cosine to the source's embedding from 0.949 to 0.961 and kept the retrieval gain
+            (in-document +0.043 -> +0.050 MRR over chunk-and-average, cut-out +0.077 -> +0.075).
         seed: of the cuts, the shuffling and the training.
 
     Returns:

@@ -47,7 +47,7 @@ INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as shells report Ctrl-C
 SPARSITY_TYPES = ("none", "norm", "pooling", "stride", "block_stride", "bos_pooling", "lsh")
 POSITION_TILINGS = ("body", "table")
 ADAPTED_PARTS = ("all", "positions+global", "positions", "global")  # lsg_converter.adaptation.TRAINABLE_PARTS
-ADAPTATION_SOURCE_SHARE = 0.0  # lsg_converter.adaptation.adapt_to_long_documents's default source_share
+ADAPTATION_SOURCE_SHARE = 0.2  # lsg_converter.adaptation.adapt_to_long_documents's default source_share
 
 
 class _Parser(argparse.ArgumentParser):
