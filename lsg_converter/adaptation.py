@@ -283,6 +283,7 @@ def adapt_to_long_documents(
     Raises:
         TrainingTextsError: no texts, or none long enough to cut a document of two blocks from.
         UnsupportedModelError: `model` is no sentence-transformers model over an LSG model.
+        InvalidSettingsError: an unknown `train`, or `in_document_share` / `source_share` out of range.
         MissingDependencyError: sentence-transformers or datasets is not installed.
     """
     require("sentence_transformers", "Adapting a model to long documents")
