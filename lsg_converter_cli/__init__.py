@@ -95,6 +95,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _source_share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"{value:g} is no share: give a number from 0 (the trained weights) up to 1")
+    return value
+
+
 def package_version() -> str:
     """lsg_converter's version, read from its _version.py without importing the package."""
     package = importlib.util.find_spec("lsg_converter")
@@ -230,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="train in bfloat16 mixed precision: faster on CPUs with AVX512-BF16 or AMX and recent GPUs",
     )
     adapt.add_argument(
-        "--adapt-source-share", dest="source_share", type=float, default=ADAPTATION_SOURCE_SHARE, metavar="S",
+        "--adapt-source-share", dest="source_share", type=_source_share, default=ADAPTATION_SOURCE_SHARE, metavar="S",
         help="after training, move the weights this share of the way back to the converted ones: short texts "
         f"stay nearer the source's embedding (default {ADAPTATION_SOURCE_SHARE:g}; 0: the trained weights)",
     )
