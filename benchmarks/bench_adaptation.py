@@ -55,9 +55,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import platform
 import random
-import shlex
 import sys
 import tempfile
 import time
@@ -72,6 +70,7 @@ from sentence_transformers import SentenceTransformer
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from bench_extrapolation import play_paths
+from bench_speed import cpu_name, record_results
 from lsg_converter import LSGConverter, save_converted
 from lsg_converter.adaptation import LEARNING_RATES, TRAINABLE_PARTS, adapt_to_long_documents, blend_weights, weights_of
 from real_models import minilm_path
@@ -338,7 +337,7 @@ def run_length(length: int, source: SentenceTransformer, args: argparse.Namespac
                 model.save(str(args.save_adapted / f"minilm-{length}-adapted"))
         adapted = weights_of(model)
         for share in args.source_shares:
-            blend_weights(model, adapted, 1.0)
+            blend_weights(model, adapted, 1.0)  # the adapted weights again, then the share of the way back
             blend_weights(model, converted, share)
             evaluate(model, after_method(share))
     methods = [TRUNCATED, CHUNK_MEAN, CHUNK_MAX, BEFORE] + [after_method(share) for share in args.source_shares]
@@ -384,10 +383,8 @@ def report(result: LengthResult, args: argparse.Namespace) -> tuple[str, list[st
 
 
 def machine_description(args: argparse.Namespace) -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
     return (
-        f"{date.today().isoformat()}; CPU {cpu}, 2 CPU cores, shared with other jobs, {torch.get_num_threads()} threads; "
+        f"{date.today().isoformat()}; CPU {cpu_name()}, 2 CPU cores, shared with other jobs, {torch.get_num_threads()} threads; "
         f"torch {torch.__version__}, transformers {transformers.__version__}, sentence-transformers "
         f"{sentence_transformers.__version__}; all-MiniLM-L6-v2 converted with the library defaults; adapted on "
         f"{len(plays_of(ADAPTATION_CATEGORIES))} plays ({', '.join(ADAPTATION_CATEGORIES)}), evaluated on "
@@ -443,10 +440,7 @@ def main() -> None:
     text += f"\n\nTotal wall time: {(time.perf_counter() - started) / 60:.0f} min"
     print("\n" + text)
     if args.results:
-        from bench_speed import write_results
-
-        command = "python benchmarks/bench_adaptation.py " + shlex.join(sys.argv[1:])
-        write_results(args.results_file, args.results, f"## {args.results}\n\n{description}\n\n`{command}`\n\n{text}\n")
+        record_results(args.results_file, args.results, description, text)
 
 
 if __name__ == "__main__":

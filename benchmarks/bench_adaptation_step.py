@@ -15,10 +15,7 @@ between rounds, far less within one).
 from __future__ import annotations
 
 import argparse
-import platform
-import shlex
 import statistics
-import sys
 import time
 from datetime import date
 from pathlib import Path
@@ -26,7 +23,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from bench_speed import write_results
+from bench_speed import cpu_name, record_results
 from lsg_converter import LSGConverter
 from real_models import minilm_path
 
@@ -61,11 +58,9 @@ def main() -> None:
         for bf16 in (False, True):
             seconds[bf16].append(training_step(model, input_ids, bf16))
     ratio = statistics.median(b / f for f, b in zip(seconds[False], seconds[True]))
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
     bf16_kernels = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     description = (
-        f"{date.today().isoformat()}; CPU {cpu} (oneDNN bfloat16 kernels: {bf16_kernels}), {torch.get_num_threads()} "
+        f"{date.today().isoformat()}; CPU {cpu_name()} (oneDNN bfloat16 kernels: {bf16_kernels}), {torch.get_num_threads()} "
         f"threads; torch {torch.__version__}, transformers {transformers.__version__}; all-MiniLM-L6-v2 converted "
         f"to {args.length:,} tokens with the library defaults; {args.documents} documents per step, {args.rounds} rounds"
     )
@@ -77,8 +72,7 @@ def main() -> None:
     ])
     print(description + "\n\n" + table)
     if args.results:
-        command = "python benchmarks/bench_adaptation_step.py " + shlex.join(sys.argv[1:])
-        write_results(args.results_file, args.results, f"## {args.results}\n\n{description}\n\n`{command}`\n\n{table}\n")
+        record_results(args.results_file, args.results, description, table)
 
 
 if __name__ == "__main__":

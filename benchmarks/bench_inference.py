@@ -56,8 +56,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import platform
-import shlex
 import statistics
 import subprocess
 import sys
@@ -75,7 +73,7 @@ from sentence_transformers import SentenceTransformer
 
 from bench_deberta import V3_BASE, resident_mib, reset_peak
 from bench_extrapolation import play_paths
-from bench_speed import write_results
+from bench_speed import cpu_name, record_results
 from lsg_converter import LSGConverter, save_converted
 from real_models import all_mpnet_base_v2_path, minilm_path
 
@@ -368,9 +366,7 @@ def target_checks(rows: dict, keys: list[tuple], paired: dict, paired_source: di
 
 
 def machine_description(args: argparse.Namespace) -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    return (f"{date.today().isoformat()}; CPU {cpu}, {torch.get_num_threads()} threads; torch {torch.__version__}, "
+    return (f"{date.today().isoformat()}; CPU {cpu_name()}, {torch.get_num_threads()} threads; torch {torch.__version__}, "
             f"transformers {transformers.__version__}, sentence-transformers {sentence_transformers.__version__}; "
             f"float32, eval mode, no grad; median of {args.repeats} after 1 warm-up; peak: rise of the resident set "
             "over the first run, each case in its own process")
@@ -441,8 +437,7 @@ def main() -> None:
     text = "\n".join(lines)
     print(f"\n{description}\n\n{text}")
     if args.results:
-        command = "python benchmarks/bench_inference.py " + shlex.join(sys.argv[1:])
-        write_results(args.results_file, args.results, f"## {args.results}\n\n{description}\n\n`{command}`\n\n{text}\n")
+        record_results(args.results_file, args.results, description, text)
 
 
 if __name__ == "__main__":

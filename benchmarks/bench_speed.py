@@ -360,13 +360,17 @@ def attention_table(rows: list[Row], lengths: list[int]) -> str:
     return "\n".join(lines)
 
 
+def cpu_name() -> str:
+    """The CPU's model name, as /proc/cpuinfo gives it (else as `platform` does)."""
+    return next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")), platform.processor())
+
+
 def machine_description(args: argparse.Namespace) -> str:
     if args.device == "cuda":
         device = torch.cuda.get_device_name()
     else:
-        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name")), platform.processor())
-        device = f"CPU {cpu}, {torch.get_num_threads()} threads"
+        device = f"CPU {cpu_name()}, {torch.get_num_threads()} threads"
     return (
         f"{device}; torch {torch.__version__}, transformers {transformers.__version__}, Python {platform.python_version()}; "
         f"{args.dtype}, batch 1, hidden 768, 12 heads, {args.layers} layers; forward: eval mode, no grad; "
@@ -485,6 +489,13 @@ def plot(rows: list[Row], path: Path, title: str) -> None:
     figure.suptitle(textwrap.fill(title, 160), fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
+
+
+def record_results(results_file: Path, title: str, description: str, body: str) -> None:
+    """Write `body` into the results file as the section `## title`, after the machine's `description`
+    and the command that ran this script (with the arguments it was given)."""
+    command = f"python benchmarks/{Path(sys.argv[0]).name} " + shlex.join(sys.argv[1:])
+    write_results(results_file, title, f"## {title}\n\n{description}\n\n`{command}`\n\n{body}\n")
 
 
 def write_results(results_file: Path, section: str, body: str) -> None:

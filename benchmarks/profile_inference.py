@@ -15,8 +15,6 @@ per forward, the ops sorted by the larger of the two.
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
 from datetime import date
 from pathlib import Path
 
@@ -25,7 +23,7 @@ import transformers
 from torch.profiler import profile
 from transformers import AutoModel
 
-from bench_speed import write_results
+from bench_speed import record_results
 from lsg_converter import LSGConverter
 from real_models import minilm_path
 
@@ -89,8 +87,7 @@ def main() -> None:
     table = "\n".join(lines)
     print(description + "\n\n" + table)
     if args.results:
-        command = "python benchmarks/profile_inference.py " + shlex.join(sys.argv[1:])
-        write_results(args.results_file, args.results, f"## {args.results}\n\n{description}\n\n`{command}`\n\n{table}\n")
+        record_results(args.results_file, args.results, description, table)
 
 
 if __name__ == "__main__":

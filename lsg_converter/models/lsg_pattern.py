@@ -311,9 +311,10 @@ class TokenAttention:
 
     token_queries, token_keys, token_values: (B, t, H, D); `queries`, `keys`, `values`: the same padded
     at the end to T = nb b (padding masked), made on first use; token_mask: (B, T) bool; global_keys,
-    global_values: (B, g, H, D), global_mask: (B, g) bool; sparse: the sparse context, or None without sparse keys; kept: the keys DropKey leaves each block
-    in training, (B, nb, H, 1 or b, K) bool in the order of `KeyPattern.key_columns` (drawn once, by
-    the core, see `block_dropout`), None otherwise; positions: the position terms, or None;
+    global_values: (B, g, H, D), global_mask: (B, g) bool; sparse: the sparse context, or None without
+    sparse keys; kept: the keys DropKey leaves each block in training, (B, nb, H, 1 or b, K) bool in the
+    order of `KeyPattern.key_columns` (drawn once, by the core, see `block_dropout`), None otherwise;
+    positions: the position terms, or None;
     real_blocks: (B, nb) bool, the blocks that hold a real token, where some may hold padding only
     (the end of a short row in a padded batch); None: every block. The output rows of the others are
     zero (the core sees to it); a backend may leave them out (`query_blocks`).
