@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from helpers import lsg_config, padding_mask
 from lsg_converter.models.lsg_attention import lsg_attention, lsg_self_attention
-from lsg_converter.models.lsg_pattern import KeyPattern
+from lsg_converter.models.lsg_pattern import KeyPattern, additive_mask, few_query_attention
 from lsg_converter.models.lsg_sparse import SPARSITY_TYPES
 
 HEADS, HEAD_DIM = 4, 8
@@ -414,3 +414,40 @@ def test_key_columns_are_inverted_by_the_slots(causal):
                 assert pattern.local_slot(query, torch.tensor(column - 2)) == slot
             elif column < 2 + num_tokens + num_compressed:
                 assert pattern.sparse_slot(query, torch.tensor(column - 2 - num_tokens)) == slot
+
+
+def test_few_query_attention_equals_sdpa_in_outputs_and_gradients():
+    """The global queries' path on CUDA, checked on the CPU in float64 (a fully masked query included)."""
+    generator = torch.Generator().manual_seed(0)
+    query, key, value = (
+        torch.randn(2, 3, n, 16, generator=generator, dtype=torch.float64).requires_grad_() for n in (2, 40, 40)
+    )
+    allowed = torch.rand(2, 1, 2, 40, generator=generator) > 0.3
+    allowed[1, :, 0] = False
+    mask = additive_mask(allowed, torch.float64)
+
+    def output_and_gradients(attention):  # the gradients of the queries that see keys
+        output = attention(query, key, value, mask, 0.25)
+        seeing = allowed.any(dim=-1, keepdim=True).expand_as(output)
+        gradients = torch.autograd.grad(output[seeing].square().sum(), (query, key, value))
+        return output, gradients
+
+    few, few_gradients = output_and_gradients(few_query_attention)
+    sdpa, sdpa_gradients = output_and_gradients(
+        lambda q, k, v, m, scale: F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=scale)
+    )
+
+    torch.testing.assert_close(few, sdpa, atol=1e-12, rtol=1e-12)
+    for few_gradient, sdpa_gradient in zip(few_gradients, sdpa_gradients):
+        torch.testing.assert_close(few_gradient, sdpa_gradient, atol=1e-12, rtol=1e-12)
+
+
+def test_few_query_attention_in_bfloat16_stays_within_its_rounding_of_float64():
+    generator = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(2, 3, n, 64, generator=generator, dtype=torch.float64) for n in (1, 4000, 4000))
+    allowed = torch.rand(2, 1, 1, 4000, generator=generator) > 0.2
+
+    exact = F.scaled_dot_product_attention(query, key, value, attn_mask=additive_mask(allowed, torch.float64))
+    half = few_query_attention(*(x.bfloat16() for x in (query, key, value)), additive_mask(allowed, torch.bfloat16), 0.125)
+
+    torch.testing.assert_close(half.double(), exact, atol=1e-2, rtol=1e-2)

@@ -58,6 +58,23 @@ def test_flex_equals_sdpa_in_outputs_and_gradients(dtype, sparsity_type, causal)
         torch.testing.assert_close(flex_gradient.float(), sdpa_gradient.float(), atol=tolerance, rtol=tolerance)
 
 
+@pytest.mark.parametrize("backend", ["sdpa", "flex_attention"])
+def test_cuda_outputs_and_gradients_equal_the_cpu_ones_in_float32(backend):
+    """The global queries run `few_query_attention` on CUDA (SDPA on the CPU); every other query too is checked."""
+    config = lsg_config(block_size=BLOCK, sparse_block_size=BLOCK, sparsity_type="norm", num_global_tokens=NUM_GLOBAL)
+    length = NUM_GLOBAL + TOKENS
+    inputs = [x.detach().float().cpu() for x in random_qkv(2, length, torch.float32)]
+    mask = padding_mask([length, NUM_GLOBAL + 700], length)
+
+    cuda, cuda_gradients = run(backend, [x.cuda() for x in inputs], mask.cuda(), config)
+    cpu, cpu_gradients = run("sdpa", inputs, mask, config)
+
+    real = mask[:, None, :, None].expand_as(cpu)
+    torch.testing.assert_close(cuda.cpu()[real], cpu[real], atol=2e-3, rtol=2e-3)
+    for cuda_gradient, cpu_gradient in zip(cuda_gradients, cpu_gradients):
+        torch.testing.assert_close(cuda_gradient.cpu(), cpu_gradient, atol=2e-3, rtol=2e-3)
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 def test_flex_dropout_hides_the_same_keys_as_sdpa_on_cuda(causal):
     config = lsg_config(block_size=BLOCK, sparse_block_size=BLOCK, num_global_tokens=NUM_GLOBAL)

@@ -467,12 +467,32 @@ def drop_keys(allowed: torch.Tensor, groups_shape: torch.Size, num_keys: int, dr
 CUDA_SDPA_KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
+# On CUDA, calls of at most this many queries (the global queries over every key) run `few_query_attention`:
+# SDPA's fused kernels give a few queries a handful of thread blocks that walk every key (on an H100, the
+# one global query over 16,384 keys took 3.9 ms forward + backward, as much as all the blocks)
+FEW_QUERIES = 16
+
+
 def fused_attention(query, key, value, mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
-    """`scaled_dot_product_attention` with an additive mask (or none), on CUDA without cuDNN's kernels."""
+    """`scaled_dot_product_attention` with an additive mask (or none), on CUDA without cuDNN's kernels,
+    and through `few_query_attention` there for at most `FEW_QUERIES` queries."""
     if not query.is_cuda:
         return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling)
+    if query.shape[-2] <= FEW_QUERIES:
+        return few_query_attention(query, key, value, mask, scaling)
     with sdpa_kernel(CUDA_SDPA_KERNELS):
         return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling)
+
+
+def few_query_attention(query, key, value, mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
+    """softmax(q k^T * scaling + mask) v as two matrix products in the inputs' dtype, the softmax in
+    float32 at least (as transformers' eager attention): (..., q, D) over (..., k, D) -> (..., q, D), with
+    (..., q, k) scores, small for a few queries, and no copy of the keys or values kept for backward.
+    A query whose keys are all masked averages their values, as SDPA does."""
+    scores = (query @ key.transpose(-1, -2)).to(torch.promote_types(query.dtype, torch.float32)) * scaling
+    if mask is not None:
+        scores = scores + mask
+    return scores.softmax(dim=-1).to(value.dtype) @ value
 
 
 def sdpa_dense_attention(query, key, value, allowed, scaling, scores) -> tuple[torch.Tensor, None]:

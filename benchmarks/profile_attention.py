@@ -1,0 +1,196 @@
+"""Where one LSG training step spends its time on the GPU (issue 36): torch.profiler's device time per op.
+
+    python benchmarks/profile_attention.py                                  # CUDA, bf16, 4,096 and 16,384 tokens
+    python benchmarks/profile_attention.py --lengths 16384 --backends sdpa --rows 25
+    python benchmarks/profile_attention.py --device cpu --dtype float32 --lengths 2048
+
+For each length it profiles, one after the other in one process:
+
+* ``attention``: forward + backward of one attention call on random (1, 12, 1 + n, 64) queries, keys and
+  values (bench_speed's attention-alone row): dense SDPA, then LSG (defaults: local blocks of 170, one
+  global token) with each backend of ``--backends``;
+* ``model``: forward + backward of bench_speed's LSG-BERT (``--layers`` layers, eval mode) with each backend;
+* ``flex-kernel``: the flex_attention kernel alone, forward without gradients, compiled static, under
+  masks of the defaults' local rule built four ways, from LSG's own (its tile structure, its key layout
+  [globals | tokens], its mask_mod reading the keys' validity) to torch's `create_block_mask` on the
+  tokens alone, against dense SDPA: which part makes the kernel slow.
+
+Each is run twice to warm up (flex_attention compiles then), then ``--steps`` times under the profiler.
+Per step it prints the wall time, the device time of its kernels (the ops' rows and their kernels' rows
+are both counted), the number of kernels launched and the ops sorted by their own device time (CPU:
+their own CPU time), with how many times each ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+from bench_speed import ATTENTION_ONLY_SETTINGS, DEFAULTS, HEAD_DIM, HEADS, build_model, lsg_model_name
+from lsg_converter import LSGBertConfig
+from lsg_converter.models.lsg_attention import lsg_self_attention
+
+
+def attention_step(backend: str | None, length: int, device: torch.device, dtype: torch.dtype) -> Callable[[], None]:
+    """Forward + backward of one attention call (dense SDPA where `backend` is None)."""
+    config = LSGBertConfig(**ATTENTION_ONLY_SETTINGS[DEFAULTS])
+    num_global = 0 if backend is None else config.num_global_tokens
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (
+        torch.randn(1, HEADS, num_global + length, HEAD_DIM, generator=generator).to(device, dtype).requires_grad_()
+        for _ in range(3)
+    )
+
+    def step() -> None:
+        if backend is None:
+            output = F.scaled_dot_product_attention(q, k, v)
+        else:
+            output = lsg_self_attention(q, k, v, None, config, backend=backend)
+        output.float().square().mean().backward()
+        q.grad = k.grad = v.grad = None
+
+    return step
+
+
+def model_step(backend: str, length: int, layers: int, device: torch.device, dtype: torch.dtype) -> Callable[[], None]:
+    """Forward + backward of bench_speed's LSG-BERT in eval mode (no dropout)."""
+    torch.manual_seed(0)
+    model = build_model(lsg_model_name(DEFAULTS, backend), layers, length).to(device=device, dtype=dtype).eval()
+    input_ids = torch.randint(1000, 30000, (1, length), device=device)
+
+    def step() -> None:
+        model(input_ids=input_ids).last_hidden_state.float().square().mean().backward()
+        model.zero_grad(set_to_none=True)
+
+    return step
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def device_microseconds(event) -> float:
+    """An op's own time on the device (older torch: `self_cuda_time_total`)."""
+    return getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0.0)
+
+
+def profile_step(title: str, step: Callable[[], None], steps: int, rows: int, device: torch.device) -> None:
+    """Warm up, then print wall time, device time, kernels launched and the costliest ops of `step`."""
+    on_cuda = device.type == "cuda"
+    for _ in range(2):
+        step()
+    synchronize(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
+    start = time.perf_counter()
+    with profile(activities=activities) as recorded:
+        for _ in range(steps):
+            step()
+        synchronize(device)
+    wall_ms = (time.perf_counter() - start) * 1e3 / steps
+    events = recorded.key_averages()
+    own = device_microseconds if on_cuda else (lambda event: event.self_cpu_time_total)
+    kernels = [e for e in recorded.events() if on_cuda and e.device_type.name == "CUDA"]
+    total_ms = sum(own(e) for e in events) / 1e3 / steps
+    print(f"\n### {title}\n\nper step: wall {wall_ms:.2f} ms (under the profiler), "
+          f"{'device' if on_cuda else 'CPU'} time {total_ms:.2f} ms, {len(kernels) // steps} kernels launched\n")
+    print(f"| op | {'device' if on_cuda else 'CPU'} ms per step | calls per step |\n|---|---|---|")
+    for event in sorted(events, key=own, reverse=True)[:rows]:
+        print(f"| `{event.key[:90]}` | {own(event) / 1e3 / steps:.3f} | {event.count // steps} |")
+
+
+def flex_kernel_variants(length: int, device: torch.device, dtype: torch.dtype, repeats: int) -> None:
+    """Median milliseconds of one flex_attention forward (no grad) on (1, 12, n, 64) under each mask."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    from lsg_converter.models.lsg_flex import TILE, KeyLayout, _with_mask_mod, block_structure, lsg_mask_mod
+    from lsg_converter.models.lsg_settings import LSGSettings
+
+    pattern = LSGSettings.of(LSGBertConfig(**ATTENTION_ONLY_SETTINGS[DEFAULTS])).pattern()
+    block = pattern.block_size
+    layout = KeyLayout.of(pattern, -(-length // block) * block, TILE)
+    offset = layout.token_offset
+    generator = torch.Generator().manual_seed(0)
+
+    def random(rows: int) -> torch.Tensor:
+        return torch.randn(1, HEADS, rows, HEAD_DIM, generator=generator).to(device, dtype)
+
+    queries, tokens, sequence = random(length), random(length), random(layout.length)  # sequence: LSG's key layout
+    sequence_valid = torch.ones(1, HEADS, layout.length, dtype=torch.bool, device=device)
+    token_valid = torch.ones(1, HEADS, length, dtype=torch.bool, device=device)
+
+    def local_rule(batch, head, query, key):  # tokens only: the block before, its own, the one after
+        return (query // block - key // block).abs() <= 1
+
+    def local_rule_in_layout(batch, head, query, key):  # LSG's key layout: the global rows, then the tokens
+        return (key < pattern.num_global) | ((key >= offset) & local_rule(batch, head, query, key - offset))
+
+    def local_rule_reading_validity(batch, head, query, key):
+        return local_rule(batch, head, query, key) & token_valid[batch, head, key]
+
+    structure = block_structure(pattern, length, TILE, device)
+    plain = create_block_mask(local_rule, 1, 1, length, length, device=device, BLOCK_SIZE=TILE)
+    variants = {
+        "LSG: its structure, layout and mask_mod (validity read)": (
+            sequence, _with_mask_mod(structure, lsg_mask_mod(pattern, layout, sequence_valid))),
+        "LSG structure and layout, local rule only": (sequence, _with_mask_mod(structure, local_rule_in_layout)),
+        "create_block_mask, tokens only, local rule": (tokens, plain),
+        "create_block_mask, tokens only, local rule + validity read": (
+            tokens, create_block_mask(local_rule_reading_validity, 1, 1, length, length, device=device, BLOCK_SIZE=TILE)),
+    }
+    kernel = torch.compile(flex_attention, dynamic=False)
+    print(f"\n### {length} tokens, flex_attention forward alone (no grad, compiled static)\n")
+    print("| mask | ms | key tiles per query tile |\n|---|---|---|")
+    timings = {"dense SDPA (no mask)": (lambda: F.scaled_dot_product_attention(queries, tokens, tokens), None)}
+    for name, (keys, block_mask) in variants.items():
+        timings[name] = (lambda keys=keys, block_mask=block_mask: kernel(queries, keys, keys, block_mask=block_mask),
+                         block_mask.kv_num_blocks.float().mean().item())
+    for name, (run, tiles) in timings.items():
+        with torch.no_grad():
+            for _ in range(2):
+                run()
+            times = []
+            for _ in range(repeats):
+                synchronize(device)
+                start = time.perf_counter()
+                run()
+                synchronize(device)
+                times.append((time.perf_counter() - start) * 1e3)
+        print(f"| {name} | {sorted(times)[len(times) // 2]:.3f} | {'' if tiles is None else f'{tiles:.1f}'} |", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384])
+    parser.add_argument("--backends", nargs="+", default=["sdpa", "flex_attention"], choices=["sdpa", "flex_attention"])
+    parser.add_argument("--what", nargs="+", default=["attention", "model"], choices=["attention", "model", "flex-kernel"])
+    parser.add_argument("--layers", type=int, default=12, help="layers of the model profiled")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--rows", type=int, default=15, help="ops shown per profile")
+    args = parser.parse_args()
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    print(f"{torch.cuda.get_device_name() if device.type == 'cuda' else 'CPU'}; torch {torch.__version__}; {args.dtype}")
+    for length in args.lengths:
+        if "attention" in args.what:
+            profile_step(f"{length} tokens, attention alone, dense SDPA", attention_step(None, length, device, dtype),
+                         args.steps, args.rows, device)
+            for backend in args.backends:
+                profile_step(f"{length} tokens, attention alone, LSG {backend}",
+                             attention_step(backend, length, device, dtype), args.steps, args.rows, device)
+        if "flex-kernel" in args.what:
+            flex_kernel_variants(length, device, dtype, repeats=10)
+        if "model" in args.what:
+            for backend in args.backends:
+                profile_step(f"{length} tokens, {args.layers}-layer LSG-BERT, {backend}",
+                             model_step(backend, length, args.layers, device, dtype), args.steps, args.rows, device)
+
+
+if __name__ == "__main__":
+    main()
