@@ -127,4 +127,5 @@ def test_real_minilm_without_global_tokens_equals_source_on_real_text():
         expected, output = source(**inputs), model(**inputs)
 
     assert inputs["input_ids"].shape[1] == 512
-    torch.testing.assert_close(output.last_hidden_state, expected.last_hidden_state, atol=1e-5, rtol=0)
+    real = inputs["attention_mask"].bool()  # the short row runs apart, truncated (lsg_recorder.LengthGroups)
+    torch.testing.assert_close(output.last_hidden_state[real], expected.last_hidden_state[real], atol=1e-5, rtol=0)

@@ -4,7 +4,8 @@ The recorder is the model whose forward transformers' ``capture_outputs`` decora
 (LSGBertModel, the ``bert`` of LSGBertForMaskedLM), or the encoder of an encoder-decoder model. Its
 forward builds the attention masks and records the hidden states, so LSG steps in around it
 (`RecorderSteps`): the O(n) padding mask in (`padding_mask_view`), the `ForwardCall` of the global
-tokens opened and closed, their rows taken out of what it returns.
+tokens opened and closed, their rows taken out of what it returns. An encoder base model reading a
+padded batch of very different lengths without gradients runs it as groups of rows (`LengthGroups`).
 
 This file travels with saved models as remote code: it imports torch and transformers only.
 """
@@ -19,6 +20,7 @@ import torch
 from torch import nn
 
 from .lsg_global_tokens import GlobalTokens
+from .lsg_pattern import tracing
 from .lsg_transformers import past_length
 
 
@@ -90,7 +92,11 @@ class RecorderSteps:
         return self.global_tokens.finish(output)
 
     def run(self, recorder: nn.Module, forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """`forward` (the recorder's own, bound) called inside the steps."""
+        """`forward` (the recorder's own, bound) called inside the steps: once, or once per group of rows
+        of a batch whose lengths differ widely (`LengthGroups`)."""
+        groups = None if args else LengthGroups.of(recorder, kwargs)
+        if groups is not None:
+            return groups.merge([self.run(recorder, forward, **groups.inputs(kwargs, group)) for group in groups.rows])
         args, kwargs = self.enter(recorder, args, kwargs)
         try:
             return self.leave(recorder, args, forward(*args, **kwargs))
@@ -111,6 +117,101 @@ class RecorderSteps:
         recording, which knows a model's layers by the class it was built as.)"""
         recorder.register_forward_pre_hook(self.enter, with_kwargs=True, prepend=True)
         recorder.register_forward_hook(self.after, always_call=True)
+
+
+class LengthGroups:
+    """The rows of a right-padded batch grouped by length, each group to run truncated to its longest row.
+
+    In one pass the projections and feed-forward layers of every layer run over every padded position:
+    a batch of one 16,000-token text and three of 500 costs four times the texts run alone, though LSG
+    attention leaves the blocks of padding out. Rows are grouped, longest first, while a row is more than
+    1 / `SPLIT_RATIO` of its group's longest: rows of similar lengths keep running together.
+
+    The outputs at the real tokens are those of the batch in one pass (trailing padding is masked and
+    changes no real token's output under LSG attention); the positions of padding get zeros. Only where
+    nothing else could differ: an encoder base model (not a decoder, no cache), in eval mode without
+    gradients, keyword inputs of shape (B, T) or (B, T, ...) among `SPLIT_INPUTS`, a (B, T) mask that is
+    right-padded, no attention weights asked for and a ModelOutput returned.
+    """
+
+    SPLIT_RATIO = 2
+    SPLIT_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "position_ids", "inputs_embeds")
+    SEQUENCE_FIELDS = ("last_hidden_state", "hidden_states")  # (B, T, ...) outputs; the others are (B, ...)
+    ROW_FIELDS = ("pooler_output",)
+
+    def __init__(self, rows: list[tuple[torch.Tensor, int]], batch: int, length: int) -> None:
+        self.rows = rows  # (row indices, the group's length) per group
+        self.batch, self.length = batch, length
+
+    @classmethod
+    def of(cls, recorder: nn.Module, kwargs: dict[str, Any]) -> LengthGroups | None:
+        """The groups of this call, or None where it runs in one pass."""
+        config = recorder.config
+        mask = kwargs.get("attention_mask")
+        if (
+            recorder.training
+            or torch.is_grad_enabled()
+            or tracing()
+            or getattr(config, "is_decoder", False)
+            or getattr(config, "is_encoder_decoder", False)
+            or mask is None
+            or mask.dim() != 2
+            or mask.shape[0] < 2
+            or kwargs.get("output_attentions", getattr(config, "output_attentions", False))
+            or kwargs.get("return_dict", getattr(config, "return_dict", True)) is False
+            or any(value is not None for name, value in kwargs.items() if name not in cls.SPLIT_INPUTS
+                   and isinstance(value, torch.Tensor))
+            or any(kwargs.get(name) is not None and kwargs[name].shape[:2] != mask.shape for name in cls.SPLIT_INPUTS)
+        ):
+            return None
+        batch, length = mask.shape
+        lengths = mask.bool().sum(dim=1)
+        if not bool((mask.bool() == (torch.arange(length, device=mask.device) < lengths[:, None])).all()):
+            return None  # padding on the left, or inside the rows
+        lengths = lengths.clamp(min=1).tolist()
+        groups: list[list[int]] = []
+        for row in sorted(range(batch), key=lambda row: -lengths[row]):
+            if groups and lengths[row] * cls.SPLIT_RATIO > lengths[groups[-1][0]]:
+                groups[-1].append(row)
+            else:
+                groups.append([row])
+        if len(groups) == 1:
+            return None
+        rows = [(torch.tensor(sorted(group), device=mask.device), lengths[group[0]]) for group in groups]
+        return cls(rows, batch, length)
+
+    @staticmethod
+    def inputs(kwargs: dict[str, Any], group: tuple[torch.Tensor, int]) -> dict[str, Any]:
+        """The call's keyword arguments for one group: its rows, truncated to its length."""
+        rows, length = group
+        return {name: value[rows, :length] if name in LengthGroups.SPLIT_INPUTS and value is not None else value
+                for name, value in kwargs.items()}
+
+    def merge(self, outputs: list[Any]) -> Any:
+        """The groups' outputs as the batch's: rows back in place, sequences padded with zeros to T."""
+        merged = {}
+        for name, first in outputs[0].items():
+            parts = [output[name] for output in outputs]
+            if name in self.SEQUENCE_FIELDS:
+                merged[name] = (self._rows(parts, sequence=True) if isinstance(first, torch.Tensor)
+                                else tuple(self._rows(layer, sequence=True) for layer in zip(*parts)))
+            elif name in self.ROW_FIELDS:
+                merged[name] = self._rows(parts, sequence=False)
+            else:
+                raise NotImplementedError(f"LengthGroups cannot merge the output {name!r}")
+        return type(outputs[0])(**merged)
+
+    def _rows(self, parts: list[torch.Tensor], sequence: bool) -> torch.Tensor:
+        """(n_i, L_i, ...) or (n_i, ...) per group -> (B, T, ...) or (B, ...)."""
+        first = parts[0]
+        shape = (self.batch, self.length, *first.shape[2:]) if sequence else (self.batch, *first.shape[1:])
+        merged = first.new_zeros(shape)
+        for part, (rows, _) in zip(parts, self.rows):
+            if sequence:
+                merged[rows, : part.shape[1]] = part
+            else:
+                merged[rows] = part
+        return merged
 
 
 class RecorderForward:
