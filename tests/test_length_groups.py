@@ -23,9 +23,15 @@ def base_model(arch, tmp_path, **settings):
     return model.eval()
 
 
-def rows_alone(model, input_ids, lengths):
+def assert_each_row_gets_its_output_alone(model, arch):
+    """The mixed batch's real tokens against each row run alone, truncated to its length."""
+    input_ids, attention_mask = padded_batch(LENGTHS, TOTAL, arch)
+
     with torch.no_grad():
-        return [model(input_ids=input_ids[row : row + 1, :length]).last_hidden_state[0] for row, length in enumerate(lengths)]
+        batch = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        for row, length in enumerate(LENGTHS):
+            alone = model(input_ids=input_ids[row : row + 1, :length]).last_hidden_state[0]
+            torch.testing.assert_close(batch[row, :length], alone, atol=1e-5, rtol=1e-5)
 
 
 def layer_inputs(model, inputs):
@@ -42,26 +48,12 @@ def layer_inputs(model, inputs):
 
 @pytest.mark.parametrize("arch", ENCODERS)
 def test_each_row_of_a_batch_of_very_different_lengths_gets_its_output_alone(arch, tmp_path):
-    model = base_model(arch, tmp_path)
-    input_ids, attention_mask = padded_batch(LENGTHS, TOTAL, arch)
-
-    with torch.no_grad():
-        batch = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-
-    for row, (alone, length) in enumerate(zip(rows_alone(model, input_ids, LENGTHS), LENGTHS)):
-        torch.testing.assert_close(batch[row, :length], alone, atol=1e-5, rtol=1e-5)
+    assert_each_row_gets_its_output_alone(base_model(arch, tmp_path), arch)
 
 
 @pytest.mark.parametrize("sparsity_type", SPARSITY_TYPES)
 def test_every_sparsity_type_gives_each_row_its_output_alone(sparsity_type, tmp_path):
-    model = base_model("bert", tmp_path, sparsity_type=sparsity_type, sparsity_factor=4)
-    input_ids, attention_mask = padded_batch(LENGTHS, TOTAL)
-
-    with torch.no_grad():
-        batch = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-
-    for row, (alone, length) in enumerate(zip(rows_alone(model, input_ids, LENGTHS), LENGTHS)):
-        torch.testing.assert_close(batch[row, :length], alone, atol=1e-5, rtol=1e-5)
+    assert_each_row_gets_its_output_alone(base_model("bert", tmp_path, sparsity_type=sparsity_type, sparsity_factor=4), "bert")
 
 
 @pytest.mark.parametrize("arch", ENCODERS)
