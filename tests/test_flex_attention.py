@@ -21,7 +21,7 @@ from lsg_converter.models import lsg_flex
 from lsg_converter.models.lsg_attention import lsg_self_attention
 from lsg_converter.models.lsg_pattern import KeyPattern
 from lsg_converter.models.lsg_sparse import SPARSITY_TYPES, lsh_hyperplanes
-from lsg_converter.models.lsg_flex import KeyLayout, block_structure, lsg_mask_mod
+from lsg_converter.models.lsg_flex import KeyLayout, block_structure, lsg_mask_mod, pattern_mask_mod
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
@@ -147,6 +147,48 @@ def test_block_structure_reads_every_tile_holding_a_visible_key(settings, causal
     assert not (tiles_needed & ~tiles_read).any()  # nothing visible is skipped
     if pattern.sparse_size >= pattern.compressed_per_block:  # contiguous windows: nothing more is read
         assert torch.equal(tiles_read, tiles_needed)
+
+
+@pytest.mark.parametrize("block, num_global", [(8, 0), (8, 3), (12, 3)])
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+@pytest.mark.parametrize("num_queries, tile", [(50, 8), (97, 16)])
+def test_fitted_block_structure_reads_exactly_the_tiles_of_visible_keys(block, num_global, causal, num_queries, tile):
+    settings = dict(sparsity_type="none", block_size=block, num_global_tokens=num_global)
+    pattern = KeyPattern.of(lsg_config(**settings), causal)
+    padded_tokens = -(-num_queries // block) * block
+    layout = KeyLayout.of(pattern, padded_tokens, tile, fitted_tokens=num_queries)
+
+    mask_mod = pattern_mask_mod(pattern, layout)
+    visible = create_mask(mask_mod, 1, 1, num_queries, layout.length, device="cpu")[0, 0]  # (queries, keys)
+    query_tiles, key_tiles = -(-num_queries // tile), -(-layout.length // tile)
+    visible = F.pad(visible, (0, key_tiles * tile - layout.length, 0, query_tiles * tile - num_queries))
+    tiles_needed = visible.unflatten(0, (query_tiles, tile)).unflatten(2, (-1, tile)).any(dim=(1, 3))
+    tiles_read = block_structure(pattern, num_queries, tile, torch.device("cpu"), fitted=True).to_dense()[0, 0].bool()
+
+    assert layout.length == layout.token_offset + num_queries
+    assert torch.equal(tiles_read, tiles_needed)
+
+
+@pytest.mark.parametrize("lengths", [(TOKENS, TOKENS), (TOKENS, 50)], ids=["full", "padded"])
+def test_the_mask_mod_reads_no_tensor_where_every_key_is_valid(lengths, monkeypatch):
+    config = lsg_config(block_size=8, sparsity_type="none", num_global_tokens=2)
+    query, key, value = random_qkv(2, 2 + TOKENS)
+    calls = []
+
+    def recording_kernel(signature):
+        def kernel(*args, block_mask, **kwargs):
+            calls.append(block_mask.mask_mod)
+            return flex_attention(*args, block_mask=block_mask, **kwargs)
+        return kernel
+
+    monkeypatch.setattr(lsg_flex, "_flex_kernel", recording_kernel)
+    with torch.no_grad():
+        lsg_self_attention(query, key, value, padding_mask([2 + n for n in lengths], 2 + TOKENS), config,
+                           backend="flex_attention")
+
+    (mask_mod,) = calls
+    reads_tensors = any(isinstance(cell.cell_contents, torch.Tensor) for cell in mask_mod.__closure__)
+    assert reads_tensors == (lengths[1] < TOKENS)
 
 
 def test_block_structure_is_built_once_per_shape_whatever_the_padding():

@@ -13,12 +13,16 @@ those DropKey kept (drawn once by the core, `TokenAttention.kept`, the same for 
   index arithmetic (`block_structure`, cached), never by evaluating the mask on every element.
 * What changes from call to call (padding, sparse selection, dropout) reaches the kernel through
   tensors read by the mask_mod: a new padding neither rebuilds the structure nor recompiles.
+* Where no key is padded or dropped and there are no sparse keys, the sequence ends at the last token
+  (a "fitted" layout: flex_attention itself leaves out the keys past its end) and the mask_mod is the
+  pattern's rule alone, reading no tensor (`pattern_mask_mod`): on an H100, the validity read made the
+  forward kernel 12-18x slower (benchmarks/RESULTS.md, "GPU H100 (issue 36)").
 * `flex_attention` runs compiled, on CUDA and on the CPU alike (uncompiled it would materialise
   every score). One compiled kernel per `KernelSignature` (the pattern, the score_mod's terms,
-  dropout, training or inference, device, dtype), compiled once per process: the first length
-  static, the next ones through one dynamic-shape graph (`MAX_COMPILES`). Where compiling fails
-  or a call would need more compiles than that, the call runs the sdpa backend (`BackendUnavailable`),
-  never uncompiled flex.
+  dropout, the layout fitted or not, training or inference, device, dtype), compiled once per
+  process: the first length static, the next ones through one dynamic-shape graph (`MAX_COMPILES`).
+  Where compiling fails or a call would need more compiles than that, the call runs the sdpa
+  backend (`BackendUnavailable`), never uncompiled flex.
 
 Position terms (`lsg_pattern.PositionTerms`) enter as a score_mod: each key of the sequence carries
 its position (and key-side rows), the query's position is its index.
@@ -52,6 +56,7 @@ from .lsg_pattern import (
     TokenOutput,
     global_query_positions,
     sdpa_dense_attention,
+    tracing,
 )
 from .lsg_transformers import is_torch_flex_attn_available
 
@@ -80,23 +85,28 @@ class KeyLayout:
     length: int
 
     @classmethod
-    def of(cls, pattern: KeyPattern, padded_tokens: int, tile: int) -> KeyLayout:
-        """The layout for `padded_tokens` tokens (a multiple of the block size), segments padded to `tile` rows."""
+    def of(cls, pattern: KeyPattern, padded_tokens: int, tile: int, fitted_tokens: int | None = None) -> KeyLayout:
+        """The layout for `padded_tokens` tokens (a multiple of the block size), segments padded to `tile` rows;
+        fitted (no sparse keys): the global segment, then exactly `fitted_tokens` tokens, where it ends."""
+        global_rows = _round_up(pattern.num_global, tile)
+        if fitted_tokens is not None:
+            return cls(global_rows, global_rows + fitted_tokens, global_rows + fitted_tokens)
         compressed = padded_tokens // pattern.block_size * pattern.compressed_per_block
-        global_rows, token_rows = _round_up(pattern.num_global, tile), _round_up(padded_tokens, tile)
+        token_rows = _round_up(padded_tokens, tile)
         return cls(global_rows, global_rows + token_rows, global_rows + token_rows + _round_up(compressed, tile))
 
 
 @functools.lru_cache(maxsize=32)
-def block_structure(pattern: KeyPattern, num_queries: int, tile: int, device: torch.device) -> BlockMask:
-    """The key tiles each tile of `num_queries` token queries reads, as a BlockMask (its mask_mod unset).
+def block_structure(pattern: KeyPattern, num_queries: int, tile: int, device: torch.device, fitted: bool = False) -> BlockMask:
+    """The key tiles each tile of `num_queries` token queries reads, as a BlockMask (its mask_mod unset),
+    over the layout of `KeyLayout.of` (fitted: ending at the last token).
 
     Index arithmetic on the pattern: per query tile, the range of keys of each kind its blocks see,
     then the tiles those ranges touch: (n / tile)^2 booleans, built once per shape and cached.
     """
     block, step = pattern.block_size, pattern.compressed_per_block
     padded_tokens = _round_up(num_queries, block)
-    layout = KeyLayout.of(pattern, padded_tokens, tile)
+    layout = KeyLayout.of(pattern, padded_tokens, tile, num_queries if fitted else None)
     first_query = torch.arange(0, num_queries, tile)  # (nq,) first query of each tile
     last_query = (first_query + tile).clamp(max=num_queries) - 1
     first_block, last_block = first_query // block, last_query // block
@@ -127,6 +137,25 @@ def block_structure(pattern: KeyPattern, num_queries: int, tile: int, device: to
         BLOCK_SIZE=tile,
         seq_lengths=(num_queries, layout.length),
     )
+
+
+def pattern_mask_mod(pattern: KeyPattern, layout: KeyLayout) -> Callable:
+    """mask_mod(batch, head, query, key) of token queries over a fitted `layout` whose keys are all valid:
+    the global keys and the local tokens of the pattern, by index arithmetic alone."""
+
+    def sees(batch, head, query, key):
+        token = key - layout.token_offset
+        return (key < pattern.num_global) | ((token >= 0) & pattern.sees_token(query, token))
+
+    return sees
+
+
+def every_key_valid(job: TokenAttention) -> bool:
+    """Whether the call can run over a fitted layout with `pattern_mask_mod`: no sparse keys, no DropKey,
+    no key masked before the end of the tokens (a check on the host, so never inside a compiled graph)."""
+    if job.sparse is not None or job.kept is not None or tracing():
+        return False
+    return bool(job.token_mask[:, : job.num_tokens].all() & job.global_mask.all())
 
 
 def lsg_mask_mod(
@@ -213,6 +242,7 @@ class KernelSignature:
     pattern: KeyPattern
     position_parts: tuple[str, ...]  # the sides of the position terms the score_mod adds
     dropout_rows: int  # rows of DropKey's choice per block (1 or b), 0 without dropout
+    fitted: bool  # the layout ends at the last token and the mask_mod reads no tensor (`pattern_mask_mod`)
     autograd: tuple[bool, bool]  # (grad mode, inputs requiring grad): training and inference trace apart
     device_type: str
     dtype: torch.dtype
@@ -326,8 +356,9 @@ class FlexBackend:
         """The t token queries over the key sequence [globals | tokens | sparse keys] of `KeyLayout`."""
         pattern, sparse, num_queries = job.pattern, job.sparse, job.num_tokens
         batch, _, heads, head_dim = job.keys.shape
-        layout = KeyLayout.of(pattern, job.keys.shape[1], TILE)
-        structure = block_structure(pattern, num_queries, TILE, job.queries.device)
+        fitted = every_key_valid(job)
+        layout = KeyLayout.of(pattern, job.keys.shape[1], TILE, num_queries if fitted else None)
+        structure = block_structure(pattern, num_queries, TILE, job.queries.device, fitted)
         segment_ends = (layout.token_offset, layout.sparse_offset, layout.length)
 
         def sequence(pieces) -> torch.Tensor:  # (B, H, n_i, ...) per segment -> (B, H, length, ...), one copy
@@ -340,36 +371,44 @@ class FlexBackend:
         def no_sparse(x: torch.Tensor) -> torch.Tensor:  # an empty sparse segment shaped like x (B, H, n, ...)
             return x.new_zeros(()).expand(x.shape[0], x.shape[1], 0, *x.shape[3:])
 
-        token_keys, token_values = job.keys.transpose(1, 2), job.values.transpose(1, 2)  # (B, H, T, D)
+        # (B, H, T, D), or (B, H, t, D) fitted
+        token_keys, token_values = ((job.token_keys, job.token_values) if fitted else (job.keys, job.values))
+        token_keys, token_values = token_keys.transpose(1, 2), token_values.transpose(1, 2)
+        tokens = token_keys.shape[2]
         key_sequence = sequence(
             [job.global_keys.transpose(1, 2), token_keys, no_sparse(token_keys) if sparse is None else sparse.keys]
         )  # (B, H, length, D)
         value_sequence = sequence(
             [job.global_values.transpose(1, 2), token_values, no_sparse(token_values) if sparse is None else sparse.values]
         )
-        sparse_mask = job.token_mask.new_zeros(batch, 1, 0) if sparse is None else sparse.mask
-        masks = (job.global_mask[:, None], job.token_mask[:, None], sparse_mask)
-        key_valid = sequence([m.expand(-1, heads, -1) for m in masks])  # (B, H, length) bool
 
         score_mod = None
         terms = job.positions
         if terms is not None:
             num_global, device = pattern.num_global, job.keys.device
-            token_positions = torch.arange(job.keys.shape[1], device=device).expand(batch, heads, -1)
+            token_positions = torch.arange(tokens, device=device).expand(batch, heads, -1)
             global_positions = global_query_positions(terms, num_global, device).expand(batch, heads, -1)
             sparse_positions = no_sparse(token_positions) if sparse is None else sparse.positions
             key_positions = sequence([global_positions, token_positions, sparse_positions])  # (B, H, length)
             key_rows = None
             if terms.key_rows is not None:
-                token_rows = job.token_key_rows  # (B, H, T, R)
+                token_rows = job.token_key_rows[:, :, :tokens]  # (B, H, T or t, R)
                 sparse_rows = no_sparse(token_rows) if sparse is None else sparse.key_rows
                 key_rows = sequence([terms.key_rows[:, :, :num_global], token_rows, sparse_rows])  # (B, H, length, R)
             score_mod = position_score_mod(terms, key_positions, key_rows, num_global)
-        block_mask = _with_mask_mod(structure, lsg_mask_mod(pattern, layout, key_valid, job.kept))
+        if fitted:
+            mask_mod = pattern_mask_mod(pattern, layout)
+        else:
+            sparse_mask = job.token_mask.new_zeros(batch, 1, 0) if sparse is None else sparse.mask
+            masks = (job.global_mask[:, None], job.token_mask[:, None], sparse_mask)
+            key_valid = sequence([m.expand(-1, heads, -1) for m in masks])  # (B, H, length) bool
+            mask_mod = lsg_mask_mod(pattern, layout, key_valid, job.kept)
+        block_mask = _with_mask_mod(structure, mask_mod)
         signature = KernelSignature(
             pattern,
             () if terms is None else tuple(side for side, _, _ in terms.parts()),
             0 if job.kept is None else job.kept.shape[3],
+            fitted,
             (torch.is_grad_enabled(), any(x.requires_grad for x in (job.queries, job.keys, job.values))),
             job.queries.device.type,
             job.queries.dtype,
