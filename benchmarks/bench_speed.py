@@ -318,7 +318,16 @@ def measure(name: str, length: int, args: argparse.Namespace) -> Row:
 def attention_only(name: str, length: int, args: argparse.Namespace) -> Row:
     """Forward + backward of one attention call on random (1, 12, length, 64) queries, keys and values
     (LSG: one global token in front): median time and the peak CUDA memory it adds (None on CPU)."""
-    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    device = torch.device(args.device)
+    forward_backward = attention_step(name, length, device, getattr(torch, args.dtype))
+    seconds = median_seconds(forward_backward, args.repeats, device)
+    peak = cuda_peak_mib(forward_backward) if device.type == "cuda" else None
+    return Row(name, length, None, seconds, peak)  # no forward-only time
+
+
+def attention_step(name: str, length: int, device: torch.device, dtype: torch.dtype) -> Callable[[], None]:
+    """Forward + backward of one attention call of `name` ("dense", or an LSG setting and backend of the
+    attention-only table) on random (1, 12, length, 64) queries, keys and values (LSG: g global tokens in front)."""
     if name == "dense":
         num_global, attention = 0, lambda q, k, v: F.scaled_dot_product_attention(q, k, v)
     else:
@@ -339,9 +348,7 @@ def attention_only(name: str, length: int, args: argparse.Namespace) -> Row:
         attention(q, k, v).float().square().mean().backward()
         q.grad = k.grad = v.grad = None
 
-    seconds = median_seconds(forward_backward, args.repeats, device)
-    peak = cuda_peak_mib(forward_backward) if device.type == "cuda" else None
-    return Row(name, length, None, seconds, peak)  # no forward-only time
+    return forward_backward
 
 
 def attention_table(rows: list[Row], lengths: list[int]) -> str:

@@ -31,43 +31,16 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from bench_speed import ATTENTION_ONLY_SETTINGS, DEFAULTS, HEAD_DIM, HEADS, build_model, lsg_model_name
+from bench_speed import ATTENTION_ONLY_SETTINGS, DEFAULTS, HEAD_DIM, HEADS, attention_step, lsg_model_name, prepare
+from bench_speed import step_functions
 from lsg_converter import LSGBertConfig
-from lsg_converter.models.lsg_attention import lsg_self_attention
-
-
-def attention_step(backend: str | None, length: int, device: torch.device, dtype: torch.dtype) -> Callable[[], None]:
-    """Forward + backward of one attention call (dense SDPA where `backend` is None)."""
-    config = LSGBertConfig(**ATTENTION_ONLY_SETTINGS[DEFAULTS])
-    num_global = 0 if backend is None else config.num_global_tokens
-    generator = torch.Generator().manual_seed(0)
-    q, k, v = (
-        torch.randn(1, HEADS, num_global + length, HEAD_DIM, generator=generator).to(device, dtype).requires_grad_()
-        for _ in range(3)
-    )
-
-    def step() -> None:
-        if backend is None:
-            output = F.scaled_dot_product_attention(q, k, v)
-        else:
-            output = lsg_self_attention(q, k, v, None, config, backend=backend)
-        output.float().square().mean().backward()
-        q.grad = k.grad = v.grad = None
-
-    return step
 
 
 def model_step(backend: str, length: int, layers: int, device: torch.device, dtype: torch.dtype) -> Callable[[], None]:
     """Forward + backward of bench_speed's LSG-BERT in eval mode (no dropout)."""
-    torch.manual_seed(0)
-    model = build_model(lsg_model_name(DEFAULTS, backend), layers, length).to(device=device, dtype=dtype).eval()
-    input_ids = torch.randint(1000, 30000, (1, length), device=device)
-
-    def step() -> None:
-        model(input_ids=input_ids).last_hidden_state.float().square().mean().backward()
-        model.zero_grad(set_to_none=True)
-
-    return step
+    options = argparse.Namespace(device=device.type, dtype=str(dtype).removeprefix("torch."), layers=layers, compile=False)
+    model, input_ids = prepare(lsg_model_name(DEFAULTS, backend), length, options)
+    return step_functions(model, input_ids, train=False)[1]
 
 
 def synchronize(device: torch.device) -> None:
@@ -179,11 +152,12 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name() if device.type == 'cuda' else 'CPU'}; torch {torch.__version__}; {args.dtype}")
     for length in args.lengths:
         if "attention" in args.what:
-            profile_step(f"{length} tokens, attention alone, dense SDPA", attention_step(None, length, device, dtype),
+            profile_step(f"{length} tokens, attention alone, dense SDPA", attention_step("dense", length, device, dtype),
                          args.steps, args.rows, device)
             for backend in args.backends:
                 profile_step(f"{length} tokens, attention alone, LSG {backend}",
-                             attention_step(backend, length, device, dtype), args.steps, args.rows, device)
+                             attention_step(lsg_model_name(DEFAULTS, backend), length, device, dtype),
+                             args.steps, args.rows, device)
         if "flex-kernel" in args.what:
             flex_kernel_variants(length, device, dtype, repeats=10)
         if "model" in args.what:

@@ -355,10 +355,10 @@ class FlexBackend:
     def token_attention(self, job: TokenAttention) -> TokenOutput:
         """The t token queries over the key sequence [globals | tokens | sparse keys] of `KeyLayout`."""
         pattern, sparse, num_queries = job.pattern, job.sparse, job.num_tokens
-        batch, _, heads, head_dim = job.keys.shape
+        batch, _, heads, head_dim = job.token_keys.shape
         fitted = every_key_valid(job)
-        layout = KeyLayout.of(pattern, job.keys.shape[1], TILE, num_queries if fitted else None)
-        structure = block_structure(pattern, num_queries, TILE, job.queries.device, fitted)
+        layout = KeyLayout.of(pattern, job.token_mask.shape[1], TILE, num_queries if fitted else None)
+        structure = block_structure(pattern, num_queries, TILE, job.token_queries.device, fitted)
         segment_ends = (layout.token_offset, layout.sparse_offset, layout.length)
 
         def sequence(pieces) -> torch.Tensor:  # (B, H, n_i, ...) per segment -> (B, H, length, ...), one copy
@@ -371,7 +371,7 @@ class FlexBackend:
         def no_sparse(x: torch.Tensor) -> torch.Tensor:  # an empty sparse segment shaped like x (B, H, n, ...)
             return x.new_zeros(()).expand(x.shape[0], x.shape[1], 0, *x.shape[3:])
 
-        # (B, H, T, D), or (B, H, t, D) fitted
+        # (B, H, T, D), or (B, H, t, D) fitted (the tokens are then never padded to T)
         token_keys, token_values = ((job.token_keys, job.token_values) if fitted else (job.keys, job.values))
         token_keys, token_values = token_keys.transpose(1, 2), token_values.transpose(1, 2)
         tokens = token_keys.shape[2]
@@ -385,7 +385,7 @@ class FlexBackend:
         score_mod = None
         terms = job.positions
         if terms is not None:
-            num_global, device = pattern.num_global, job.keys.device
+            num_global, device = pattern.num_global, job.token_keys.device
             token_positions = torch.arange(tokens, device=device).expand(batch, heads, -1)
             global_positions = global_query_positions(terms, num_global, device).expand(batch, heads, -1)
             sparse_positions = no_sparse(token_positions) if sparse is None else sparse.positions
@@ -409,12 +409,12 @@ class FlexBackend:
             () if terms is None else tuple(side for side, _, _ in terms.parts()),
             0 if job.kept is None else job.kept.shape[3],
             fitted,
-            (torch.is_grad_enabled(), any(x.requires_grad for x in (job.queries, job.keys, job.values))),
-            job.queries.device.type,
-            job.queries.dtype,
+            (torch.is_grad_enabled(), any(x.requires_grad for x in (job.token_queries, job.token_keys, job.token_values))),
+            job.token_queries.device.type,
+            job.token_queries.dtype,
         )
         output = _flex_kernel(signature)(
-            _at_storage_start(job.queries[:, :num_queries]).transpose(1, 2),
+            _at_storage_start(job.token_queries).transpose(1, 2),
             key_sequence,
             value_sequence,
             score_mod=score_mod,

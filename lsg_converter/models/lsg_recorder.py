@@ -96,7 +96,11 @@ class RecorderSteps:
         of a batch whose lengths differ widely (`LengthGroups`)."""
         groups = None if args else LengthGroups.of(recorder, kwargs)
         if groups is not None:
-            return groups.merge([self.run(recorder, forward, **groups.inputs(kwargs, group)) for group in groups.rows])
+            return groups.merge([self._run_once(recorder, forward, (), groups.inputs(kwargs, group)) for group in groups.rows])
+        return self._run_once(recorder, forward, args, kwargs)
+
+    def _run_once(self, recorder: nn.Module, forward: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
+        """`forward` called once inside the steps."""
         args, kwargs = self.enter(recorder, args, kwargs)
         try:
             return self.leave(recorder, args, forward(*args, **kwargs))
@@ -159,14 +163,14 @@ class LengthGroups:
             or mask.shape[0] < 2
             or kwargs.get("output_attentions", getattr(config, "output_attentions", False))
             or kwargs.get("return_dict", getattr(config, "return_dict", True)) is False
-            or any(value is not None for name, value in kwargs.items() if name not in cls.SPLIT_INPUTS
-                   and isinstance(value, torch.Tensor))
+            or any(isinstance(value, torch.Tensor) for name, value in kwargs.items() if name not in cls.SPLIT_INPUTS)
             or any(kwargs.get(name) is not None and kwargs[name].shape[:2] != mask.shape for name in cls.SPLIT_INPUTS)
         ):
             return None
         batch, length = mask.shape
-        lengths = mask.bool().sum(dim=1)
-        if not bool((mask.bool() == (torch.arange(length, device=mask.device) < lengths[:, None])).all()):
+        mask = mask.bool()
+        lengths = mask.sum(dim=1)
+        if not bool((mask == (torch.arange(length, device=mask.device) < lengths[:, None])).all()):
             return None  # padding on the left, or inside the rows
         lengths = lengths.clamp(min=1).tolist()
         groups: list[list[int]] = []
