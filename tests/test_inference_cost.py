@@ -182,3 +182,35 @@ def test_blocks_run_without_a_mask_give_the_eager_output_of_a_padded_batch():
     qkv = random_qkv(lengths, dtype=torch.float64)
 
     torch.testing.assert_close(attention(qkv, lengths, config), attention(qkv, lengths, config, "eager"), atol=1e-12, rtol=0)
+
+
+class KernelQueryRows(TorchDispatchMode):
+    """The query rows (dim 2) of each CPU flash kernel call under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows: list[int] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ == "_scaled_dot_product_flash_attention_for_cpu":
+            self.rows.append(args[0].shape[2])
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("block, kernel_rows", [(170, 192), (150, 192), (128, 128), (192, 192)])
+def test_window_view_blocks_of_a_little_under_192_queries_reach_the_kernel_as_192_rows(block, kernel_rows):
+    config = lsg_config(block_size=block, sparsity_type="none", num_global_tokens=1)
+    lengths = [1 + 5 * block]
+    with KernelQueryRows() as calls:
+        attention(random_qkv(lengths), lengths, config)
+
+    assert calls.rows[0] == kernel_rows  # the window views' call: blocks 1-3 (0 and 4 lack a neighbour)
+
+
+@pytest.mark.parametrize("num_global", [0, 2])
+def test_blocks_run_as_192_query_rows_give_the_eager_output_of_a_padded_batch(num_global):
+    config = lsg_config(block_size=170, sparsity_type="none", num_global_tokens=num_global)
+    lengths = [num_global + 6 * 170 + 30, num_global + 4 * 170 - 9]  # 7 blocks, the last one padded; then 4
+    qkv = random_qkv(lengths, dtype=torch.float64)
+
+    torch.testing.assert_close(attention(qkv, lengths, config), attention(qkv, lengths, config, "eager"), atol=1e-12, rtol=0)
