@@ -9,7 +9,7 @@ only are left out (`TokenAttention.real_blocks`). The default backend, on the CP
 
 On the CPU, without gradients (and without sparse keys, position terms, DropKey or a causal mask), the
 blocks whose window holds real tokens only read their local keys as overlapping views of the layer's
-keys, with no copy, rounded up to `KEY_MULTIPLE` keys with masked rows, and blocks of a little under 192
+keys, with no copy, rounded up to `KEY_MULTIPLE` keys with masked rows, and blocks of 161 to 191
 queries run as 192 rows, the kernel's wider tiles (`window_view_attention`, `kernel_query_rows`); the
 few others (at the edges, beside padding) gather their own window only (`edge_block_attention`). The
 global keys join through the log-sum-exp of each part (`local_then_global`).
@@ -40,9 +40,9 @@ CPU_FLASH_ATTENTION = getattr(torch.ops.aten, "_scaled_dot_product_flash_attenti
 # window views round the local keys up with the rows that follow, masked
 KEY_MULTIPLE = 16
 # It splits a call's queries into tiles of 32 rows below 192 of them and of 64 from 192 on, and each tile
-# costs about as much again as 28 rows (packing its keys and values): window views give it blocks of 145
-# to 191 queries as 192 rows, the block's own then those that follow it, whose outputs are dropped
-# (3 tiles of 64 instead of 5 or 6 of 32; 5% of all-MiniLM-L6-v2's forward at 16,384 tokens)
+# costs what 12 to 28 rows cost besides its own (packing its keys and values): window views give it
+# blocks of 161 to 191 queries as 192 rows, the block's own then those that follow it, whose outputs are
+# dropped (3 tiles of 64 instead of 6 of 32; 4-5% of all-MiniLM-L6-v2's forward at 16,384 tokens)
 WIDE_TILE_QUERIES = 192
 
 
@@ -120,9 +120,9 @@ def window_view_blocks(job: TokenAttention) -> torch.Tensor | None:
 
 def kernel_query_rows(block: int) -> int:
     """The query rows a window view gives the CPU flash kernel for each block of `block` queries:
-    `WIDE_TILE_QUERIES` for blocks of 145 to 191 queries (where the wider tiles save more than the extra
+    `WIDE_TILE_QUERIES` for blocks of 161 to 191 queries (where the wider tiles save more than the extra
     rows cost), else the block."""
-    return WIDE_TILE_QUERIES if WIDE_TILE_QUERIES * 3 // 4 < block < WIDE_TILE_QUERIES else block
+    return WIDE_TILE_QUERIES if WIDE_TILE_QUERIES * 5 // 6 < block < WIDE_TILE_QUERIES else block
 
 
 def extra_keys(pattern: KeyPattern) -> int:
