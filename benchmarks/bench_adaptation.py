@@ -70,7 +70,7 @@ from sentence_transformers import SentenceTransformer
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from bench_extrapolation import play_paths
-from bench_speed import cpu_name, record_results
+from bench_speed import cpu_name, record_results, results_arguments
 from lsg_converter import LSGConverter, save_converted
 from lsg_converter.adaptation import LEARNING_RATES, TRAINABLE_PARTS, adapt_to_long_documents, blend_weights, weights_of
 from real_models import minilm_path
@@ -421,8 +421,7 @@ def main() -> None:
                         help="evaluate the adapted weights blended back toward the converted ones by each share "
                         "(adapt_to_long_documents' source_share; default: 0 and the library's default)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--results", metavar="TITLE", help="write the tables into --results-file under this heading")
-    parser.add_argument("--results-file", type=Path, default=Path(__file__).with_name("RESULTS.md"))
+    results_arguments(parser)
     args = parser.parse_args()
 
     transformers.logging.set_verbosity_error()

@@ -18,12 +18,11 @@ import argparse
 import statistics
 import time
 from datetime import date
-from pathlib import Path
 
 import torch
 import transformers
 
-from bench_speed import cpu_name, record_results
+from bench_speed import cpu_name, print_and_record, results_arguments
 from lsg_converter import LSGConverter
 from real_models import minilm_path
 
@@ -43,8 +42,7 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=4096)
     parser.add_argument("--documents", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--results", metavar="TITLE", help="write the table into --results-file under this heading")
-    parser.add_argument("--results-file", type=Path, default=Path(__file__).with_name("RESULTS.md"))
+    results_arguments(parser)
     args = parser.parse_args()
 
     transformers.logging.set_verbosity_error()
@@ -70,9 +68,7 @@ def main() -> None:
         f"| float32 | {statistics.median(seconds[False]):.2f} | 1.00 |",
         f"| bfloat16 autocast | {statistics.median(seconds[True]):.2f} | {ratio:.2f} |",
     ])
-    print(description + "\n\n" + table)
-    if args.results:
-        record_results(args.results_file, args.results, description, table)
+    print_and_record(args, description, table)
 
 
 if __name__ == "__main__":

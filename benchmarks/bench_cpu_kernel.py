@@ -23,11 +23,10 @@ import argparse
 import statistics
 import time
 from datetime import date
-from pathlib import Path
 
 import torch
 
-from bench_speed import record_results
+from bench_speed import print_and_record, results_arguments
 
 KERNEL = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 HEADS, KEYS, BLOCK = 12, 512, 170
@@ -88,28 +87,27 @@ def arrangements(tokens: int, head_dim: int, rounds: int) -> list[str]:
     ]
 
 
+def describe(args: argparse.Namespace) -> str:
+    """The run's machine and settings, the line above its tables."""
+    return (
+        f"{date.today().isoformat()}; {args.threads} threads; torch {torch.__version__}; float32, {HEADS} heads of "
+        f"{args.head_dim}, {KEYS} keys; by query rows: about {2 * args.tokens:,} rows per case; arrangements: one "
+        f"sequence of {args.tokens:,} tokens; median of {args.rounds} rounds"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--head-dim", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--results", metavar="TITLE", help="write the tables into --results-file under this heading")
-    parser.add_argument("--results-file", type=Path, default=Path(__file__).with_name("RESULTS.md"))
+    results_arguments(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    lines = by_query_rows(2 * args.tokens, args.head_dim, args.rounds) + [""]
-    lines += arrangements(args.tokens, args.head_dim, args.rounds)
-    description = (
-        f"{date.today().isoformat()}; {args.threads} threads; torch {torch.__version__}; float32, {HEADS} heads of "
-        f"{args.head_dim}, {KEYS} keys; by query rows: about {2 * args.tokens:,} rows per case; arrangements: one "
-        f"sequence of {args.tokens:,} tokens; median of {args.rounds} rounds"
-    )
-    text = "\n".join(lines)
-    print(description + "\n\n" + text)
-    if args.results:
-        record_results(args.results_file, args.results, description, text)
+    tables = [by_query_rows(2 * args.tokens, args.head_dim, args.rounds), arrangements(args.tokens, args.head_dim, args.rounds)]
+    print_and_record(args, describe(args), "\n\n".join("\n".join(table) for table in tables))
 
 
 if __name__ == "__main__":

@@ -73,7 +73,7 @@ from sentence_transformers import SentenceTransformer
 
 from bench_deberta import V3_BASE, resident_mib, reset_peak
 from bench_extrapolation import play_paths
-from bench_speed import cpu_name, record_results
+from bench_speed import cpu_name, print_and_record, results_arguments
 from lsg_converter import LSGConverter, save_converted
 from real_models import all_mpnet_base_v2_path, minilm_path
 
@@ -382,8 +382,7 @@ def main() -> None:
     parser.add_argument("--paired-rounds", type=int, default=7,
                         help="rounds of the paired ratios, to the source and to no global token (0: not measured)")
     parser.add_argument("--mixed", action="store_true", help="the mixed-padding case at any --lengths")
-    parser.add_argument("--results", metavar="TITLE", help="write the tables into --results-file under this heading")
-    parser.add_argument("--results-file", type=Path, default=Path(__file__).with_name("RESULTS.md"))
+    results_arguments(parser)
     parser.add_argument("--measure-pair", nargs=5, metavar=("MODEL", "FIRST", "WAY", "SECOND", "WAY"), help=argparse.SUPPRESS)
     parser.add_argument("--measure", nargs=3, metavar=("MODEL", "FOLDER", "WAY"), help=argparse.SUPPRESS)
     parser.add_argument("--document-lengths", type=int, nargs="+", help=argparse.SUPPRESS)
@@ -435,9 +434,7 @@ def main() -> None:
                   "", *mixed_table(mixed_rows)]
     lines += ["", "**Targets (issue 35)**", "", *target_checks(rows, keys, paired, paired_source)]
     text = "\n".join(lines)
-    print(f"\n{description}\n\n{text}")
-    if args.results:
-        record_results(args.results_file, args.results, description, text)
+    print_and_record(args, description, text)
 
 
 if __name__ == "__main__":

@@ -498,6 +498,19 @@ def plot(rows: list[Row], path: Path, title: str) -> None:
     figure.savefig(path, dpi=110)
 
 
+def results_arguments(parser: argparse.ArgumentParser) -> None:
+    """--results TITLE and --results-file, which every benchmark writing into RESULTS.md takes."""
+    parser.add_argument("--results", metavar="TITLE", help="write the tables into --results-file under this heading")
+    parser.add_argument("--results-file", type=Path, default=Path(__file__).with_name("RESULTS.md"))
+
+
+def print_and_record(args: argparse.Namespace, description: str, body: str) -> None:
+    """Print the run's `description` and `body`; with --results, also write them into --results-file."""
+    print(f"\n{description}\n\n{body}")
+    if args.results:
+        record_results(args.results_file, args.results, description, body)
+
+
 def record_results(results_file: Path, title: str, description: str, body: str) -> None:
     """Write `body` into the results file as the section `## title`, after the machine's `description`
     and the command that ran this script (with the arguments it was given)."""
@@ -537,8 +550,7 @@ def main() -> None:
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--max-dense-train-length", type=int, default=4096,
                         help="longest input for the dense model's training step (its memory is quadratic)")
-    parser.add_argument("--results", metavar="SECTION", help="write the tables into --results-file under this heading")
-    parser.add_argument("--results-file", type=Path, default=Path(__file__).with_name("RESULTS.md"))
+    results_arguments(parser)
     parser.add_argument("--plot", type=Path, help="write a PNG plot here")
     parser.add_argument("--memory-of", help=argparse.SUPPRESS)
     args = parser.parse_args()

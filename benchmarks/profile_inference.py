@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import argparse
 from datetime import date
-from pathlib import Path
 
 import torch
 import transformers
 from torch.profiler import profile
 from transformers import AutoModel
 
-from bench_speed import record_results
+from bench_speed import print_and_record, results_arguments
 from lsg_converter import LSGConverter
 from real_models import minilm_path
 
@@ -45,8 +44,7 @@ def main() -> None:
     parser.add_argument("--forwards", type=int, default=2)
     parser.add_argument("--rows", type=int, default=12, help="ops shown")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--results", metavar="TITLE", help="write the table into --results-file under this heading")
-    parser.add_argument("--results-file", type=Path, default=Path(__file__).with_name("RESULTS.md"))
+    results_arguments(parser)
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -85,9 +83,7 @@ def main() -> None:
         f"{args.forwards} after 1 warm-up"
     )
     table = "\n".join(lines)
-    print(description + "\n\n" + table)
-    if args.results:
-        record_results(args.results_file, args.results, description, table)
+    print_and_record(args, description, table)
 
 
 if __name__ == "__main__":
