@@ -39,16 +39,19 @@ def sdpa_query_rows(recorder: OpRecorder) -> int:
 
 
 class SdpaCalls(TorchDispatchMode):
-    """The query rows each SDPA kernel call under it was given, apart by whether it had a mask."""
+    """The SDPA kernel calls under it: the query rows they were given in all, apart by whether they had a
+    mask (`rows`), and each call's query rows per batch entry (`call_rows`, dim 2 of its queries)."""
 
     def __init__(self):
         super().__init__()
         self.rows = {True: 0, False: 0}
+        self.call_rows: list[int] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func.overloadpacket.__name__.startswith("_scaled_dot_product"):
             self.rows[kwargs.get("attn_mask") is not None] += args[0].shape[0] * args[0].shape[2]
+            self.call_rows.append(args[0].shape[2])
         return func(*args, **kwargs)
 
 
@@ -184,27 +187,14 @@ def test_blocks_run_without_a_mask_give_the_eager_output_of_a_padded_batch():
     torch.testing.assert_close(attention(qkv, lengths, config), attention(qkv, lengths, config, "eager"), atol=1e-12, rtol=0)
 
 
-class KernelQueryRows(TorchDispatchMode):
-    """The query rows (dim 2) of each CPU flash kernel call under it."""
-
-    def __init__(self):
-        super().__init__()
-        self.rows: list[int] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.overloadpacket.__name__ == "_scaled_dot_product_flash_attention_for_cpu":
-            self.rows.append(args[0].shape[2])
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("block, kernel_rows", [(170, 192), (161, 192), (160, 160), (128, 128), (192, 192)])
 def test_window_view_blocks_of_a_little_under_192_queries_reach_the_kernel_as_192_rows(block, kernel_rows):
     config = lsg_config(block_size=block, sparsity_type="none", num_global_tokens=1)
     lengths = [1 + 5 * block]
-    with KernelQueryRows() as calls:
+    with SdpaCalls() as calls:
         attention(random_qkv(lengths), lengths, config)
 
-    assert calls.rows[0] == kernel_rows  # the window views' call: blocks 1-3 (0 and 4 lack a neighbour)
+    assert calls.call_rows[0] == kernel_rows  # the window views' call: blocks 1-3 (0 and 4 lack a neighbour)
 
 
 @pytest.mark.parametrize("num_global", [0, 2])
