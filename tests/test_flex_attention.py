@@ -21,7 +21,7 @@ from lsg_converter.models import lsg_flex
 from lsg_converter.models.lsg_attention import lsg_self_attention
 from lsg_converter.models.lsg_pattern import KeyPattern
 from lsg_converter.models.lsg_sparse import SPARSITY_TYPES, lsh_hyperplanes
-from lsg_converter.models.lsg_flex import KeyLayout, block_structure, lsg_mask_mod, pattern_mask_mod
+from lsg_converter.models.lsg_flex import KeyLayout, block_structure, lsg_mask_mod, whole_sequence_mask_mod
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
@@ -149,24 +149,35 @@ def test_block_structure_reads_every_tile_holding_a_visible_key(settings, causal
         assert torch.equal(tiles_read, tiles_needed)
 
 
-@pytest.mark.parametrize("block, num_global", [(8, 0), (8, 3), (12, 3)])
+@pytest.mark.parametrize("block, num_global", [(8, 0), (8, 3), (12, 3), (8, 20)])
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
-@pytest.mark.parametrize("num_queries, tile", [(50, 8), (97, 16)])
-def test_fitted_block_structure_reads_exactly_the_tiles_of_visible_keys(block, num_global, causal, num_queries, tile):
+@pytest.mark.parametrize("num_tokens, tile", [(50, 8), (97, 16)])
+def test_whole_sequence_block_structure_reads_exactly_the_tiles_of_visible_keys(block, num_global, causal, num_tokens, tile):
     settings = dict(sparsity_type="none", block_size=block, num_global_tokens=num_global)
     pattern = KeyPattern.of(lsg_config(**settings), causal)
-    padded_tokens = -(-num_queries // block) * block
-    layout = KeyLayout.of(pattern, padded_tokens, tile, fitted_tokens=num_queries)
+    padded_tokens = -(-num_tokens // block) * block
+    layout = KeyLayout.of(pattern, padded_tokens, tile, whole_sequence_tokens=num_tokens)
+    rows = num_global + num_tokens
 
-    mask_mod = pattern_mask_mod(pattern, layout)
-    visible = create_mask(mask_mod, 1, 1, num_queries, layout.length, device="cpu")[0, 0]  # (queries, keys)
-    query_tiles, key_tiles = -(-num_queries // tile), -(-layout.length // tile)
-    visible = F.pad(visible, (0, key_tiles * tile - layout.length, 0, query_tiles * tile - num_queries))
-    tiles_needed = visible.unflatten(0, (query_tiles, tile)).unflatten(2, (-1, tile)).any(dim=(1, 3))
-    tiles_read = block_structure(pattern, num_queries, tile, torch.device("cpu"), fitted=True).to_dense()[0, 0].bool()
+    mask_mod = whole_sequence_mask_mod(pattern)
+    visible = create_mask(mask_mod, 1, 1, rows, rows, device="cpu")[0, 0]  # (queries, keys)
+    tiles = -(-rows // tile)
+    visible = F.pad(visible, (0, tiles * tile - rows, 0, tiles * tile - rows))
+    tiles_needed = visible.unflatten(0, (tiles, tile)).unflatten(2, (-1, tile)).any(dim=(1, 3))
+    tiles_read = block_structure(pattern, num_tokens, tile, torch.device("cpu"), whole_sequence=True).to_dense()[0, 0].bool()
 
-    assert layout.length == layout.token_offset + num_queries
+    assert (layout.query_offset, layout.token_offset, layout.length) == (num_global, num_global, rows)
     assert torch.equal(tiles_read, tiles_needed)
+
+
+def test_whole_sequence_mask_mod_gives_token_queries_the_keys_of_the_pattern():
+    pattern = KeyPattern.of(lsg_config(sparsity_type="none", block_size=8, num_global_tokens=2))
+    visible = create_mask(whole_sequence_mask_mod(pattern), 1, 1, 2 + 40, 2 + 40, device="cpu")[0, 0]
+
+    query_token, key_token = torch.arange(40)[:, None], torch.arange(40)[None, :]
+    assert torch.equal(visible[2:, 2:], (key_token // 8 - query_token // 8).abs() <= 1)
+    assert visible[2:, :2].all()  # every token query sees the global keys
+    assert visible[:2, :2].all() and not visible[:2, 2:].any()  # global query rows (not used) read the globals only
 
 
 @pytest.mark.parametrize("lengths", [(TOKENS, TOKENS), (TOKENS, 50)], ids=["full", "padded"])

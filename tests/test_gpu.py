@@ -58,6 +58,42 @@ def test_flex_equals_sdpa_in_outputs_and_gradients(dtype, sparsity_type, causal)
         torch.testing.assert_close(flex_gradient.float(), sdpa_gradient.float(), atol=tolerance, rtol=tolerance)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_flex_over_the_whole_sequence_equals_sdpa_in_outputs_and_gradients(dtype, causal):
+    """No padding mask, no sparse keys: flex reads the layer's own keys (the whole-sequence layout)."""
+    config = lsg_config(block_size=BLOCK, sparse_block_size=0, sparsity_type="none", num_global_tokens=NUM_GLOBAL)
+    inputs = random_qkv(2, NUM_GLOBAL + TOKENS, dtype)
+
+    sdpa, sdpa_gradients = run("sdpa", inputs, None, config, causal=causal)
+    flex, flex_gradients = run("flex_attention", inputs, None, config, causal=causal)
+
+    tolerance = TOLERANCE[dtype]
+    torch.testing.assert_close(flex.float(), sdpa.float(), atol=tolerance, rtol=tolerance)
+    for flex_gradient, sdpa_gradient in zip(flex_gradients, sdpa_gradients):
+        torch.testing.assert_close(flex_gradient.float(), sdpa_gradient.float(), atol=tolerance, rtol=tolerance)
+
+
+def test_a_compiled_model_trains_as_the_eager_one_on_flex_attention():
+    torch.manual_seed(0)
+    config = LSGBertConfig(**{**TINY_BERT, "sparse_block_size": 0, "sparsity_type": "none"}, attn_implementation="flex_attention")
+    model = LSGBertForMaskedLM(config).cuda().eval()
+    input_ids = torch.randint(3, 99, (1, TOKENS), device="cuda")
+
+    def gradients(forward):
+        model.zero_grad(set_to_none=True)
+        forward(input_ids=input_ids).logits.float().square().mean().backward()
+        return [parameter.grad.clone() for parameter in model.parameters() if parameter.grad is not None]
+
+    eager = gradients(model)
+    torch.compiler.reset()
+    compiled = gradients(torch.compile(model, fullgraph=True))
+
+    assert len(compiled) == len(eager)
+    for compiled_gradient, eager_gradient in zip(compiled, eager):
+        torch.testing.assert_close(compiled_gradient, eager_gradient, atol=2e-3, rtol=2e-3)
+
+
 @pytest.mark.parametrize("backend", ["sdpa", "flex_attention"])
 def test_cuda_outputs_and_gradients_equal_the_cpu_ones_in_float32(backend):
     """The global queries run `few_query_attention` on CUDA (SDPA on the CPU); every other query too is checked."""

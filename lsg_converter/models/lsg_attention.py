@@ -167,6 +167,7 @@ def lsg_attention(
     settings = LSGSettings.of(settings)
     num_global, block = settings.num_global_tokens, settings.block_size
     key_mask = torch.ones(batch, length, dtype=torch.bool, device=key.device) if padding_mask is None else padding_mask
+    no_masked_keys = padding_mask is None and not settings.mask_first_token
     if settings.mask_first_token and length > num_global:
         key_mask = key_mask.clone()
         key_mask[:, num_global] = False
@@ -231,6 +232,8 @@ def lsg_attention(
         num_tokens=num_tokens,
         positions=position_terms,
         real_blocks=_real_blocks(padding_mask, num_global, 0, padding, block),
+        sequence=(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)),
+        no_masked_keys=no_masked_keys,
     )
     if pattern.sparse_starts:
         job.sparse = sparse_context(
@@ -442,6 +445,9 @@ def key_padding_mask(attention_mask: torch.Tensor | None, num_keys: int, config:
     transformers' mask creation (see lsg_recorder.padding_mask_view), or as that view made additive with
     more unit dimensions (UMT5 before transformers 5.2x); the model prepended g global tokens
     after it was made. A cached decoding step's mask already counts the global tokens (t = g + past + q).
+    None where no key is masked: no mask, or one True broadcast to every column (stride 0 wherever the
+    size is not 1: the recorder's stand-in for a call without a mask), so the core knows it without
+    reading the mask.
     """
     if attention_mask is None:
         return None
@@ -460,6 +466,10 @@ def key_padding_mask(attention_mask: torch.Tensor | None, num_keys: int, config:
             f"attention_mask has {attention_mask.shape[-1]} columns for {num_keys - config.num_global_tokens} tokens: "
             "give exactly one column per input token."
         )
+    if attention_mask.dtype == torch.bool and all(
+        stride == 0 for size, stride in zip(attention_mask.shape, attention_mask.stride()) if size > 1
+    ) and attention_mask.shape[-1] > 1:
+        return None
     return F.pad(attention_mask.bool(), (missing, 0), value=True)
 
 

@@ -56,6 +56,7 @@ from .lsg_pattern import (
     TokenOutput,
     global_query_positions,
     sdpa_dense_attention,
+    sequence_positions,
     tracing,
 )
 from .lsg_transformers import is_torch_flex_attn_available
@@ -78,46 +79,56 @@ def _round_up(value: int, multiple: int) -> int:
 
 @dataclass(frozen=True)
 class KeyLayout:
-    """Where each kind of key sits in the flex key sequence [globals | tokens | sparse keys]."""
+    """Where each kind of key sits in the flex key sequence [globals | tokens | sparse keys], and where
+    the token queries start in the query sequence."""
 
     token_offset: int  # = rows of the global segment
     sparse_offset: int
     length: int
+    query_offset: int = 0  # query row of token 0: g in the whole-sequence layout, else 0
 
     @classmethod
-    def of(cls, pattern: KeyPattern, padded_tokens: int, tile: int, fitted_tokens: int | None = None) -> KeyLayout:
+    def of(cls, pattern: KeyPattern, padded_tokens: int, tile: int, whole_sequence_tokens: int | None = None) -> KeyLayout:
         """The layout for `padded_tokens` tokens (a multiple of the block size), segments padded to `tile` rows;
-        fitted (no sparse keys): the global segment, then exactly `fitted_tokens` tokens, where it ends."""
+        whole sequence (no sparse keys): the layer's own sequence of g globals and exactly
+        `whole_sequence_tokens` tokens, as queries and as keys (the global query rows are not used)."""
+        if whole_sequence_tokens is not None:
+            num_global, end = pattern.num_global, pattern.num_global + whole_sequence_tokens
+            return cls(num_global, end, end, query_offset=num_global)
         global_rows = _round_up(pattern.num_global, tile)
-        if fitted_tokens is not None:
-            return cls(global_rows, global_rows + fitted_tokens, global_rows + fitted_tokens)
         compressed = padded_tokens // pattern.block_size * pattern.compressed_per_block
         token_rows = _round_up(padded_tokens, tile)
         return cls(global_rows, global_rows + token_rows, global_rows + token_rows + _round_up(compressed, tile))
 
 
 @functools.lru_cache(maxsize=32)
-def block_structure(pattern: KeyPattern, num_queries: int, tile: int, device: torch.device, fitted: bool = False) -> BlockMask:
-    """The key tiles each tile of `num_queries` token queries reads, as a BlockMask (its mask_mod unset),
-    over the layout of `KeyLayout.of` (fitted: ending at the last token).
+def block_structure(
+    pattern: KeyPattern, num_tokens: int, tile: int, device: torch.device, whole_sequence: bool = False
+) -> BlockMask:
+    """The key tiles each tile of queries reads, as a BlockMask (its mask_mod unset), over the layout of
+    `KeyLayout.of`: the `num_tokens` token queries over [globals | tokens | sparse keys], or, whole
+    sequence, the layer's g + t queries over its own g + t keys (a global query row reads the globals).
 
     Index arithmetic on the pattern: per query tile, the range of keys of each kind its blocks see,
     then the tiles those ranges touch: (n / tile)^2 booleans, built once per shape and cached.
     """
     block, step = pattern.block_size, pattern.compressed_per_block
-    padded_tokens = _round_up(num_queries, block)
-    layout = KeyLayout.of(pattern, padded_tokens, tile, num_queries if fitted else None)
-    first_query = torch.arange(0, num_queries, tile)  # (nq,) first query of each tile
-    last_query = (first_query + tile).clamp(max=num_queries) - 1
-    first_block, last_block = first_query // block, last_query // block
+    padded_tokens = _round_up(num_tokens, block)
+    layout = KeyLayout.of(pattern, padded_tokens, tile, num_tokens if whole_sequence else None)
+    query_rows = layout.query_offset + num_tokens
+    first_row = torch.arange(0, query_rows, tile)  # (nq,) first query row of each tile
+    last_query = (first_row + tile).clamp(max=query_rows) - 1 - layout.query_offset  # its last token query
+    first_query = (first_row - layout.query_offset).clamp(min=0)
+    holds_tokens = last_query >= 0  # a tile of global query rows only reads the globals
+    first_block, last_block = first_query // block, last_query.clamp(min=0) // block
 
     token_end = pattern.local_end(last_block)
     if pattern.causal:
         token_end = torch.minimum(token_end, last_query + 1)
     key_ranges = [  # (first, end) key rows of each kind, per query tile
-        (torch.zeros_like(first_query), torch.full_like(first_query, pattern.num_global)),
+        (torch.zeros_like(first_row), torch.full_like(first_row, pattern.num_global)),
         (layout.token_offset + pattern.local_start(first_block).clamp(min=0),
-         layout.token_offset + token_end.clamp(max=num_queries)),  # keys past the last query are padding
+         torch.where(holds_tokens, layout.token_offset + token_end.clamp(max=num_tokens), 0)),  # keys past the last query are padding
     ]
     compressed = padded_tokens // block * step
     for start in pattern.sparse_starts:
@@ -126,7 +137,7 @@ def block_structure(pattern: KeyPattern, num_queries: int, tile: int, device: to
         key_ranges.append((layout.sparse_offset + first, layout.sparse_offset + end))
 
     tile_start = torch.arange(0, layout.length, tile)  # (nk,)
-    needed = torch.zeros(len(first_query), len(tile_start), dtype=torch.bool)
+    needed = torch.zeros(len(first_row), len(tile_start), dtype=torch.bool)
     for first, end in key_ranges:
         needed |= (first[:, None] < tile_start + tile) & (end[:, None] > tile_start) & (first < end)[:, None]
     kv_num_blocks = needed.sum(dim=-1, dtype=torch.int32)
@@ -135,25 +146,33 @@ def block_structure(pattern: KeyPattern, num_queries: int, tile: int, device: to
         kv_num_blocks[None, None].to(device),
         kv_indices[None, None].to(device),
         BLOCK_SIZE=tile,
-        seq_lengths=(num_queries, layout.length),
+        seq_lengths=(query_rows, layout.length),
     )
 
 
-def pattern_mask_mod(pattern: KeyPattern, layout: KeyLayout) -> Callable:
-    """mask_mod(batch, head, query, key) of token queries over a fitted `layout` whose keys are all valid:
-    the global keys and the local tokens of the pattern, by index arithmetic alone."""
+def whole_sequence_mask_mod(pattern: KeyPattern) -> Callable:
+    """mask_mod(batch, head, query, key) over the layer's own sequence of g globals and t tokens, every key
+    valid: a token query sees the global keys and its local tokens, by index arithmetic alone; a global
+    query row (its output is not used: the core attends the global queries apart) sees the globals."""
+    num_global = pattern.num_global
 
     def sees(batch, head, query, key):
-        token = key - layout.token_offset
-        return (key < pattern.num_global) | ((token >= 0) & pattern.sees_token(query, token))
+        token_query, token = query - num_global, key - num_global
+        return (key < num_global) | ((token_query >= 0) & (token >= 0) & pattern.sees_token(token_query, token))
 
     return sees
 
 
 def every_key_valid(job: TokenAttention) -> bool:
-    """Whether the call can run over a fitted layout with `pattern_mask_mod`: no sparse keys, no DropKey,
-    no key masked before the end of the tokens (a check on the host, so never inside a compiled graph)."""
-    if job.sparse is not None or job.kept is not None or tracing():
+    """Whether the call can run over the whole-sequence layout with `whole_sequence_mask_mod`: no sparse
+    keys, no DropKey, no key masked before the end of the tokens. Known without reading the mask where
+    the core knows it (`TokenAttention.no_masked_keys`), else a check on the host (never inside a
+    compiled graph, which then reads the mask)."""
+    if job.sparse is not None or job.kept is not None:
+        return False
+    if job.no_masked_keys:
+        return True
+    if tracing():
         return False
     return bool(job.token_mask[:, : job.num_tokens].all() & job.global_mask.all())
 
@@ -194,23 +213,26 @@ def lsg_mask_mod(
 
 
 def position_score_mod(
-    terms: PositionTerms, key_positions: torch.Tensor, key_rows: torch.Tensor | None, num_global: int
+    terms: PositionTerms, key_positions: torch.Tensor, key_rows: torch.Tensor | None, num_global: int, query_offset: int = 0
 ) -> Callable:
     """score_mod(score, batch, head, query, key) adding the position terms to the token queries' scores.
 
-    key_positions: (B, H, length) int64, the position of each key of the sequence; key_rows: (B, H,
-    length, R), their key-side rows (with `PositionTerms.key_rows`). Query q is token q: position q,
-    row g + q of `PositionTerms.query_rows`.
+    key_positions: (B, H, length) int64, the position of each key of the sequence, or (length,) where
+    they are the same for every row and head; key_rows: (B, H, length, R), their key-side rows (with
+    `PositionTerms.key_rows`). Query row r is token q = r -
+    `query_offset` (`KeyLayout.query_offset`): position q, row g + q of `PositionTerms.query_rows`.
     """
     parts = terms.parts()
 
     def score_mod(score, batch, head, query, key):
-        relative = key_positions[batch, head, key] - query
+        token_query = query - query_offset
+        key_position = key_positions[key] if key_positions.dim() == 1 else key_positions[batch, head, key]
+        relative = key_position - token_query
         for side, rows, bucket in parts:
             if side == "table":
                 score = score + rows[head, bucket(relative)]
             elif side == "query":
-                score = score + rows[batch, head, num_global + query, bucket(relative)]
+                score = score + rows[batch, head, num_global + token_query, bucket(relative)]
             else:
                 score = score + key_rows[batch, head, key, bucket(relative)]
         return score
@@ -242,7 +264,7 @@ class KernelSignature:
     pattern: KeyPattern
     position_parts: tuple[str, ...]  # the sides of the position terms the score_mod adds
     dropout_rows: int  # rows of DropKey's choice per block (1 or b), 0 without dropout
-    fitted: bool  # the layout ends at the last token and the mask_mod reads no tensor (`pattern_mask_mod`)
+    fitted: bool  # the whole-sequence layout, whose mask_mod reads no tensor (`whole_sequence_mask_mod`)
     autograd: tuple[bool, bool]  # (grad mode, inputs requiring grad): training and inference trace apart
     device_type: str
     dtype: torch.dtype
@@ -330,6 +352,8 @@ def _flex_kernel(signature: KernelSignature) -> Callable:
 def _at_storage_start(x: torch.Tensor) -> torch.Tensor:
     """`x` contiguous at offset 0 of its storage (a copy if it is not): torch.compile guards on strides
     and storage offsets, so whatever the call (padded or not, from a model or not) one graph serves."""
+    if torch.compiler.is_compiling():  # inside a graph being compiled: flex_attention is compiled with it
+        return x
     return x.contiguous() if x.storage_offset() == 0 else x.clone(memory_format=torch.contiguous_format)
 
 
@@ -353,12 +377,52 @@ class FlexBackend:
         return True
 
     def token_attention(self, job: TokenAttention) -> TokenOutput:
-        """The t token queries over the key sequence [globals | tokens | sparse keys] of `KeyLayout`."""
+        """The t token queries: over the layer's own sequence where every key is valid and there are no
+        sparse keys (`every_key_valid`), else over the key sequence [globals | tokens | sparse keys]."""
+        fitted = job.sequence is not None and every_key_valid(job)
+        output, layout, key_sequence, value_sequence = (
+            self._whole_sequence_attention(job) if fitted else self._key_sequence_attention(job)
+        )  # output (B, H, rows, D): the token queries from row layout.query_offset on
+        output = output.transpose(1, 2)[:, layout.query_offset :]  # (B, t, H, D)
+        if fitted:  # the global queries see the layer's keys as they were given
+            return TokenOutput(output, None, None)
+        # the global queries' context: the global segment (its padding rows at -1), then the t tokens
+        pattern, num_queries = job.pattern, job.num_tokens
+        seen_rows = layout.token_offset + num_queries
+        global_rows = torch.arange(layout.token_offset, device=key_sequence.device)
+        token_rows = pattern.num_global + torch.arange(num_queries, device=key_sequence.device)
+        index = torch.cat([torch.where(global_rows < pattern.num_global, global_rows, -1), token_rows])
+        context = KeySequence(key_sequence[:, :, :seen_rows], value_sequence[:, :, :seen_rows], index)
+        return TokenOutput(output, None, context)
+
+    def _whole_sequence_attention(self, job: TokenAttention):
+        """Every query row of the layer over its own g + t keys, read where they lie (no copy of the keys or
+        values): the mask_mod is the pattern's rule alone. Returns (output (B, H, g + t, D), layout, keys,
+        values)."""
+        pattern, num_tokens = job.pattern, job.num_tokens
+        queries, keys, values = (_at_storage_start(x).transpose(1, 2) for x in job.sequence)  # (B, H, g + t, D)
+        layout = KeyLayout.of(pattern, job.token_mask.shape[1], TILE, num_tokens)
+        structure = block_structure(pattern, num_tokens, TILE, queries.device, whole_sequence=True)
+        score_mod = None
+        terms = job.positions
+        if terms is not None:
+            num_global = pattern.num_global
+            key_positions = sequence_positions(terms, num_global, num_tokens, keys.device)  # (g + t,)
+            score_mod = position_score_mod(terms, key_positions, terms.key_rows, num_global, layout.query_offset)
+        output = _flex_kernel(self._signature(job, fitted=True))(
+            queries, keys, values, score_mod=score_mod,
+            block_mask=_with_mask_mod(structure, whole_sequence_mask_mod(pattern)), scale=job.scaling,
+        )
+        return output, layout, keys, values
+
+    def _key_sequence_attention(self, job: TokenAttention):
+        """The t token queries over the key sequence [globals | tokens | sparse keys] of `KeyLayout`, one
+        copy of the keys and values, with a mask_mod reading the keys' validity (and DropKey's choice).
+        Returns (output (B, H, t, D), layout, key sequence, value sequence)."""
         pattern, sparse, num_queries = job.pattern, job.sparse, job.num_tokens
         batch, _, heads, head_dim = job.token_keys.shape
-        fitted = every_key_valid(job)
-        layout = KeyLayout.of(pattern, job.token_mask.shape[1], TILE, num_queries if fitted else None)
-        structure = block_structure(pattern, num_queries, TILE, job.token_queries.device, fitted)
+        layout = KeyLayout.of(pattern, job.token_mask.shape[1], TILE)
+        structure = block_structure(pattern, num_queries, TILE, job.token_queries.device)
         segment_ends = (layout.token_offset, layout.sparse_offset, layout.length)
 
         def sequence(pieces) -> torch.Tensor:  # (B, H, n_i, ...) per segment -> (B, H, length, ...), one copy
@@ -371,9 +435,7 @@ class FlexBackend:
         def no_sparse(x: torch.Tensor) -> torch.Tensor:  # an empty sparse segment shaped like x (B, H, n, ...)
             return x.new_zeros(()).expand(x.shape[0], x.shape[1], 0, *x.shape[3:])
 
-        # (B, H, T, D), or (B, H, t, D) fitted (the tokens are then never padded to T)
-        token_keys, token_values = ((job.token_keys, job.token_values) if fitted else (job.keys, job.values))
-        token_keys, token_values = token_keys.transpose(1, 2), token_values.transpose(1, 2)
+        token_keys, token_values = job.keys.transpose(1, 2), job.values.transpose(1, 2)  # (B, H, T, D)
         tokens = token_keys.shape[2]
         key_sequence = sequence(
             [job.global_keys.transpose(1, 2), token_keys, no_sparse(token_keys) if sparse is None else sparse.keys]
@@ -392,28 +454,14 @@ class FlexBackend:
             key_positions = sequence([global_positions, token_positions, sparse_positions])  # (B, H, length)
             key_rows = None
             if terms.key_rows is not None:
-                token_rows = job.token_key_rows[:, :, :tokens]  # (B, H, T or t, R)
-                sparse_rows = no_sparse(token_rows) if sparse is None else sparse.key_rows
-                key_rows = sequence([terms.key_rows[:, :, :num_global], token_rows, sparse_rows])  # (B, H, length, R)
+                sparse_rows = no_sparse(job.token_key_rows) if sparse is None else sparse.key_rows
+                key_rows = sequence([terms.key_rows[:, :, :num_global], job.token_key_rows, sparse_rows])  # (B, H, length, R)
             score_mod = position_score_mod(terms, key_positions, key_rows, num_global)
-        if fitted:
-            mask_mod = pattern_mask_mod(pattern, layout)
-        else:
-            sparse_mask = job.token_mask.new_zeros(batch, 1, 0) if sparse is None else sparse.mask
-            masks = (job.global_mask[:, None], job.token_mask[:, None], sparse_mask)
-            key_valid = sequence([m.expand(-1, heads, -1) for m in masks])  # (B, H, length) bool
-            mask_mod = lsg_mask_mod(pattern, layout, key_valid, job.kept)
-        block_mask = _with_mask_mod(structure, mask_mod)
-        signature = KernelSignature(
-            pattern,
-            () if terms is None else tuple(side for side, _, _ in terms.parts()),
-            0 if job.kept is None else job.kept.shape[3],
-            fitted,
-            (torch.is_grad_enabled(), any(x.requires_grad for x in (job.token_queries, job.token_keys, job.token_values))),
-            job.token_queries.device.type,
-            job.token_queries.dtype,
-        )
-        output = _flex_kernel(signature)(
+        sparse_mask = job.token_mask.new_zeros(batch, 1, 0) if sparse is None else sparse.mask
+        masks = (job.global_mask[:, None], job.token_mask[:, None], sparse_mask)
+        key_valid = sequence([m.expand(-1, heads, -1) for m in masks])  # (B, H, length) bool
+        block_mask = _with_mask_mod(structure, lsg_mask_mod(pattern, layout, key_valid, job.kept))
+        output = _flex_kernel(self._signature(job, fitted=False))(
             _at_storage_start(job.token_queries).transpose(1, 2),
             key_sequence,
             value_sequence,
@@ -421,10 +469,17 @@ class FlexBackend:
             block_mask=block_mask,
             scale=job.scaling,
         )  # (B, H, t, D)
-        # the global queries' context: the global segment (its padding rows at -1), then the t tokens
-        seen_rows = layout.token_offset + num_queries
-        global_rows = torch.arange(layout.token_offset, device=key_sequence.device)
-        token_rows = pattern.num_global + torch.arange(num_queries, device=key_sequence.device)
-        index = torch.cat([torch.where(global_rows < pattern.num_global, global_rows, -1), token_rows])
-        context = KeySequence(key_sequence[:, :, :seen_rows], value_sequence[:, :, :seen_rows], index)
-        return TokenOutput(output.transpose(1, 2), None, context)
+        return output, layout, key_sequence, value_sequence
+
+    @staticmethod
+    def _signature(job: TokenAttention, fitted: bool) -> KernelSignature:
+        terms = job.positions
+        return KernelSignature(
+            job.pattern,
+            () if terms is None else tuple(side for side, _, _ in terms.parts()),
+            0 if job.kept is None else job.kept.shape[3],
+            fitted,
+            (torch.is_grad_enabled(), any(x.requires_grad for x in (job.token_queries, job.token_keys, job.token_values))),
+            job.token_queries.device.type,
+            job.token_queries.dtype,
+        )

@@ -317,7 +317,11 @@ class TokenAttention:
     positions: the position terms, or None;
     real_blocks: (B, nb) bool, the blocks that hold a real token, where some may hold padding only
     (the end of a short row in a padded batch); None: every block. The output rows of the others are
-    zero (the core sees to it); a backend may leave them out (`query_blocks`).
+    zero (the core sees to it); a backend may leave them out (`query_blocks`);
+    sequence: the layer's queries, keys and values, (B, g + t, H, D) each, of which the global and token
+    tensors above are the two parts (for a backend that reads them where they lie);
+    no_masked_keys: True where the core knows, without reading a mask, that no key is masked (no
+    padding mask, no masked first token).
     """
 
     token_queries: torch.Tensor
@@ -334,6 +338,8 @@ class TokenAttention:
     kept: torch.Tensor | None = None
     positions: PositionTerms | None = None
     real_blocks: torch.Tensor | None = None
+    sequence: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    no_masked_keys: bool = False
     _token_key_rows: torch.Tensor | None = field(default=None, init=False, repr=False)
     _padded: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = field(default=None, init=False, repr=False)
 

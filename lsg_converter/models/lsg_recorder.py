@@ -48,16 +48,18 @@ def padding_mask_view(arguments: dict[str, Any]) -> torch.Tensor | None:
     """The ``attention_mask`` of the module that builds a model's attention masks (its recorder, see
     `RecorderSteps`): the padding mask as a (B, 1, 1, t) bool view, which transformers' mask
     creation passes through as it is, so the LSG layers get an O(n) mask whatever the backend (for
-    "sdpa" or "eager" transformers would build a (B, 1, t, t) matrix). Without a mask, one of 1s
-    (counting the cache of a decoding step) stands for it. None (the call unchanged) for a mask of the
-    user's own making, which the LSG layers accept or refuse saying why, or without any input."""
+    "sdpa" or "eager" transformers would build a (B, 1, t, t) matrix). Without a mask, one True
+    broadcast to every token (counting the cache of a decoding step) stands for it: the LSG layers then
+    know without reading it that no key is masked (`lsg_attention.key_padding_mask`). None (the call
+    unchanged) for a mask of the user's own making, which the LSG layers accept or refuse saying why,
+    or without any input."""
     mask = arguments.get("attention_mask")
     if mask is None:
         tokens = next((arguments[name] for name in ("input_ids", "inputs_embeds") if arguments.get(name) is not None), None)
         if tokens is None:
             return None
         length = tokens.shape[1] + past_length(arguments)
-        mask = torch.ones(tokens.shape[0], length, dtype=torch.bool, device=tokens.device)
+        mask = torch.ones((), dtype=torch.bool, device=tokens.device).expand(tokens.shape[0], length)
     elif mask.dim() != 2:
         return None
     return mask.bool()[:, None, None, :]

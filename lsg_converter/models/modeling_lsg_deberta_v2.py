@@ -91,9 +91,9 @@ class LSGDebertaV2Embeddings(DebertaV2Embeddings):
     def forward(self, input_ids=None, token_type_ids=None, position_ids=None, mask=None, inputs_embeds=None):
         # the source's dropout after its mask product: the same as the product after the dropout
         embeddings = super().forward(input_ids, token_type_ids, position_ids, None, inputs_embeds)  # (B, g + t, E)
-        if mask is None:
+        covered = None if mask is None else key_padding_mask(mask, embeddings.shape[1], self.config)  # (B, g + t) bool
+        if covered is None:  # no token masked
             return embeddings
-        covered = key_padding_mask(mask, embeddings.shape[1], self.config)  # (B, g + t) bool
         return embeddings * covered[..., None].to(embeddings.dtype)
 
 
