@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# The GPU checks of a session lent a CUDA machine (issue 36), in one call: the CUDA tests, then
-# bench_speed's whole-model and attention-alone tables (bf16, 12 layers, eval-mode training steps),
-# then profile_attention.py's per-op profile of the attention alone and its flex kernel variants.
+# The GPU checks of a session lent a CUDA machine (issues 36 and 48), in one call: the CUDA tests, then
+# bench_speed's whole-model and attention-alone tables (bf16, 12 layers, eval-mode training steps), then
+# the same training steps with every model compiled (fullgraph, CUDA graphs), then profile_attention.py's
+# per-op profile of the attention alone and its flex kernel variants.
 #
 #   bash benchmarks/gpu_checks.sh OUTPUT_FOLDER
 #
 # A lent machine has no network and an older transformers: wheels in .gpu-wheels/ (for example
 # `pip download transformers==5.23.0 --no-deps -d .gpu-wheels`) are installed into /tmp/site first.
-# Logs, the device and the results section (RESULTS-GPU.md, to paste into benchmarks/RESULTS.md)
-# land in OUTPUT_FOLDER. TEST_SECONDS, BENCH_SECONDS and PROFILE_SECONDS bound the three steps;
-# BENCH_LENGTHS and BENCH_MODELS narrow the benchmark, PROFILE_LENGTHS the profile.
+# Logs, the device and the results sections (RESULTS-GPU.md, to paste into benchmarks/RESULTS.md)
+# land in OUTPUT_FOLDER. TEST_SECONDS, BENCH_SECONDS, COMPILED_SECONDS and PROFILE_SECONDS bound the
+# four steps (0 leaves a step out); BENCH_LENGTHS and BENCH_MODELS narrow the benchmark,
+# COMPILED_LENGTHS and COMPILED_MODELS the compiled one, PROFILE_LENGTHS the profile.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${1:?give an output folder}"
@@ -22,20 +24,38 @@ fi
 {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+    git log -1 --format='commit %h %s' 2>/dev/null | cut -c1-100
 } | tee "$out/device.txt"
 
-echo "== tests/test_gpu.py"
-timeout "${TEST_SECONDS:-180}" python3 -m pytest tests/test_gpu.py -q -n 8 -p no:cacheprovider -rfE 2>&1 \
-    | tee "$out/test_gpu.log" | tail -30
+step() {  # step SECONDS NAME: whether to run the step (SECONDS > 0), announced
+    [ "$1" -gt 0 ] && echo "== $2"
+}
 
-echo "== benchmarks/bench_speed.py"
+if step "${TEST_SECONDS:-180}" tests/test_gpu.py; then
+    timeout "${TEST_SECONDS:-180}" python3 -m pytest tests/test_gpu.py -q -n 8 -p no:cacheprovider -rfE 2>&1 \
+        | tee "$out/test_gpu.log" | grep -v Warning | tail -30
+fi
+
 read -r -a lengths <<<"${BENCH_LENGTHS:-4096 16384 32768}"
 models=(identity dense longformer bigbird "lsg local 170/0 g1")
 if [ -n "${BENCH_MODELS:-}" ]; then IFS=',' read -r -a models <<<"$BENCH_MODELS"; fi
-timeout "${BENCH_SECONDS:-400}" python3 benchmarks/bench_speed.py --device cuda --eval --lengths "${lengths[@]}" \
-    --models "${models[@]}" --results GPU --results-file "$out/RESULTS-GPU.md" 2>&1 | tee "$out/bench.log"
+if step "${BENCH_SECONDS:-300}" "benchmarks/bench_speed.py"; then
+    timeout "${BENCH_SECONDS:-300}" python3 benchmarks/bench_speed.py --device cuda --eval --lengths "${lengths[@]}" \
+        --models "${models[@]}" --results GPU --results-file "$out/RESULTS-GPU.md" 2>&1 | tee "$out/bench.log"
+fi
 
-echo "== benchmarks/profile_attention.py"
+read -r -a compiled_lengths <<<"${COMPILED_LENGTHS:-4096 16384}"
+compiled_models=(dense "lsg local 170/0 g1")
+if [ -n "${COMPILED_MODELS:-}" ]; then IFS=',' read -r -a compiled_models <<<"$COMPILED_MODELS"; fi
+if step "${COMPILED_SECONDS:-240}" "benchmarks/bench_speed.py, compiled"; then
+    timeout "${COMPILED_SECONDS:-240}" python3 benchmarks/bench_speed.py --device cuda --eval --compile --fullgraph \
+        --compile-mode reduce-overhead --backends flex_attention --skip-attention --skip-memory \
+        --lengths "${compiled_lengths[@]}" --models "${compiled_models[@]}" \
+        --results "GPU, compiled" --results-file "$out/RESULTS-GPU-compiled.md" 2>&1 | grep -v Warning | tee "$out/bench-compiled.log"
+fi
+
 read -r -a profile_lengths <<<"${PROFILE_LENGTHS:-16384}"
-(cd benchmarks && timeout "${PROFILE_SECONDS:-120}" python3 profile_attention.py --lengths "${profile_lengths[@]}" \
-    --what attention flex-kernel 2>&1 | grep -v '^USDT' | tee "$out/profile.md")
+if step "${PROFILE_SECONDS:-120}" benchmarks/profile_attention.py; then
+    (cd benchmarks && timeout "${PROFILE_SECONDS:-120}" python3 profile_attention.py --lengths "${profile_lengths[@]}" \
+        --what attention flex-kernel 2>&1 | grep -v '^USDT' | tee "$out/profile.md")
+fi

@@ -10,7 +10,7 @@ import torch
 from torch.nn.attention.flex_attention import flex_attention
 
 from helpers import padding_mask, save_tiny_source
-from lsg_converter import LSGBertConfig, LSGBertForMaskedLM, LSGConverter
+from lsg_converter import LSGBertConfig, LSGBertForMaskedLM, LSGBertModel, LSGConverter
 from lsg_converter.models import lsg_attention, lsg_flex
 from lsg_converter.models.lsg_attention import lsg_self_attention
 
@@ -67,6 +67,17 @@ def test_the_whole_model_traces_as_one_graph(converted, family, backend, masked)
 
     with torch.no_grad():
         assert graph_breaks(model, inputs_of(model, masked)) == []
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flex_attention"])
+def test_a_bare_model_traces_as_one_graph(backend):
+    """A bare model runs the LSG steps around its own forward (`lsg_recorder.RecorderForward`)."""
+    config = LSGBertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                           intermediate_size=37, max_position_embeddings=512, block_size=16, attn_implementation=backend)
+    model = LSGBertModel(config, add_pooling_layer=False).eval()
+
+    with torch.no_grad():
+        assert graph_breaks(model, inputs_of(model, masked=True)) == []
 
 
 def test_a_training_step_traces_as_one_graph_with_dropout(converted):

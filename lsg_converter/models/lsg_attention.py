@@ -253,8 +253,9 @@ def lsg_attention(
         output = torch.where(job.real_rows[:, :, None, None], output, 0)
     if num_global:
         context = tokens.global_context or KeySequence(key, value, torch.arange(length, device=key.device))
+        every_key = no_masked_keys and tokens.global_context is None and not causal and not dropout
         global_output = _global_attention(
-            kernel, global_queries, key_mask, context, causal, dropout, scaling, position_terms
+            kernel, global_queries, None if every_key else key_mask, context, causal, dropout, scaling, position_terms
         )  # (B, g, H, D)
         output = torch.cat([global_output, output], dim=1)
     return output.transpose(1, 2), tokens.weights
@@ -306,11 +307,19 @@ def _global_attention(kernel, global_queries, key_mask, context: KeySequence, ca
     """Attention of the g global queries (B, g, H, D) over `context` (the keys as the backend holds them):
     every key, causal: the global tokens before them. Returns (B, g, H, D).
 
-    key_mask: (B, g + t) bool. Dropout is drawn on the g + t keys whatever the layout, so every backend
-    hides the same keys.
+    key_mask: (B, g + t) bool, or None where every key of `context` (the layer's keys in their order, not
+    causal, no dropout) is seen: no mask then. Dropout is drawn on the g + t keys whatever the layout, so
+    every backend hides the same keys.
     """
     batch, num_global, heads, _ = global_queries.shape
     keys, values, index = context.keys, context.values, context.index
+    if key_mask is None:
+        scores = None
+        if terms is not None:
+            everything = torch.arange(keys.shape[2], device=keys.device)
+            scores = dense_position_scores(terms, everything[:num_global], everything, num_global, keys.shape[2])
+        output, _ = kernel.dense_attention(global_queries.transpose(1, 2), keys, values, None, scaling, scores)
+        return output.transpose(1, 2)
     if causal:  # the global tokens are a prefix: each sees the ones before it (the first g rows of every layout)
         keys, values, index = keys[:, :, :num_global], values[:, :, :num_global], index[:num_global]
         allowed = key_mask[:, None, None, :num_global] & causal_mask(num_global, num_global, key_mask.device)

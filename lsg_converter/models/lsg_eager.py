@@ -76,6 +76,8 @@ class EagerBackend:
         return TokenOutput(output.transpose(1, 2), token_block, None)
 
     def dense_attention(self, query, key, value, allowed, scaling, scores):
-        logits = (query @ key.transpose(-1, -2)) * scaling + additive_mask(allowed, query.dtype, scores)
+        logits = (query @ key.transpose(-1, -2)) * scaling
+        mask = additive_mask(allowed, query.dtype, scores)  # None: every key, no position terms
+        logits = logits if mask is None else logits + mask
         weights = explicit_softmax(logits, query.dtype)
         return weights @ value, weights

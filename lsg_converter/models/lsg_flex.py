@@ -109,14 +109,15 @@ def block_structure(
     `KeyLayout.of`: the `num_tokens` token queries over [globals | tokens | sparse keys], or, whole
     sequence, the layer's g + t queries over its own g + t keys (a global query row reads the globals).
 
-    Index arithmetic on the pattern: per query tile, the range of keys of each kind its blocks see,
-    then the tiles those ranges touch: (n / tile)^2 booleans, built once per shape and cached.
+    Index arithmetic on the pattern, on `device`: per query tile, the range of keys of each kind its
+    blocks see, then the tiles those ranges touch: (n / tile)^2 booleans, built once per shape and
+    cached (and inside a compiled graph, device ops that CUDA graphs can capture).
     """
     block, step = pattern.block_size, pattern.compressed_per_block
     padded_tokens = _round_up(num_tokens, block)
     layout = KeyLayout.of(pattern, padded_tokens, tile, num_tokens if whole_sequence else None)
     query_rows = layout.query_offset + num_tokens
-    first_row = torch.arange(0, query_rows, tile)  # (nq,) first query row of each tile
+    first_row = torch.arange(0, query_rows, tile, device=device)  # (nq,) first query row of each tile
     last_query = (first_row + tile).clamp(max=query_rows) - 1 - layout.query_offset  # its last token query
     first_query = (first_row - layout.query_offset).clamp(min=0)
     holds_tokens = last_query >= 0  # a tile of global query rows only reads the globals
@@ -136,15 +137,15 @@ def block_structure(
         end = (last_block * step + start + pattern.sparse_size).clamp(0, compressed)
         key_ranges.append((layout.sparse_offset + first, layout.sparse_offset + end))
 
-    tile_start = torch.arange(0, layout.length, tile)  # (nk,)
-    needed = torch.zeros(len(first_row), len(tile_start), dtype=torch.bool)
+    tile_start = torch.arange(0, layout.length, tile, device=device)  # (nk,)
+    needed = torch.zeros(len(first_row), len(tile_start), dtype=torch.bool, device=device)
     for first, end in key_ranges:
         needed |= (first[:, None] < tile_start + tile) & (end[:, None] > tile_start) & (first < end)[:, None]
     kv_num_blocks = needed.sum(dim=-1, dtype=torch.int32)
     kv_indices = torch.argsort((~needed).to(torch.int32), dim=-1, stable=True).to(torch.int32)  # needed tiles first
     return BlockMask.from_kv_blocks(
-        kv_num_blocks[None, None].to(device),
-        kv_indices[None, None].to(device),
+        kv_num_blocks[None, None],
+        kv_indices[None, None],
         BLOCK_SIZE=tile,
         seq_lengths=(query_rows, layout.length),
     )

@@ -434,11 +434,11 @@ class Backend(Protocol):
         """The attention of the token queries."""
 
     def dense_attention(
-        self, query, key, value, allowed: torch.Tensor, scaling: float, scores: torch.Tensor | None
+        self, query, key, value, allowed: torch.Tensor | None, scaling: float, scores: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Plain attention of query (..., H, q, D) over key, value (..., H, k, D): allowed, bool, and
-        scores, additive (position terms), broadcast to (..., H, q, k). Returns the output (..., H, q, D)
-        and the weights (..., H, q, k) or None."""
+        """Plain attention of query (..., H, q, D) over key, value (..., H, k, D): allowed, bool (None:
+        every key), and scores, additive (position terms), broadcast to (..., H, q, k). Returns the output
+        (..., H, q, D) and the weights (..., H, q, k) or None."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -451,9 +451,13 @@ def pad_rows(x: torch.Tensor, before: int, after: int, value: float | bool = 0) 
     return F.pad(x, (0, 0) * (x.dim() - 2) + (before, after), value=value)
 
 
-def additive_mask(allowed: torch.Tensor, dtype: torch.dtype, scores: torch.Tensor | None = None) -> torch.Tensor:
+def additive_mask(
+    allowed: torch.Tensor | None, dtype: torch.dtype, scores: torch.Tensor | None = None
+) -> torch.Tensor | None:
     """Bool mask (and position terms) -> `scores` (or 0) where allowed, finfo.min elsewhere. Finite, so
-    a query whose keys are all masked gets no NaN."""
+    a query whose keys are all masked gets no NaN. allowed None (every key): `scores`, or None."""
+    if allowed is None:
+        return None if scores is None else scores.to(dtype)
     kept = torch.zeros((), dtype=dtype, device=allowed.device) if scores is None else scores.to(dtype)
     return torch.where(allowed, kept, torch.finfo(dtype).min)
 
@@ -502,7 +506,8 @@ def few_query_attention(query, key, value, mask: torch.Tensor | None, scaling: f
 
 
 def sdpa_dense_attention(query, key, value, allowed, scaling, scores) -> tuple[torch.Tensor, None]:
-    """`Backend.dense_attention` through SDPA (no weights): the sdpa and flex_attention backends'."""
+    """`Backend.dense_attention` through SDPA (no weights): the sdpa and flex_attention backends'; allowed
+    None: every key."""
     return fused_attention(query, key, value, additive_mask(allowed, query.dtype, scores), scaling), None
 
 

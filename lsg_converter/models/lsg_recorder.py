@@ -243,6 +243,7 @@ class RecorderForward:
         if steps is None:
             return forward
         run = functools.partial(RecorderSteps.run, steps, model, forward)
-        run.__wrapped__ = forward  # what inspect.signature reads
+        if not torch.compiler.is_compiling():  # dynamo cannot set a partial's attributes; nothing reads them there
+            run.__wrapped__ = forward  # what inspect.signature reads
         return run
 
