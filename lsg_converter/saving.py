@@ -78,7 +78,7 @@ def staged_folder(target: Path, overwrite: bool = False) -> Iterator[Path]:
             yield staging
             _give_files_the_folder_mode(staging)
         except (OSError, SafetensorError) as error:
-            kept = ", what was there is as it was" if target.exists() else ""
+            kept = " and what was there is as it was" if target.exists() else ""
             raise OutputNotWritableError(
                 f"Cannot write {target}: {_reason(error)}. Nothing was written there{kept}: free space or choose "
                 "another folder (save_path=)."
@@ -129,8 +129,8 @@ def _moved_back(aside: Path, target: Path) -> str:
     try:
         aside.rename(target)
     except OSError as error:
-        return f"; the previous {target.name} cannot be moved back ({_reason(error)}): it is at {aside}"
-    return f"; the previous {target.name} is back in place"
+        return f"; the previous output cannot be moved back ({_reason(error)}): it is at {aside}"
+    return "; the previous output is back in place"
 
 
 def _reason(error: BaseException) -> str:
