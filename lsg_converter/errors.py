@@ -58,6 +58,11 @@ class OutputOverlapsSourceError(OutputExistsError, exit_code=5):
     not, would delete or mix with the source's files, so it is refused."""
 
 
+class OutputNotReplaceableError(OutputExistsError, exit_code=5):
+    """The output path is a file, or a folder that holds no model's config.json (no conversion wrote it):
+    it is never replaced, overwrite or not, so that a user's own files are never deleted."""
+
+
 class CorruptCheckpointError(LSGError, exit_code=6):
     """The source's files exist but cannot be read (truncated or corrupt weights, broken config)."""
 

@@ -26,17 +26,19 @@ examples:
       --save-path ./my-bert-lsg-16k --overwrite
   lsg-convert facebook/bart-base --max-len 16384 --save-path bart-base-lsg-16k --push-to-hub me/bart-base-lsg-16k
   lsg-convert ./reference-lsg-checkpoint --max-len 4096 --save-path ./upgraded   # 2023 format -> new format
-  lsg-convert ./upgraded --info                                                   # what a model is
+  lsg-convert info ./upgraded                                                    # what a model is (or: ./upgraded --info)
   lsg-convert sentence-transformers/all-MiniLM-L6-v2 --max-len 4096 --adapt-on ./my-documents \
       --save-path ./minilm-4096-adapted                                    # one pass beats chunking
 
 exit codes: 0 done, 1 other error, 2 invalid setting or command line, 3 unsupported model or head,
-            4 source not found, 5 output folder exists (use --overwrite) or overlaps the source,
+            4 source not found, 5 output exists (an earlier conversion's: use --overwrite; a file or a
+            folder of other files: never replaced) or overlaps the source,
             6 corrupt or truncated source files, 7 Hub unreachable or token/repository refused,
             8 a package it needs is missing (the error names it), 9 output not writable,
             10 texts to adapt on missing or too short, 130 interrupted (Ctrl-C)
 """
 PROG = "lsg-convert"
+INFO_COMMAND = "info"  # `lsg-convert info MODEL` is `lsg-convert MODEL --info`
 USAGE_EXIT_CODE = 2
 DTYPES = ("float32", "bfloat16", "float16")  # --dtype: the torch dtypes of that name
 SOURCE_NOT_FOUND_EXIT_CODE = 4  # lsg_converter.errors.SourceNotFoundError's
@@ -65,9 +67,12 @@ class _Parser(argparse.ArgumentParser):
         if unknown:
             self.error(self._unrecognized(unknown))
         parsed, rest = self.parse_known_args(words, namespace)
+        if parsed.source == INFO_COMMAND and len(rest) == 1 and not rest[0].startswith("-"):  # `lsg-convert info MODEL`
+            parsed.source, parsed.info, rest = rest[0], True, []
         if rest:
             options = [word.partition("=")[0] for word in rest if word.startswith("-")]
-            self.error(self._unrecognized(options) if options else f"unrecognized arguments: {' '.join(rest)}")
+            hint = ": did you mean --info?" if INFO_COMMAND in rest else ""
+            self.error(self._unrecognized(options) if options else f"unrecognized arguments: {' '.join(rest)}{hint}")
         return parsed
 
     def _unknown_options(self, words: list[str]) -> list[str]:
@@ -136,10 +141,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="new maximum sequence length, e.g. 4096 (required, except with --info)",
     )
     parser.add_argument(
-        "--info", action="store_true", help="say what the model at SOURCE is (format, head, length, LSG settings) and exit"
+        "--info",
+        action="store_true",
+        help="say what the model at SOURCE is (format, head, length, LSG settings) and exit; also: lsg-convert info SOURCE",
     )
     parser.add_argument(
-        "--save-path", help="output folder (default: <source name>-lsg-<max-len>; none when only pushing)"
+        "--save-path",
+        type=os.path.expanduser,
+        help="output folder (default: <source name>-lsg-<max-len>; none when only pushing)",
     )
     parser.add_argument("--architecture", help="head to build, e.g. BertForMaskedLM (default: the source's)")
     settings = parser.add_argument_group("LSG settings")
@@ -214,7 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
         "long-document adaptation (a sentence-transformers source: train it a little on your own long texts)"
     )
     adapt.add_argument(
-        "--adapt-on", dest="texts", metavar="TEXTS", help="folder of .txt / .md files (or one file) of long, unlabeled texts"
+        "--adapt-on", dest="texts", metavar="TEXTS", type=os.path.expanduser,
+        help="folder of .txt / .md files (or one file) of long, unlabeled texts",
     )
     adapt.add_argument(
         "--adapt-train",
@@ -244,7 +254,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="after training, move the weights this share of the way back to the converted ones: short texts "
         f"stay nearer the source's embedding (default {ADAPTATION_SOURCE_SHARE:g}; 0: the trained weights)",
     )
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing non-empty output folder")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an earlier conversion's output (a folder holding a model's config.json); a file or a "
+        "folder of anything else is never replaced",
+    )
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     return parser
@@ -308,6 +323,8 @@ def main(argv: Sequence[str] | None = None, late_interrupts_ignored: bool = Fals
             try:
                 args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
                 if args.max_sequence_length is None and not args.info:
+                    if args.source == INFO_COMMAND and not Path(INFO_COMMAND).exists():
+                        parser.error(f"{INFO_COMMAND} needs the model to describe: {PROG} {INFO_COMMAND} MODEL")
                     parser.error("the following arguments are required: --max-len")
             except SystemExit as done:  # --help, --version, or a command-line mistake already reported on one line
                 return int(done.code or 0)

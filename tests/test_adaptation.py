@@ -13,7 +13,13 @@ import torch.nn.functional as F
 
 from lsg_converter import LSGConverter, save_converted
 from lsg_converter.adaptation import adapt_to_long_documents, document_rounds, round_batch_sampler
-from lsg_converter.errors import InvalidSettingsError, OutputExistsError, TrainingTextsError, UnsupportedModelError
+from lsg_converter.errors import (
+    InvalidSettingsError,
+    OutputExistsError,
+    OutputNotReplaceableError,
+    TrainingTextsError,
+    UnsupportedModelError,
+)
 
 pytest.importorskip("datasets")
 from sentence_transformers import SentenceTransformer  # noqa: E402
@@ -247,6 +253,16 @@ def test_an_existing_output_is_kept_without_overwrite(converted_folder, tmp_path
 
     with pytest.raises(OutputExistsError):
         adapt_to_long_documents(converted_folder, long_texts(4, 1500), output_path=tmp_path / "adapted")
+
+    assert (tmp_path / "adapted" / "notes.txt").read_text() == "mine"
+
+
+def test_a_folder_of_the_users_files_is_kept_with_overwrite_too(converted_folder, tmp_path):
+    (tmp_path / "adapted").mkdir()
+    (tmp_path / "adapted" / "notes.txt").write_text("mine")
+
+    with pytest.raises(OutputNotReplaceableError, match="holds notes.txt and no model's config.json"):
+        adapt_to_long_documents(converted_folder, long_texts(4, 1500), output_path=tmp_path / "adapted", overwrite=True)
 
     assert (tmp_path / "adapted" / "notes.txt").read_text() == "mine"
 

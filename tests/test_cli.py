@@ -309,7 +309,7 @@ def test_block_size_0_exits_2_and_writes_nothing(tiny_bert_dir, tmp_path, capsys
 def test_existing_output_without_overwrite_exits_5_and_leaves_files_untouched(tiny_bert_dir, tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
-    (out / "config.json").write_text('{"mine": true}\n')
+    (out / "config.json").write_text('{"model_type": "lsg-bert"}\n')
     (out / "weights.bin").write_bytes(b"\x00\x01\x02")
     before = _files(out)
     code = main([str(tiny_bert_dir), "--max-len", "256", "--save-path", str(out)])
@@ -322,7 +322,7 @@ def test_existing_output_without_overwrite_exits_5_and_leaves_files_untouched(ti
 def test_overwrite_replaces_the_existing_output(tiny_bert_dir, tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
-    (out / "config.json").write_text('{"mine": true}\n')
+    (out / "config.json").write_text('{"model_type": "lsg-bert"}\n')
     (out / "weights.bin").write_bytes(b"\x00\x01\x02")
     code = main([str(tiny_bert_dir), "--max-len", "256", "--save-path", str(out), "--overwrite"])
     assert code == 0, capsys.readouterr().err
@@ -402,7 +402,7 @@ def test_corrupt_config_exits_6_and_writes_nothing(tiny_bert_dir, tmp_path, caps
 
 def test_python_callers_are_told_python_names(tmp_path):
     (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "weights.bin").write_bytes(b"\x00")
+    (tmp_path / "out" / "config.json").write_text('{"model_type": "lsg-bert"}\n')
 
     with pytest.raises(OutputExistsError, match="pass overwrite=True") as refused:
         check_output_folder(tmp_path / "out")

@@ -232,3 +232,11 @@ def test_help_names_every_encoder_decoder_family_and_when_sparse_sizes_act(capsy
 
     assert "(BART, mBART, Pegasus): the decoder attends" in text
     assert text.count("with a --sparsity-type other than none") == 2
+
+
+def test_texts_to_adapt_on_starting_with_a_tilde_are_in_the_home_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+
+    args = lsg_converter_cli.build_parser().parse_args(["model", "--max-len", "512", "--adapt-on", "~/texts"])
+
+    assert args.texts == str(tmp_path / "texts")

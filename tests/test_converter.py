@@ -868,7 +868,7 @@ def test_save_converted_with_overwrite_replaces_folder_and_leaves_no_temporary(c
     model, tokenizer = converted
     target = tmp_path / "out"
     target.mkdir()
-    (target / "config.json").write_text('{"mine": true}\n')
+    (target / "config.json").write_text('{"model_type": "lsg-bert"}\n')
     (target / "notes.txt").write_text("old file")
     save_converted(model, tokenizer, target, overwrite=True)
     assert not (target / "notes.txt").exists()

@@ -40,3 +40,22 @@ def test_info_on_a_folder_without_a_model_is_one_line_exit_4(tmp_path, capsys):
 def test_max_len_is_still_required_to_convert(tiny_bert_dir, capsys):
     assert main([str(tiny_bert_dir)]) == 2
     assert "--max-len" in capsys.readouterr().err
+
+
+def test_info_as_a_command_word_is_info_as_a_flag(tiny_bert_dir, capsys):
+    assert main([str(tiny_bert_dir), "--info"]) == 0
+    as_flag = capsys.readouterr().out
+
+    assert main(["info", str(tiny_bert_dir)]) == 0
+    assert capsys.readouterr().out == as_flag
+
+
+def test_info_after_the_model_is_refused_with_the_flag_named(tiny_bert_dir, capsys):
+    assert main([str(tiny_bert_dir), "info"]) == 2
+    assert "unrecognized arguments: info: did you mean --info?" in capsys.readouterr().err
+
+
+def test_info_without_a_model_asks_for_one(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["info"]) == 2
+    assert capsys.readouterr().err == "lsg-convert: error: info needs the model to describe: lsg-convert info MODEL (see lsg-convert --help)\n"
