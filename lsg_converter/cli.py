@@ -65,9 +65,10 @@ def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace, interrup
         )
         # refuse before the (long) conversion what would fail after it
         if args.texts:  # sentence-transformers' trainer (imported only to adapt) needs accelerate and datasets
-            from .adaptation import adapt_converted_model, read_texts
+            from .adaptation import adapt_converted_model, check_can_adapt, read_texts
 
             read_texts(args.texts)
+            check_can_adapt(args.source, args.token, args.architecture)
         if save_path:
             _check_output_folder(args, save_path, lsg_kwargs)
         else:

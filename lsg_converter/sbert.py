@@ -100,12 +100,17 @@ def carry_pipeline(model: PreTrainedModel, source: str, token: str | bool | None
 def _leave_pipeline_out(model: PreTrainedModel, source: str, token: str | bool | None) -> None:
     """Attach no pipeline to `model`, a head; warn when `source` has one."""
     setattr(model, PIPELINE_ATTRIBUTE, None)
-    if _resolve(source, local_source(source), MODULES_FILE, token) is not None:
+    if has_pipeline(source, token):
         logger.warning(
             f"{source} is a sentence-transformers model, but {type(model).__name__} is no bare model: its "
             "sentence-transformers pipeline would load the model without its head, so it is left out; "
             "load the converted model with transformers."
         )
+
+
+def has_pipeline(source: str, token: str | bool | None) -> bool:
+    """Whether `source` (a folder or a Hub id) is a sentence-transformers model: it has a ``modules.json``."""
+    return _resolve(source, local_source(source), MODULES_FILE, token) is not None
 
 
 def pipeline_of(model: PreTrainedModel) -> SentencePipeline | None:

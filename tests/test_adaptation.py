@@ -278,3 +278,47 @@ def test_lsg_convert_adapt_on_a_missing_folder_exits_10_before_converting(source
     assert code == 10
     assert capsys.readouterr().err.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture
+def conversion_refused(monkeypatch):
+    """The conversion is never reached: a refusal of --adapt-on must come before it."""
+
+    def no_conversion(*args, **kwargs):
+        raise AssertionError("the source was converted before --adapt-on was refused")
+
+    monkeypatch.setattr(LSGConverter, "convert_from_pretrained", no_conversion)
+
+
+def test_lsg_convert_adapt_on_a_source_without_sentence_transformers_pipeline_exits_3_before_converting(
+    tmp_path, capsys, conversion_refused
+):
+    from helpers import save_tiny_source
+    from lsg_converter_cli import main
+
+    source = save_tiny_source(tmp_path / "t5", "t5", "T5ForConditionalGeneration")
+    texts = tmp_path / "texts.txt"
+    texts.write_text(long_texts(1, 1500)[0])
+    capsys.readouterr()  # what building the source printed
+
+    code = main([str(source), "--max-len", str(LENGTH), "--save-path", str(tmp_path / "out"), "--adapt-on", str(texts)])
+
+    err = capsys.readouterr().err
+    assert code == 3 and err.count("\n") == 1, err
+    assert "no sentence-transformers model (no modules.json)" in err and "without --adapt-on" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_lsg_convert_adapt_on_a_head_exits_3_before_converting(source_folder, tmp_path, capsys, conversion_refused):
+    from lsg_converter_cli import main
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text(long_texts(1, 1500)[0])
+    arguments = [str(source_folder), "--max-len", str(LENGTH), "--save-path", str(tmp_path / "out"), "--adapt-on", str(texts)]
+
+    code = main([*arguments, "--architecture", "BertForSequenceClassification"])
+
+    err = capsys.readouterr().err
+    assert code == 3 and err.count("\n") == 1, err
+    assert "--architecture BertForSequenceClassification is a head" in err and "(BertModel)" in err
+    assert not (tmp_path / "out").exists()
