@@ -24,7 +24,7 @@ from .positions import (
     extend_positions,
     pretrained_positions,
 )
-from .sbert import carry_pipeline
+from .sbert import attach_pipeline, carried_pipeline
 from .sources import load_source_config, local_source, look_up_source
 
 logger = logging.get_logger(__name__)
@@ -162,6 +162,7 @@ class LSGConverter:
         settings = {**pooler_setting(arch, tensor_names(files)), **lsg_kwargs}
         run = choose_head(arch, source, source_config, settings, architecture, token)
         lsg_class, config = run.lsg_class, run.config
+        pipeline = carried_pipeline(run.model, source, token, self.max_sequence_length)
         positions = max_length_of(run.model)
         kept = kept_weights(files, run.unexpected, lsg_class)
         if kept:
@@ -198,7 +199,7 @@ class LSGConverter:
         config.max_position_embeddings = getattr(config, "max_position_embeddings", positions) + added_rows
         setattr(config, PRETRAINED_POSITIONS_KEY, pretrained)
         config._name_or_path = source
-        carry_pipeline(model, source, token, self.max_sequence_length)
+        attach_pipeline(model, pipeline)
         if tokenizer is not None:
             drop_source_lengths(tokenizer)
             tokenizer.model_max_length = self.max_sequence_length

@@ -310,6 +310,24 @@ def test_unreadable_modules_json_exits_6_with_one_line_before_writing(tiny_st_so
 
 
 
+@pytest.mark.parametrize(
+    "module_file", ["1_Pooling/config.json", "2_Dense/config.json", "2_Dense/model.safetensors"],
+    ids=["pooling-config", "dense-config", "dense-weights"],
+)
+def test_an_unreadable_module_file_exits_6_with_one_line_before_writing(tiny_st_source, tmp_path, capsys, module_file):
+    source = shutil.copytree(tiny_st_source, tmp_path / "source")
+    content = (source / module_file).read_bytes()
+    (source / module_file).write_bytes(content[: len(content) // 2])  # truncated
+    target = tmp_path / "converted"
+
+    code = main([str(source), "--max-len", str(TINY_LENGTH), "--save-path", str(target)])
+
+    err = capsys.readouterr().err.strip()
+    assert code == 6 and err.count("\n") == 0, err
+    assert str(source / module_file) in err
+    assert not target.exists()
+
+
 @pytest.fixture(scope="module")
 def tiny_st_t5_source(tiny_bert_dir, tmp_path_factory) -> Path:
     """A tiny sentence-transformers model on a random T5 encoder (MiniLM's tokenizer): a sentence-t5 / GTR."""
