@@ -15,6 +15,7 @@ from .converter import LSGConverter
 from .errors import (
     CorruptCheckpointError,
     HubError,
+    InsufficientMemoryError,
     InvalidSettingsError,
     LSGError,
     MissingDependencyError,
@@ -41,6 +42,7 @@ __all__ = [
     "ARCHITECTURES",
     "CorruptCheckpointError",
     "HubError",
+    "InsufficientMemoryError",
     "InvalidSettingsError",
     "LSGConverter",
     "LSGError",
