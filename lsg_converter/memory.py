@@ -1,8 +1,9 @@
 """The memory a conversion needs, estimated from its dry run before anything is allocated, and the memory
 the system has available for it: a length that cannot fit is refused in one line, not by the allocator.
 
-A conversion holds the source's weights and builds every position table at the new length (`positions.
-extend_positions`); at a long length the tables are most of it (all-MiniLM-L6-v2 at 10,000,000 tokens: 15.4 GB).
+A conversion holds the source's weights and builds every position table at the new length
+(`positions.extend_positions`); at a long length the tables are most of it (all-MiniLM-L6-v2 at
+10,000,000 tokens: 15.4 GB of its 15.5 GB of weights).
 """
 
 from __future__ import annotations
