@@ -15,6 +15,7 @@ from .converter import LSGConverter
 from .errors import (
     CorruptCheckpointError,
     HubError,
+    InsufficientMemoryError,
     InvalidSettingsError,
     LSGError,
     MissingDependencyError,
@@ -42,6 +43,7 @@ __all__ = [
     "ARCHITECTURES",
     "CorruptCheckpointError",
     "HubError",
+    "InsufficientMemoryError",
     "InvalidSettingsError",
     "LSGConverter",
     "LSGError",

@@ -378,6 +378,29 @@ def adapt_to_long_documents(
     return model
 
 
+def check_can_adapt(source: str, token: str | bool | None = None, architecture: str | None = None) -> None:
+    """UnsupportedModelError where the model converted from `source` (as `architecture`, default the
+    source's head) could not be adapted (`adapt_converted_model`): the source is no sentence-transformers
+    model (no modules.json: a T5 or any plain transformers model), or `architecture` is a head, whose
+    conversion carries no pipeline. Reads the source's config and modules.json only: called before converting."""
+    from .architectures import find_architecture
+    from .sbert import has_pipeline
+    from .sources import load_source_config
+
+    if not has_pipeline(source, token):
+        raise UnsupportedModelError(
+            f"{source} is no sentence-transformers model (no {MODULES_FILE}): only a model converted from a "
+            "sentence-transformers source can be adapted to long documents; convert it without texts="
+        )
+    if architecture is not None:
+        arch = find_architecture(load_source_config(source, token).model_type)
+        if arch.lsg_class(architecture) is not arch.lsg_class(arch.base_head):
+            raise UnsupportedModelError(
+                f"architecture={architecture!r} is a head, which carries no sentence-transformers pipeline: only "
+                f"the bare model ({arch.base_head}) can be adapted to long documents; convert the head without texts="
+            )
+
+
 def adapt_converted_model(model: Any, tokenizer: Any, texts: str | os.PathLike | Iterable[str], **options: Any) -> Any:
     """`adapt_to_long_documents` for a converted model as `LSGConverter.convert_from_pretrained` returns it
     (with its sentence-transformers pipeline): trained through sentence-transformers, in place (`options`

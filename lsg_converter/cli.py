@@ -22,8 +22,9 @@ from lsg_converter_cli import Interruption
 
 from .errors import OutputExistsError, one_line
 
-# Options left out of the command recorded in the model card: a credential, and display settings.
-NOT_RECORDED = ("help", "version", "token", "quiet", "debug")
+# Options left out of the command recorded in the model card: a credential, display settings, and the
+# memory check (the machine's, not the model's).
+NOT_RECORDED = ("help", "version", "token", "quiet", "debug", "skip_memory_check")
 
 
 def convert(parser: argparse.ArgumentParser, args: argparse.Namespace, interruption: Interruption) -> int:
@@ -62,12 +63,14 @@ def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace, interrup
             resize_lsg=args.resize_lsg,
             reinit_global_tokens=args.reinit_global_tokens,
             seed=args.seed,
+            skip_memory_check=args.skip_memory_check,
         )
         # refuse before the (long) conversion what would fail after it
         if args.texts:  # sentence-transformers' trainer (imported only to adapt) needs accelerate and datasets
-            from .adaptation import adapt_converted_model, read_texts
+            from .adaptation import adapt_converted_model, check_can_adapt, read_texts
 
             read_texts(args.texts)
+            check_can_adapt(args.source, args.token, args.architecture)
         if save_path:
             _check_output_folder(args, save_path, lsg_kwargs)
         else:

@@ -17,6 +17,7 @@ from .global_tokens import fill_global_tokens
 from .head_choice import choose_head
 from .loading import drop_source_lengths, kept_weights, load_model, load_tokenizer, new_weights, report_loading
 from .lsg_config import check_setting_names, is_lsg_config, pooler_setting, resolve_settings, unknown_setting_error
+from .memory import check_conversion_memory, running_out_of_memory_refused
 from .models.lsg_model import KEPT_WEIGHTS_KEY, MAX_GLOBAL_TOKENS, SEQ2SEQ_DEFAULTS
 from .positions import (
     POSITION_TILINGS,
@@ -24,7 +25,7 @@ from .positions import (
     extend_positions,
     pretrained_positions,
 )
-from .sbert import carry_pipeline
+from .sbert import attach_pipeline, carried_pipeline
 from .sources import load_source_config, local_source, look_up_source
 
 logger = logging.get_logger(__name__)
@@ -62,6 +63,9 @@ class LSGConverter:
             that upgrading or resizing it keeps its outputs.
         use_token_ids: add the token-type-0 embedding to the global tokens, where the model has one.
         seed: seed of every random draw of the conversion (the global RNG is left untouched).
+        skip_memory_check: convert even where the memory the conversion needs (estimated before anything
+            is allocated, see `memory.conversion_memory`) exceeds what the system has available, which is
+            otherwise refused (InsufficientMemoryError).
 
     Any other keyword argument raises UnknownSettingError (a TypeError) naming the closest valid one.
 
@@ -81,6 +85,7 @@ class LSGConverter:
         reinit_global_tokens: bool = False,
         use_token_ids: bool = True,
         seed: int = 123,
+        skip_memory_check: bool = False,
         **unknown: Any,
     ) -> None:
         if unknown:
@@ -113,6 +118,7 @@ class LSGConverter:
         self.reinit_global_tokens = reinit_global_tokens
         self.use_token_ids = use_token_ids
         self.seed = seed
+        self.skip_memory_check = skip_memory_check
 
     def convert_from_pretrained(
         self,
@@ -141,7 +147,8 @@ class LSGConverter:
         naming the closest valid one), a setting that cannot work or a max length below the source's
         own (InvalidSettingsError), a source setting LSG does not implement (InvalidSettingsError), a
         folder without weights (SourceNotFoundError), a pickle torch's safe loader blocks
-        (UnsafeCheckpointError).
+        (UnsafeCheckpointError), a length whose model needs more memory than the system has available
+        (InsufficientMemoryError, unless skip_memory_check).
 
         The model holds the source's weights and nothing random unless `architecture` asks for a head
         the source does not have (a warning then names the newly initialised weights). Without
@@ -162,13 +169,16 @@ class LSGConverter:
         settings = {**pooler_setting(arch, tensor_names(files)), **lsg_kwargs}
         run = choose_head(arch, source, source_config, settings, architecture, token)
         lsg_class, config = run.lsg_class, run.config
+        if not self.skip_memory_check:
+            check_conversion_memory(run.model, arch, self.max_sequence_length)
+        pipeline = carried_pipeline(run.model, source, token, self.max_sequence_length)
         positions = max_length_of(run.model)
         kept = kept_weights(files, run.unexpected, lsg_class)
         if kept:
             setattr(config, KEPT_WEIGHTS_KEY, {**(getattr(config, KEPT_WEIGHTS_KEY, None) or {}), **kept})
 
         tokenizer = load_tokenizer(source, token, source_config, record)
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), running_out_of_memory_refused(self.max_sequence_length):
             torch.manual_seed(self.seed)
             model, loading_info = load_model(lsg_class, source, config, token)
             report_loading(model, loading_info, kept)
@@ -198,7 +208,7 @@ class LSGConverter:
         config.max_position_embeddings = getattr(config, "max_position_embeddings", positions) + added_rows
         setattr(config, PRETRAINED_POSITIONS_KEY, pretrained)
         config._name_or_path = source
-        carry_pipeline(model, source, token, self.max_sequence_length)
+        attach_pipeline(model, pipeline)
         if tokenizer is not None:
             drop_source_lengths(tokenizer)
             tokenizer.model_max_length = self.max_sequence_length

@@ -89,6 +89,11 @@ class TrainingTextsError(LSGError, ValueError, exit_code=10):
     """The texts given to adapt a model to long documents cannot train it (none, or none long enough)."""
 
 
+class InsufficientMemoryError(LSGError, MemoryError, exit_code=11):
+    """The conversion needs more memory than the system has available: refused before anything is allocated
+    (an estimate, which skip_memory_check=True / --skip-memory-check passes over), or run out of."""
+
+
 def pip_name(module: str) -> str:
     """The package pip installs for the top-level module `module` ("sentence_transformers" ->
     "sentence-transformers")."""

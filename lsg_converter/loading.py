@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import logging as pylogging
 import pickle
+import shutil
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from huggingface_hub.hf_api import ModelInfo
 from safetensors import SafetensorError
+from tokenizers import Tokenizer
 from transformers import AutoTokenizer, BertTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import cached_file, logging
 
@@ -25,6 +28,8 @@ TOKENIZER_LENGTH_SETTINGS = ("max_length", "stride", "truncation_strategy", "pad
 # Suffixes of the files tokenizers read: JSON (tokenizer.json, vocab.json, special tokens), text
 # (vocab.txt, merges.txt) and sentencepiece models.
 TOKENIZER_FILE_SUFFIXES = (".json", ".txt", ".model")
+# The tokenizers library's file, which transformers reads first where a source has one.
+FAST_TOKENIZER_FILE = "tokenizer.json"
 # A BERT-style WordPiece vocabulary, one token a line.
 VOCABULARY_FILE = "vocab.txt"
 # The smallest share of a model's ids that its tokenizer holds: an embedding table may have spare rows
@@ -62,10 +67,12 @@ def load_tokenizer(
     A tokenizer that does not fit is never returned: a warning says why, and the source's vocab.txt,
     where it has one, is read as the BERT WordPiece vocabulary it is (`vocabulary_tokenizer`;
     rxnmapper's ALBERT ships a vocab.txt that transformers 5 loads as a 5-token AlbertTokenizer).
-    None, with a warning, when the source has no tokenizer, it cannot be read, or nothing fits."""
+    A tokenizer.json that cannot be read is left out: the tokenizer is rebuilt from the source's other
+    tokenizer files, with a warning (`_rebuilt_tokenizer`; CorruptCheckpointError where they make none
+    that fits). None, with a warning, when the source has no tokenizer, it cannot be read, or nothing fits."""
     if record is not None:
         download_hub_files(record, tokenizer_file_names(hub_file_names(record)), token)
-    tokenizer = _source_tokenizer(source, token)
+    tokenizer = _source_tokenizer(source, token, config)
     misfit = tokenizer_misfit(tokenizer, config) if tokenizer is not None else None
     if misfit is None:
         return tokenizer
@@ -120,11 +127,15 @@ def vocabulary_tokenizer(source: str, token: str | bool | None) -> BertTokenizer
     return BertTokenizer(vocab=vocabulary, do_lower_case=not cased)
 
 
-def _source_tokenizer(source: str, token: str | bool | None) -> PreTrainedTokenizerBase | None:
-    """The tokenizer transformers loads from `source`; None, with a warning, when it has none or it cannot be read."""
+def _source_tokenizer(source: str, token: str | bool | None, config: Any) -> PreTrainedTokenizerBase | None:
+    """The tokenizer transformers loads from `source`; None, with a warning, when it has none or it cannot
+    be read; rebuilt without its tokenizer.json where that file is what cannot be read (`_rebuilt_tokenizer`)."""
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, token=token)
-    except (OSError, ValueError, TypeError) as error:
+    except (OSError, ValueError, TypeError, KeyError) as error:  # KeyError: a tokenizer.json without its keys
+        unreadable = _unreadable_tokenizer_json(source, token)
+        if unreadable is not None:
+            return _rebuilt_tokenizer(source, config, *unreadable)
         logger.warning(f"No tokenizer could be loaded from {source} ({one_line(error, 200)}): none is returned.")
         return None
     # transformers 5 also builds a tokenizer (of special tokens only) where there are no tokenizer files
@@ -139,6 +150,51 @@ def _source_tokenizer(source: str, token: str | bool | None) -> PreTrainedTokeni
     if not any(resolved):
         logger.warning(f"{source} has no tokenizer files ({', '.join(sorted(file_names))}): no tokenizer is returned.")
         return None
+    return tokenizer
+
+
+def _unreadable_tokenizer_json(source: str, token: str | bool | None) -> tuple[Path, str] | None:
+    """(the source's tokenizer.json, why the tokenizers library cannot read it); None when it has none or it reads."""
+    found = cached_file(
+        source, FAST_TOKENIZER_FILE, token=token,
+        _raise_exceptions_for_missing_entries=False, _raise_exceptions_for_connection_errors=False,
+    )
+    if not found:
+        return None
+    try:
+        Tokenizer.from_file(found)
+    except Exception as error:  # the tokenizers library raises a bare Exception for a file it cannot read
+        return Path(found), one_line(error, 200)
+    return None
+
+
+def _rebuilt_tokenizer(source: str, config: Any, unreadable: Path, reason: str) -> PreTrainedTokenizerBase:
+    """The tokenizer transformers builds from the tokenizer files beside the `unreadable` tokenizer.json (in
+    the source's folder or Hub snapshot: vocab.txt, merges.txt, spiece.model, tokenizer_config.json, ...), with
+    a warning that says so; CorruptCheckpointError where they make none that fits the model of `config`."""
+    folder = unreadable.parent
+    names = sorted(tokenizer_file_names(path.name for path in folder.iterdir() if path.is_file()) - {unreadable.name})
+    with tempfile.TemporaryDirectory() as scratch:
+        for name in names:
+            shutil.copyfile(folder / name, Path(scratch) / name)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(scratch)
+        except (OSError, ValueError, TypeError, KeyError) as error:
+            tokenizer, misfit = None, one_line(error, 200)
+        else:
+            misfit = tokenizer_misfit(tokenizer, config)
+    if misfit is not None:
+        raise CorruptCheckpointError(
+            f"Cannot read {unreadable} ({reason}), and the source's other tokenizer files ({', '.join(names) or 'none'}) "
+            f"make no tokenizer of the model ({misfit}): fix or restore the file."
+        )
+    tokenizer.name_or_path = source
+    vocabulary = [name for name in names if name in tokenizer.vocab_files_names.values()] or names
+    logger.warning(
+        f"Cannot read {unreadable} ({reason}): the tokenizer is rebuilt from the source's {', '.join(vocabulary)} "
+        f"({type(tokenizer).__name__}, {len(tokenizer)} tokens); check that it splits your text as the source's did, "
+        "or fix the file."
+    )
     return tokenizer
 
 

@@ -72,12 +72,24 @@ def build_lsg_config(arch: Architecture, source_config: Any, lsg_class: type, se
         values.update(CONVERSION_DEFAULTS)
     if arch.is_causal(head_name):
         values["is_decoder"] = True
+    values.update(_labels_of(values, settings))
     values.update(settings)
     values["architectures"] = [head_name]
     try:
         return config_class(**values)
     except (ValueError, TypeError) as error:
         raise InvalidSettingsError(str(error)) from error
+
+
+def _labels_of(values: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    """The source's label maps brought to the ``num_labels`` that `settings` asks for (where they name no
+    maps of their own): kept when they have that many labels, else LABEL_0, LABEL_1, ... as transformers
+    names them (a config given both a num_labels and maps of another length warns and keeps num_labels)."""
+    labels = settings.get("num_labels")
+    if labels is None or {"id2label", "label2id"} & settings.keys() or len(values.get("id2label") or {}) == labels:
+        return {}
+    id2label = {index: f"LABEL_{index}" for index in range(labels)}
+    return {"id2label": id2label, "label2id": {label: index for index, label in id2label.items()}}
 
 
 def resolve_settings(arch: Architecture, source_config: Any, lsg_kwargs: dict[str, Any], max_length: int) -> dict[str, Any]:

@@ -109,12 +109,14 @@ def extend_positions(
     layout = arch.sinusoid_layout(model.config)
     for table_name, table in arch.position_tables_in(base).items():
         old = table.weight.detach()
+        weight = old.new_empty(offset + max_length, old.shape[1])  # the one table of that size built (no copy)
+        weight[:offset] = old[:offset]
         if layout:
-            extended = sinusoidal_positions(max_length, old.shape[1], layout).to(old)
+            weight[offset:] = sinusoidal_positions(max_length, old.shape[1], layout)
         else:
             learned = old[offset:]
-            extended = learned[continued_position_rows(pretrained_positions, learned.shape[0], max_length, tiling)]
-        weight = torch.cat([old[:offset], extended])
+            rows = continued_position_rows(pretrained_positions, learned.shape[0], max_length, tiling)
+            torch.index_select(learned, 0, rows, out=weight[offset:])
         table.weight = nn.Parameter(weight, requires_grad=table.weight.requires_grad)
         table.num_embeddings = weight.shape[0]
         parent_name = table_name.rpartition(".")[0]

@@ -2,8 +2,8 @@
 
 A sentence-transformers checkpoint is a transformers model at its root plus ``modules.json`` (the
 pipeline: Transformer -> Pooling -> Dense -> Normalize ...), one folder per module and
-``sentence_bert_config.json``. The converter reads the pipeline (`carry_pipeline`) and attaches it to
-the converted model; `save_converted` writes it beside the weights (`write_pipeline`) with
+``sentence_bert_config.json``. The converter reads the pipeline (`carried_pipeline`) and attaches it to
+the converted model (`attach_pipeline`); `save_converted` writes it beside the weights (`write_pipeline`) with
 ``max_seq_length`` set to the new length, so that ``SentenceTransformer(folder, trust_remote_code=True)``
 builds the source's pipeline on the LSG model. sentence-transformers passes ``trust_remote_code`` on
 to the model, config and tokenizer it loads, so the folder needs nothing more.
@@ -24,6 +24,7 @@ from huggingface_hub import is_offline_mode, snapshot_download
 from transformers import PreTrainedModel
 from transformers.utils import cached_file, logging
 
+from .checkpoint import tensor_names
 from .errors import CorruptCheckpointError, one_line
 from .sources import hub_errors, local_source
 
@@ -71,13 +72,18 @@ class SentencePipeline:
         return [module["type"].rpartition(".")[2] for module in self.modules]
 
 
-def carry_pipeline(model: PreTrainedModel, source: str, token: str | bool | None, max_seq_length: int) -> None:
-    """Read the sentence-transformers pipeline of `source` (None for a plain transformers model) and attach
-    it to `model` as ``model.sentence_transformers_pipeline``, for `write_pipeline` to save.
+def carried_pipeline(
+    model: PreTrainedModel, source: str, token: str | bool | None, max_seq_length: int
+) -> SentencePipeline | None:
+    """The sentence-transformers pipeline of `source` that `model` (the LSG model to build, or its dry run
+    on the meta device) carries over: None for a plain transformers source. `attach_pipeline` then gives
+    it to the converted model, for `write_pipeline` to save.
 
     A local folder is read as it is (the Hub is never asked); for a Hub id, ``modules.json`` is resolved
     as transformers resolves ``config.json`` and the module folders come from the same snapshot.
-    Logs the modules carried over; warns about each module that cannot be carried, and leaves it out.
+    Every file of the modules carried over is read (CorruptCheckpointError for one that cannot be, as
+    for ``modules.json``), so the pipeline written loads. Logs the modules carried over; warns about each
+    module that cannot be carried, and leaves it out.
     Only the bare model (which outputs the token states the pipeline pools) carries the pipeline: for
     a head (a classifier...), which sentence-transformers would load without its head, a warning says
     that the pipeline is left out and the model is a transformers one. A T5 encoder's pipeline reads it
@@ -85,27 +91,37 @@ def carry_pipeline(model: PreTrainedModel, source: str, token: str | bool | None
     """
     if model.base_model is not model:
         _leave_pipeline_out(model, source, token)
-        return
+        return None
     pipeline = _read_pipeline(source, token, max_seq_length)
-    if pipeline is not None and model.config.model_type.removeprefix("lsg-") in OWN_ENCODER_CLASS_TYPES:
+    if pipeline is None:
+        return None
+    if model.config.model_type.removeprefix("lsg-") in OWN_ENCODER_CLASS_TYPES:
         pipeline = replace(pipeline, modules=({**pipeline.modules[0], "type": LSG_MODULE_TYPE}, *pipeline.modules[1:]))
+    logger.info(
+        f"{source} is a sentence-transformers model: its pipeline ({' -> '.join(pipeline.module_names)}) "
+        f"is carried over with max_seq_length {max_seq_length}; save_converted writes it."
+    )
+    return pipeline
+
+
+def attach_pipeline(model: PreTrainedModel, pipeline: SentencePipeline | None) -> None:
+    """Give `model` the pipeline (`carried_pipeline`) as ``model.sentence_transformers_pipeline``."""
     setattr(model, PIPELINE_ATTRIBUTE, pipeline)
-    if pipeline is not None:
-        logger.info(
-            f"{source} is a sentence-transformers model: its pipeline ({' -> '.join(pipeline.module_names)}) "
-            f"is carried over with max_seq_length {max_seq_length}; save_converted writes it."
-        )
 
 
 def _leave_pipeline_out(model: PreTrainedModel, source: str, token: str | bool | None) -> None:
-    """Attach no pipeline to `model`, a head; warn when `source` has one."""
-    setattr(model, PIPELINE_ATTRIBUTE, None)
-    if _resolve(source, local_source(source), MODULES_FILE, token) is not None:
+    """Warn when `source` has a pipeline that `model`, a head, leaves out."""
+    if has_pipeline(source, token):
         logger.warning(
             f"{source} is a sentence-transformers model, but {type(model).__name__} is no bare model: its "
             "sentence-transformers pipeline would load the model without its head, so it is left out; "
             "load the converted model with transformers."
         )
+
+
+def has_pipeline(source: str, token: str | bool | None) -> bool:
+    """Whether `source` (a folder or a Hub id) is a sentence-transformers model: it has a ``modules.json``."""
+    return _resolve(source, local_source(source), MODULES_FILE, token) is not None
 
 
 def pipeline_of(model: PreTrainedModel) -> SentencePipeline | None:
@@ -155,6 +171,8 @@ def _read_pipeline(source: str, token: str | bool | None, max_seq_length: int) -
     ]
     for index, module in enumerate(modules):
         module["idx"] = index
+        if index and (folder / module["path"]).is_dir():
+            _check_module_files(folder / module["path"])
     return SentencePipeline(
         folder=folder,
         modules=tuple(modules),
@@ -162,6 +180,17 @@ def _read_pipeline(source: str, token: str | bool | None, max_seq_length: int) -
         package_settings=_read_json(folder / PACKAGE_SETTINGS_FILE),
         max_seq_length=max_seq_length,
     )
+
+
+def _check_module_files(module_folder: Path) -> None:
+    """CorruptCheckpointError naming the first file of `module_folder` (a module carried over) that cannot
+    be read: JSON that does not parse, weights whose header or length is wrong (`checkpoint.tensor_names`).
+    sentence-transformers reads them all when it loads the pipeline."""
+    for path in sorted(module_folder.rglob("*")):
+        if path.suffix == ".json":
+            _read_json(path, (dict, list))
+        elif path.suffix in (".safetensors", ".bin"):
+            tensor_names([path])
 
 
 def _is_module_entry(module: Any) -> bool:
@@ -229,8 +258,8 @@ def _can_carry(module: dict[str, Any]) -> bool:
     return False
 
 
-def _read_json(path: Path, kind: type = dict) -> Any:
-    """The JSON object (or list, with `kind=list`) in `path`, None when there is no such file;
+def _read_json(path: Path, kind: type | tuple[type, ...] = dict) -> Any:
+    """The JSON object (or list, with `kind=list`; either, with `kind=(dict, list)`) in `path`, None when there is no such file;
     CorruptCheckpointError when it cannot be read or holds something else."""
     if not path.is_file():
         return None

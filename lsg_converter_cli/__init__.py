@@ -35,7 +35,8 @@ exit codes: 0 done, 1 other error, 2 invalid setting or command line, 3 unsuppor
             folder of other files: never replaced) or overlaps the source,
             6 corrupt or truncated source files, 7 Hub unreachable or token/repository refused,
             8 a package it needs is missing (the error names it), 9 output not writable,
-            10 texts to adapt on missing or too short, 130 interrupted (Ctrl-C)
+            10 texts to adapt on missing or too short, 11 not enough memory for the conversion (an
+            estimate made before anything is allocated: see --skip-memory-check), 130 interrupted (Ctrl-C)
 """
 PROG = "lsg-convert"
 INFO_COMMAND = "info"  # `lsg-convert info MODEL` is `lsg-convert MODEL --info`
@@ -201,6 +202,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--dtype",
         choices=DTYPES,
         help="save the weights in this type (default: as loaded from the source): bfloat16 halves a float32 folder",
+    )
+    parser.add_argument(
+        "--skip-memory-check",
+        action="store_true",
+        help="convert even where the memory the conversion needs, estimated before anything is allocated, is more "
+        "than the system has available (MemAvailable, ulimit -v, the cgroup's limit): by default refused, exit 11",
     )
     tokens = parser.add_argument_group("global tokens")
     tokens.add_argument("--seed", type=int, default=123, help="seed of the conversion's random draws (default 123)")

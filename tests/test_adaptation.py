@@ -294,3 +294,4 @@ def test_lsg_convert_adapt_on_a_missing_folder_exits_10_before_converting(source
     assert code == 10
     assert capsys.readouterr().err.count("\n") == 1
     assert not (tmp_path / "out").exists()
+

@@ -23,6 +23,7 @@ from transformers import (
     GPT2LMHeadModel,
     MBartForConditionalGeneration,
 )
+from transformers.utils import logging as transformers_logging
 
 from helpers import FIXTURES, TINY_CONFIGS, TINY_LENGTH, padded_batch, save_tiny_source
 
@@ -496,6 +497,39 @@ def test_keys_of_the_source_config_are_accepted_as_overrides(tiny_bert_dir):
     )
     assert model.config.hidden_dropout_prob == 0.2
     assert model.classifier.out_features == 5
+
+
+def test_num_labels_of_a_new_head_sets_its_label_maps_without_transformers_warning(tiny_bert_dir, tmp_path, caplog):
+    """The source's config has 2 labels (transformers' default): asking for 3 gives LABEL_0..2, and
+    transformers does not warn that num_labels=3 is incompatible with an id2label map of length 2."""
+    transformers_logging.enable_propagation()
+    try:
+        with caplog.at_level("WARNING"):
+            model, tokenizer = LSGConverter(max_sequence_length=256).convert_from_pretrained(
+                tiny_bert_dir, architecture="BertForSequenceClassification", num_labels=3
+            )
+    finally:
+        transformers_logging.disable_propagation()
+
+    assert not [record for record in caplog.records if "id2label" in record.getMessage()]
+    saved = json.loads((save_converted(model, tokenizer, tmp_path / "out") / "config.json").read_text())
+    assert saved["id2label"] == {"0": "LABEL_0", "1": "LABEL_1", "2": "LABEL_2"}
+    assert saved["label2id"] == {"LABEL_0": 0, "LABEL_1": 1, "LABEL_2": 2}
+    assert model.classifier.out_features == 3
+
+
+def test_num_labels_keeps_the_source_label_names_when_it_has_as_many(tiny_bert_dir, tmp_path):
+    source = shutil.copytree(tiny_bert_dir, tmp_path / "source")
+    config = json.loads((source / "config.json").read_text())
+    labels = {"0": "negative", "1": "neutral", "2": "positive"}
+    config.update(id2label=labels, label2id={name: int(index) for index, name in labels.items()})
+    (source / "config.json").write_text(json.dumps(config))
+
+    model, _ = LSGConverter(max_sequence_length=256).convert_from_pretrained(
+        source, architecture="BertForSequenceClassification", num_labels=3
+    )
+
+    assert model.config.id2label == {0: "negative", 1: "neutral", 2: "positive"}
 
 
 def test_a_misspelt_converter_argument_raises_a_type_error_naming_the_closest():

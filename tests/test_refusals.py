@@ -11,7 +11,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import BertModel
 
-from helpers import TINY_CONFIGS
+from helpers import TINY_CONFIGS, save_tiny_sentence_transformer, save_tiny_source
+from lsg_converter import LSGConverter
 from lsg_converter_cli import main
 
 ERROR_PREFIX = "lsg-convert: error:"
@@ -89,3 +90,38 @@ def test_a_source_whose_weights_miss_every_head_exits_6(tiny_bert_dir, tmp_path,
 
     line = refusal(capsys, [str(source), "--max-len", "512"], tmp_path, 6)
     assert "bert.encoder.layer.2" in line or "encoder.layer.2" in line
+
+
+@pytest.fixture
+def texts(tmp_path) -> Path:
+    """A text to adapt on, outside the folder `refusal` watches."""
+    path = tmp_path.parent / f"{tmp_path.name}-texts.txt"
+    path.write_text("The king and queen spoke to their people about war and peace. " * 200)
+    return path
+
+
+@pytest.fixture
+def no_conversion(monkeypatch):
+    """The conversion is never reached: these refusals must come before it."""
+
+    def converted(*args, **kwargs):
+        raise AssertionError("the source was converted before the refusal")
+
+    monkeypatch.setattr(LSGConverter, "convert_from_pretrained", converted)
+
+
+def test_adapt_on_a_source_without_sentence_transformers_pipeline_exits_3_before_converting(
+    tmp_path, capsys, texts, no_conversion
+):
+    source = save_tiny_source(tmp_path / "t5", "t5", "T5ForConditionalGeneration")
+
+    line = refusal(capsys, [str(source), "--max-len", "512", "--adapt-on", str(texts)], tmp_path, 3)
+    assert "no sentence-transformers model (no modules.json)" in line and "without --adapt-on" in line
+
+
+def test_adapt_on_a_head_exits_3_before_converting(tiny_bert_dir, tmp_path, capsys, texts, no_conversion):
+    source = save_tiny_sentence_transformer(tmp_path / "st", tiny_bert_dir)
+    argv = [str(source), "--max-len", "512", "--adapt-on", str(texts), "--architecture", "BertForSequenceClassification"]
+
+    line = refusal(capsys, argv, tmp_path, 3)
+    assert "--architecture BertForSequenceClassification is a head" in line and "(BertModel)" in line

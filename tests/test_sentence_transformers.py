@@ -17,6 +17,7 @@ import huggingface_hub
 import pytest
 import torch
 import transformers
+from safetensors.torch import load_file
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Normalize
 
@@ -308,6 +309,65 @@ def test_unreadable_modules_json_exits_6_with_one_line_before_writing(tiny_st_so
     assert code == 6 and err.count("\n") == 0 and "modules.json" in err and "fix or restore the file" in err
     assert not target.exists()
 
+
+
+@pytest.mark.parametrize(
+    "module_file", ["1_Pooling/config.json", "2_Dense/config.json", "2_Dense/model.safetensors"],
+    ids=["pooling-config", "dense-config", "dense-weights"],
+)
+def test_an_unreadable_module_file_exits_6_with_one_line_before_writing(tiny_st_source, tmp_path, capsys, module_file):
+    source = shutil.copytree(tiny_st_source, tmp_path / "source")
+    content = (source / module_file).read_bytes()
+    (source / module_file).write_bytes(content[: len(content) // 2])  # truncated
+    target = tmp_path / "converted"
+
+    code = main([str(source), "--max-len", str(TINY_LENGTH), "--save-path", str(target)])
+
+    err = capsys.readouterr().err.strip()
+    assert code == 6 and err.count("\n") == 0, err
+    assert str(source / module_file) in err
+    assert not target.exists()
+
+
+def _with_corrupt_tokenizer_json(tiny_st_source: Path, folder: Path) -> Path:
+    source = shutil.copytree(tiny_st_source, folder)
+    content = (source / "tokenizer.json").read_text()
+    (source / "tokenizer.json").write_text(content[: len(content) // 2])  # truncated
+    return source
+
+
+def test_a_corrupt_tokenizer_json_is_rebuilt_from_vocab_txt_with_a_warning(
+    tiny_st_source, tiny_st_converted, minilm_path, tmp_path, capsys
+):
+    source = _with_corrupt_tokenizer_json(tiny_st_source, tmp_path / "source")
+    shutil.copyfile(minilm_path / "vocab.txt", source / "vocab.txt")  # the tiny source's vocabulary is MiniLM's
+    target = tmp_path / "converted"
+
+    code = main([str(source), "--max-len", str(TINY_LENGTH), "--save-path", str(target)])
+
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert f"Cannot read {source / 'tokenizer.json'}" in err and "rebuilt from the source's vocab.txt" in err
+    text = "Now, fair Hippolyta, our nuptial hour draws on apace."
+    converted = SentenceTransformer(str(target), trust_remote_code=True)
+    assert converted.tokenizer(text)["input_ids"] == SentenceTransformer(str(tiny_st_source)).tokenizer(text)["input_ids"]
+    global_tokens = "embeddings.global_embeddings.weight"
+    torch.testing.assert_close(  # [CLS] and [MASK], as from the intact source
+        load_file(target / "model.safetensors")[global_tokens], load_file(tiny_st_converted / "model.safetensors")[global_tokens]
+    )
+
+
+def test_a_corrupt_tokenizer_json_without_other_tokenizer_files_exits_6_before_writing(tiny_st_source, tmp_path, capsys):
+    source = _with_corrupt_tokenizer_json(tiny_st_source, tmp_path / "source")
+    assert not (source / "vocab.txt").exists()
+    target = tmp_path / "converted"
+
+    code = main([str(source), "--max-len", str(TINY_LENGTH), "--save-path", str(target)])
+
+    err = capsys.readouterr().err.strip()
+    assert code == 6 and err.count("\n") == 0, err
+    assert f"Cannot read {source / 'tokenizer.json'}" in err and "fix or restore the file" in err
+    assert not target.exists()
 
 
 @pytest.fixture(scope="module")
