@@ -31,7 +31,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 from transformers import TrainerCallback
@@ -42,6 +42,7 @@ from .positions import PRETRAINED_POSITIONS_KEY
 from .saving import check_output_folder, staged_folder
 from .sbert import MODULES_FILE
 from .sources import local_source
+from .training_budget import LearningRatePlan, TimeBudget, TrainingProgress, planned_trainer
 
 logger = logging.get_logger(__name__)
 
@@ -53,11 +54,48 @@ TEXT_SUFFIXES = (".txt", ".md")  # the files a folder of texts is read from
 
 
 @dataclass(frozen=True)
+class Adaptation:
+    """What `adapt_to_long_documents` did, as the model card says it (the adapted LSG model's `lsg_adaptation`)."""
+
+    texts: str  # what was read: "4 texts from `my-documents`" (a folder's or a file's name, never its path)
+    documents: int  # the documents cut from the texts at each reading
+    max_tokens: int  # the documents' length, at most
+    steps: int  # the optimizer steps done
+    batch_size: int
+    train: str  # the part trained, one of TRAINABLE_PARTS
+    learning_rate: float
+    source_share: float
+
+
+@dataclass(frozen=True)
 class DocumentPair:
     """One training example: a passage and its document, the passage left in it or cut out of it."""
 
     passage: str
     document: str
+
+
+def texts_description(texts: str | os.PathLike | Iterable[str], count: int) -> str:
+    """How the model card names the `count` texts read from `texts`: "4 texts from `my-documents`" for a
+    folder or a file (its name, never its path), "4 texts" for strings given."""
+    plural = "text" if count == 1 else "texts"
+    if isinstance(texts, (str, os.PathLike)):
+        return f"{count} {plural} from `{Path(texts).resolve().name}`"
+    return f"{count} {plural}"
+
+
+def ranking_loss(model: Any, batch_size: int, mini_batch_size: int | None) -> Any:
+    """The in-batch loss of `model`'s training: CachedMultipleNegativesRankingLoss, which holds
+    `mini_batch_size` documents in memory at once (the same gradients), when that is fewer than the
+    `batch_size` of a step; MultipleNegativesRankingLoss otherwise."""
+    from sentence_transformers.sentence_transformer.losses import (
+        CachedMultipleNegativesRankingLoss,
+        MultipleNegativesRankingLoss,
+    )
+
+    if mini_batch_size is not None and mini_batch_size < batch_size:
+        return CachedMultipleNegativesRankingLoss(model, mini_batch_size=mini_batch_size)
+    return MultipleNegativesRankingLoss(model)
 
 
 def read_texts(texts: str | os.PathLike | Iterable[str]) -> list[str]:
@@ -207,23 +245,6 @@ def blend_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], shar
                 parameter.lerp_(weights[name].to(parameter), share)
 
 
-class TimeBudget(TrainerCallback):
-    """Stops the training once `minutes` have passed (checked after each step)."""
-
-    def __init__(self, minutes: float | None) -> None:
-        self.seconds = None if minutes is None else minutes * 60
-        self.started = time.monotonic()
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.started = time.monotonic()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if self.seconds is not None and time.monotonic() - self.started > self.seconds:
-            logger.info(f"The adaptation stops after {state.global_step} steps: its {self.seconds / 60:g} minutes are up.")
-            control.should_training_stop = True
-        return control
-
-
 def adapt_to_long_documents(
     model: Any,
     texts: str | os.PathLike | Iterable[str],
@@ -242,6 +263,8 @@ def adapt_to_long_documents(
     bf16: bool = False,
     source_share: float = 0.2,
     seed: int = 0,
+    callbacks: Sequence[TrainerCallback] = (),
+    clock: Callable[[], float] = time.monotonic,
 ) -> Any:
     """Adapt a converted sentence-transformers model to long documents, on the user's own texts.
 
@@ -250,8 +273,8 @@ def adapt_to_long_documents(
             Hub id of one (loaded with trust_remote_code=True), as `lsg-convert` writes it.
         texts: unlabeled long texts: a folder (its .txt and .md files), a file, or a list of strings.
             Each is cut into documents of the model's max_seq_length tokens.
-        output_path: where to save the adapted model (sentence-transformers' layout; nothing is written
-            if the adaptation fails); None: not saved.
+        output_path: where to save the adapted model (sentence-transformers' layout and model card, which
+            describes the training; nothing is written if the adaptation fails); None: not saved.
         overwrite: replace an earlier output at `output_path` (a folder holding a model's config.json);
             a file or a folder of anything else is never replaced (see `saving.check_output_folder`).
         train: what is trained, one of `TRAINABLE_PARTS`: "all" (default: the whole model; measured on
@@ -263,10 +286,13 @@ def adapt_to_long_documents(
             given without it, so only its context can match): both kinds of query are learnt.
         batch_size: documents per step, each the others' negatives.
         mini_batch_size: run the cached in-batch loss (CachedMultipleNegativesRankingLoss) with this many
-            documents in memory at once, for a batch larger than memory allows; None: the plain loss.
+            documents in memory at once, for a batch larger than memory allows (the same gradients, a little
+            more time); None: the plain loss.
         epochs: how many times the texts are read, each time cut into other documents and passages
             (a fraction reads part of the last time); max_steps > 0: optimizer steps instead.
-        max_minutes: stop after this many minutes (checked after each step).
+        max_minutes: a time budget: the first step is timed, the learning rate's warm-up is planned on the
+            steps the budget then buys (logged, as a warning when they are fewer than the epochs hold), and
+            the training stops when the next step would not fit.
         learning_rate: AdamW's, without weight decay; None: `LEARNING_RATES` of `train` (3e-5 for "all").
         bf16: train in bfloat16 mixed precision (torch.autocast; the weights and the optimizer stay in
             float32): about a quarter less time per step on a CPU with AVX512-BF16 or AMX, measured
@@ -277,6 +303,13 @@ def adapt_to_long_documents(
             short-text cosine to the source's embedding from 0.949 to 0.961 and kept the retrieval gain
             (in-document +0.043 -> +0.050 MRR over chunk-and-average, cut-out +0.077 -> +0.075).
         seed: of the cuts, the shuffling and the training.
+        callbacks: more transformers TrainerCallbacks for the trainer.
+        clock: the time source of `max_minutes`, in seconds.
+
+    The learning rate rises linearly over the first tenth of the planned steps, then stays at its peak. The
+    training's progress bar follows transformers' switch (`transformers.utils.logging.disable_progress_bar`)
+    and its logged losses are info logs of this module. The adapted LSG model (``model[0].auto_model``)
+    records what was done as `lsg_adaptation` (an `Adaptation`), which its model card then says.
 
     Returns:
         The adapted SentenceTransformer (the one given, trained in place).
@@ -292,13 +325,10 @@ def adapt_to_long_documents(
     require("sentence_transformers", "Adapting a model to long documents")
     require("datasets", "Adapting a model to long documents")
     from datasets import Dataset
-    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
-    from sentence_transformers.sentence_transformer.losses import (
-        CachedMultipleNegativesRankingLoss,
-        MultipleNegativesRankingLoss,
-    )
+    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainingArguments
+    from transformers import PrinterCallback
 
-    texts = read_texts(texts)
+    given_texts, texts = texts, read_texts(texts)
     if output_path is not None:
         source = model if isinstance(model, (str, os.PathLike)) else None
         target = check_output_folder(output_path, overwrite, source=source)
@@ -339,10 +369,8 @@ def adapt_to_long_documents(
             f"training {train} ({sum(p.numel() for p in trained):,} values)."
         )
         batch_size = min(batch_size, smallest_round)
-        if mini_batch_size is not None and mini_batch_size < batch_size:
-            loss = CachedMultipleNegativesRankingLoss(model, mini_batch_size=mini_batch_size)
-        else:
-            loss = MultipleNegativesRankingLoss(model)
+        learning_rate = LEARNING_RATES[train] if learning_rate is None else learning_rate
+        loss = ranking_loss(model, batch_size, mini_batch_size)
         dataset = Dataset.from_dict({"anchor": [p.passage for p in pairs], "positive": [p.document for p in pairs]})
         with tempfile.TemporaryDirectory() as scratch:
             arguments = SentenceTransformerTrainingArguments(
@@ -350,10 +378,8 @@ def adapt_to_long_documents(
                 num_train_epochs=epochs / len(rounds),  # the rounds are one epoch of the dataset
                 max_steps=max_steps,
                 per_device_train_batch_size=batch_size,
-                learning_rate=LEARNING_RATES[train] if learning_rate is None else learning_rate,
+                learning_rate=learning_rate,
                 weight_decay=0.0,
-                warmup_steps=0.1,  # a fraction of the steps
-                lr_scheduler_type="constant_with_warmup",
                 batch_sampler=round_batch_sampler([len(made) for made in rounds]),
                 dataloader_drop_last=True,
                 save_strategy="no",
@@ -362,15 +388,24 @@ def adapt_to_long_documents(
                 seed=seed,
                 bf16=bf16,
                 use_cpu=not torch.cuda.is_available(),
+                disable_tqdm=True,  # the trainer's bar and printed logs: TrainingProgress instead
             )
-            trainer = SentenceTransformerTrainer(
-                model=model, args=arguments, train_dataset=dataset, loss=loss, callbacks=[TimeBudget(max_minutes)]
+            plan = LearningRatePlan()
+            trainer = planned_trainer(plan, cards_the_training=output_path is not None)(
+                model=model, args=arguments, train_dataset=dataset, loss=loss,
+                callbacks=[TimeBudget(max_minutes, plan, clock), TrainingProgress(), *callbacks],
             )
+            trainer.remove_callback(PrinterCallback)
             as_given = weights_of(model) if source_share else {}
             trainer.train()
             # bf16: the trainer's accelerator wrapped the model's forward in autocast; it runs in float32 again
             trainer.accelerator.unwrap_model(model, keep_fp32_wrapper=False)
     blend_weights(model, as_given, source_share)
+    transformer.lsg_adaptation = Adaptation(
+        texts=texts_description(given_texts, len(texts)), documents=len(rounds[0]), max_tokens=model.max_seq_length,
+        steps=trainer.state.global_step, batch_size=batch_size, train=train, learning_rate=learning_rate,
+        source_share=source_share,
+    )
     model.eval()
     if output_path is not None:
         with staged_folder(target, overwrite) as staging:
@@ -404,7 +439,8 @@ def check_can_adapt(source: str, token: str | bool | None = None, architecture: 
 def adapt_converted_model(model: Any, tokenizer: Any, texts: str | os.PathLike | Iterable[str], **options: Any) -> Any:
     """`adapt_to_long_documents` for a converted model as `LSGConverter.convert_from_pretrained` returns it
     (with its sentence-transformers pipeline): trained through sentence-transformers, in place (`options`
-    as `adapt_to_long_documents` takes them, without output_path). Returns `model`."""
+    as `adapt_to_long_documents` takes them, without output_path). Returns `model`, with what was done as its
+    `lsg_adaptation` (an `Adaptation`: `model_card` says it)."""
     from .sbert import pipeline_of
 
     if pipeline_of(model) is None:
@@ -418,4 +454,5 @@ def adapt_converted_model(model: Any, tokenizer: Any, texts: str | os.PathLike |
         folder = save_converted(model, tokenizer, Path(scratch) / "converted")
         adapted = adapt_to_long_documents(folder, texts, **options)
         model.load_state_dict(adapted[0].auto_model.state_dict())
+    model.lsg_adaptation = adapted[0].auto_model.lsg_adaptation
     return model

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import transformers
 from huggingface_hub import ModelCard, ModelCardData
@@ -61,6 +62,14 @@ PIPELINE_TAGS = {
 SENTENCE_TRANSFORMERS_TAGS = ["sentence-transformers", "sentence-similarity", "feature-extraction"]
 # The usage snippets' text: replace it with a document of up to the model's length.
 PLACEHOLDER_TEXT = '"Replace this with a long document. " * 100'
+# What a long-document adaptation trained (lsg_converter.adaptation.TRAINABLE_PARTS), as the card says it.
+TRAINED_PARTS = {
+    "all": "the whole model",
+    "positions+global": "the position rows past the source's and the global tokens",
+    "positions": "the position rows past the source's",
+    "global": "the global tokens",
+}
+
 def model_card(
     model: PreTrainedModel,
     repo_id: str | None = None,
@@ -90,6 +99,7 @@ def model_card(
     """
     config = model.config
     new_weights = list(getattr(model, "lsg_new_weights", None) or [])
+    adaptation = getattr(model, "lsg_adaptation", None)
     source = config._name_or_path or "unknown"
     head = config.architectures[0] if config.architectures else type(model).__name__
     auto_class = find_architecture(config.model_type).auto_classes[head]
@@ -124,7 +134,12 @@ def model_card(
         else f"from the folder `{name}` (the folder this README.md is in): run it in the folder that holds "
         f"`{name}`, or write the folder's path instead"
     )
-    if new_weights:
+    if adaptation is not None:
+        weights_sentence = (
+            f"with the source's pretrained weights, then **adapted to long documents**: {_steps(adaptation.steps)} "
+            f"on {adaptation.texts} (see below)."
+        )
+    elif new_weights:
         weights_sentence = (
             f"with the source's pretrained weights, except the head `{head}` adds, which the source did not have: "
             f"{listed(new_weights, 4)} {'is' if len(new_weights) == 1 else 'are'} **newly initialised (random)**. "
@@ -149,7 +164,7 @@ def model_card(
 | setting | value |
 |---|---|
 {settings}
-
+{_adaptation_section(adaptation)}
 ## How it was converted
 
 ```bash
@@ -176,6 +191,29 @@ The snippet loads the model {where}.
 ```
 """
     return ModelCard(content)
+
+
+def _steps(count: int) -> str:
+    return f"{count} training step{'' if count == 1 else 's'}"
+
+
+def _adaptation_section(adaptation: Any) -> str:
+    """The card's section on a long-document adaptation (`lsg_converter.adaptation.Adaptation`); "" for none."""
+    if adaptation is None:
+        return ""
+    share = (
+        f"; then each weight was moved {adaptation.source_share:g} of the way back to the converted one (WiSE-FT)"
+        if adaptation.source_share
+        else ""
+    )
+    return f"""
+## Long-document adaptation
+
+{_steps(adaptation.steps).capitalize()} on {adaptation.texts}, cut into {adaptation.documents} documents of up to
+{adaptation.max_tokens:,} tokens at each reading: a passage of each document had to find it among the
+{adaptation.batch_size} documents of its step (in-batch negatives). Trained: {TRAINED_PARTS[adaptation.train]}, at a
+learning rate of {adaptation.learning_rate:g}{share}.
+"""
 
 
 def card_model_name(

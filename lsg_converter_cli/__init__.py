@@ -253,6 +253,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="documents per step, each the others' negatives (default 8)",
     )
     adapt.add_argument(
+        "--adapt-mini-batch-size", dest="mini_batch_size", type=_positive_int, metavar="N",
+        help="hold only N documents of a step in memory at once (the cached in-batch loss: the same gradients, "
+        "a little more time), for a long --max-len or a large --adapt-batch-size (default: the whole step)",
+    )
+    adapt.add_argument(
         "--adapt-bf16", dest="bf16", action="store_true",
         help="train in bfloat16 mixed precision: faster on CPUs with AVX512-BF16 or AMX and recent GPUs",
     )

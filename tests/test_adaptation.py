@@ -10,9 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from transformers import TrainerCallback
 
-from lsg_converter import LSGConverter, save_converted
-from lsg_converter.adaptation import adapt_to_long_documents, document_rounds, round_batch_sampler
+from lsg_converter import LSGConverter, model_card, save_converted
+from lsg_converter.adaptation import (
+    adapt_converted_model,
+    adapt_to_long_documents,
+    document_rounds,
+    round_batch_sampler,
+)
 from lsg_converter.errors import (
     InvalidSettingsError,
     OutputExistsError,
@@ -73,6 +79,25 @@ def converted_folder(source_folder, tmp_path_factory) -> Path:
     return convert(source_folder, tmp_path_factory.mktemp("adaptation") / "converted", num_global_tokens=1)
 
 
+class SlowSteps(TrainerCallback):
+    """A clock on which each optimizer step takes `seconds` (`clock`, given to adapt_to_long_documents as its time
+    source); records the learning rate each step applies and, before each step, what `before_step` returns."""
+
+    def __init__(self, seconds: float, before_step=lambda: None) -> None:
+        self.now, self.seconds, self.before_step = 0.0, seconds, before_step
+        self.learning_rates, self.seen_before_steps = [], []
+
+    def clock(self) -> float:
+        return self.now
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.seen_before_steps.append(self.before_step())
+
+    def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
+        self.now += self.seconds
+        self.learning_rates.append(optimizer.param_groups[0]["lr"])
+
+
 def in_batch_loss(model: SentenceTransformer, texts: list[str]) -> float:
     """The adaptation's objective on `texts`' (passage, rest of the document) pairs: the cross-entropy of
     each passage over all the documents, scaled cosines (MultipleNegativesRankingLoss, scale 20)."""
@@ -113,6 +138,42 @@ def test_a_model_adapted_in_bfloat16_runs_in_float32_afterwards(converted_folder
     loaded = SentenceTransformer(str(tmp_path / "adapted"), trust_remote_code=True)
     texts = long_texts(1, 400, seed=5)
     torch.testing.assert_close(model.encode(texts), loaded.encode(texts), atol=1e-6, rtol=0)
+
+
+def test_a_budget_of_three_slow_steps_plans_its_warm_up_on_them_and_reaches_the_peak_learning_rate(converted_folder):
+    """137 s per step (a busy 2-core machine): 7 minutes buy 3 steps of the dozens the epochs hold; planned on
+    the epochs' steps, all 3 would stay inside the warm-up."""
+    slow = SlowSteps(137)
+    adapt_to_long_documents(
+        converted_folder, long_texts(8, 1500), batch_size=2, learning_rate=1e-3, max_minutes=7,
+        clock=slow.clock, callbacks=[slow],
+    )
+
+    assert len(slow.learning_rates) == 3
+    assert slow.learning_rates[-1] == pytest.approx(1e-3)
+
+
+def test_a_budget_says_after_its_first_step_how_many_steps_it_buys(converted_folder, caplog):
+    slow = SlowSteps(137, before_step=lambda: caplog.text)
+    with caplog.at_level("WARNING", logger="lsg_converter"):
+        adapt_to_long_documents(
+            converted_folder, long_texts(8, 1500), batch_size=2, max_minutes=7, clock=slow.clock, callbacks=[slow]
+        )
+
+    said = "The first step took 137 s: max_minutes=7 buys 3 of the "
+    assert said not in slow.seen_before_steps[0]
+    assert said in slow.seen_before_steps[1]
+
+
+def test_a_first_step_longer_than_the_budget_is_the_only_one_and_is_said(converted_folder, caplog):
+    slow = SlowSteps(251)
+    with caplog.at_level("WARNING", logger="lsg_converter"):
+        adapt_to_long_documents(
+            converted_folder, long_texts(4, 1500), batch_size=2, max_minutes=2, clock=slow.clock, callbacks=[slow]
+        )
+
+    assert len(slow.learning_rates) == 1
+    assert "The first step took 251 s, more than max_minutes=2" in caplog.text
 
 
 def test_each_round_cuts_other_documents_and_passages_from_the_texts(minilm_path):
@@ -267,13 +328,18 @@ def test_a_folder_of_the_users_files_is_kept_with_overwrite_too(converted_folder
     assert (tmp_path / "adapted" / "notes.txt").read_text() == "mine"
 
 
+def texts_folder(folder: Path, count: int = 4) -> Path:
+    """`count` long texts as .txt files in `folder`."""
+    folder.mkdir()
+    for index, text in enumerate(long_texts(count, 1500)):
+        (folder / f"{index}.txt").write_text(text)
+    return folder
+
+
 def test_lsg_convert_adapt_on_converts_adapts_and_saves_a_sentence_transformers_model(source_folder, tmp_path, capsys):
     from lsg_converter_cli import main
 
-    texts = tmp_path / "texts"
-    texts.mkdir()
-    for index, text in enumerate(long_texts(4, 1500)):
-        (texts / f"{index}.txt").write_text(text)
+    texts = texts_folder(tmp_path / "texts")
     arguments = [str(source_folder), "--max-len", str(LENGTH), "--block-size", "16", "--save-path", str(tmp_path / "out")]
 
     assert main([*arguments, "--adapt-on", str(texts), "--adapt-train", "all", "--adapt-batch-size", "4", "--adapt-bf16"]) == 0
@@ -295,3 +361,52 @@ def test_lsg_convert_adapt_on_a_missing_folder_exits_10_before_converting(source
     assert capsys.readouterr().err.count("\n") == 1
     assert not (tmp_path / "out").exists()
 
+
+def test_lsg_convert_quiet_adapts_without_printing_the_trainers_logs_or_progress_bars(source_folder, tmp_path, capsys):
+    from lsg_converter_cli import main
+
+    code = main([
+        str(source_folder), "--max-len", str(LENGTH), "--block-size", "16", "--save-path", str(tmp_path / "out"),
+        "--adapt-on", str(texts_folder(tmp_path / "texts")), "--adapt-batch-size", "4", "--adapt-epochs", "1", "--quiet",
+    ])
+
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert (captured.out, captured.err) == ("", "")
+
+
+def test_lsg_convert_adapt_mini_batch_size_trains_with_the_cached_loss_in_mini_batches(
+    source_folder, tmp_path, monkeypatch
+):
+    from lsg_converter import adaptation
+    from lsg_converter_cli import main
+
+    built, build = [], adaptation.ranking_loss
+
+    def recorded(*args, **kwargs):
+        built.append(build(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(adaptation, "ranking_loss", recorded)
+
+    code = main([
+        str(source_folder), "--max-len", str(LENGTH), "--block-size", "16", "--save-path", str(tmp_path / "out"),
+        "--adapt-on", str(texts_folder(tmp_path / "texts")), "--adapt-batch-size", "4", "--adapt-mini-batch-size", "2",
+        "--adapt-epochs", "1", "--quiet",
+    ])
+
+    assert code == 0
+    assert [type(loss).__name__ for loss in built] == ["CachedMultipleNegativesRankingLoss"]
+    assert built[0].mini_batch_size == 2
+
+
+def test_the_card_of_an_adapted_model_says_it_was_adapted_on_which_texts_and_how_many_steps(source_folder, tmp_path):
+    converter = LSGConverter(max_sequence_length=LENGTH)
+    model, tokenizer = converter.convert_from_pretrained(str(source_folder), block_size=16)
+
+    adapt_converted_model(model, tokenizer, texts_folder(tmp_path / "my-plays"), batch_size=4, max_steps=2)
+
+    card = model_card(model, save_path=tmp_path / "adapted").text
+    assert "no retraining" not in card
+    assert "**adapted to long documents**" in card
+    assert "2 training steps on 4 texts from `my-plays`" in card
