@@ -160,6 +160,11 @@ def document_rounds(
     return made
 
 
+def counted(number: int, noun: str) -> str:
+    """`number` and `noun`, plural unless it is one: "1 text", "0 documents", "3 texts"."""
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
 def round_batch_sampler(round_sizes: Sequence[int]) -> type:
     """A sentence-transformers batch sampler class for a dataset made of rounds, `round_sizes[r]` rows
     each, one after the other (every round holds each document once): each round is shuffled and cut
@@ -359,8 +364,8 @@ def adapt_to_long_documents(
     smallest_round = min(len(made) for made in rounds)
     if smallest_round < 2:
         raise TrainingTextsError(
-            f"The {len(texts)} texts give {smallest_round} document of at least {2 * block_size} tokens (two "
-            "blocks): adapting needs two or more; give longer texts."
+            f"The texts given ({counted(len(texts), 'text')}) give {counted(smallest_round, 'document')} of at "
+            f"least {2 * block_size} tokens (two blocks): adapting needs two or more; give longer texts."
         )
     with trained_part(transformer, train) as trained:
         logger.info(

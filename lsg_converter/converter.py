@@ -32,9 +32,10 @@ logger = logging.get_logger(__name__)
 
 
 class LSGConverter:
-    """Converts a pretrained BERT-family checkpoint into an LSG model reading `max_sequence_length` tokens.
+    """Converts a pretrained encoder or encoder-decoder checkpoint (BERT, ..., BART, T5: docs/architectures.md)
+    into an LSG model reading `max_sequence_length` tokens.
 
-    Default settings (chosen on all-MiniLM-L6-v2 and Shakespeare, see the README's "Extrapolation
+    Default settings (chosen on all-MiniLM-L6-v2 and Shakespeare, see docs/benchmarks.md, "Extrapolation
     quality"): local attention only (``sparsity_type="none"``), one global token ([CLS] at position 0),
     ``block_size`` = a third of the source's body positions (170 for a 512-position model) and
     ``position_tiling="body"``. Each block then sees its previous, own and next block: 510 tokens,

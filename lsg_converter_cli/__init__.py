@@ -27,7 +27,7 @@ examples:
   lsg-convert facebook/bart-base --max-len 16384 --save-path bart-base-lsg-16k --push-to-hub me/bart-base-lsg-16k
   lsg-convert ./reference-lsg-checkpoint --max-len 4096 --save-path ./upgraded   # 2023 format -> new format
   lsg-convert info ./upgraded                                                    # what a model is (or: ./upgraded --info)
-  lsg-convert sentence-transformers/all-MiniLM-L6-v2 --max-len 4096 --adapt-on ./my-documents \
+  lsg-convert sentence-transformers/all-MiniLM-L6-v2 --max-len 4096 --adapt-on ./my-documents \\
       --save-path ./minilm-4096-adapted                                    # one pass beats chunking
 
 exit codes: 0 done, 1 other error, 2 invalid setting or command line, 3 unsupported model or head,
@@ -126,8 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
         description="Convert a pretrained BERT, RoBERTa, DistilBERT, ALBERT, CamemBERT, ELECTRA, XLM-RoBERTa, MPNet, "
-        "DeBERTa-v2/v3, BART, mBART (BARThez) or Pegasus checkpoint (or a 2023 LSG checkpoint) "
-        "into an LSG model that reads long inputs.",
+        "DeBERTa-v2/v3, BART, mBART (BARThez), Pegasus, T5 (v1.1, Flan-T5), mT5 or UMT5 checkpoint "
+        "(or a 2023 LSG checkpoint) into an LSG model that reads long inputs.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,  # `--tok` is no `--token`: a mistyped flag is refused, not guessed
@@ -177,12 +177,12 @@ def build_parser() -> argparse.ArgumentParser:
     settings.add_argument(
         "--pass-global-tokens-to-decoder",
         action=argparse.BooleanOptionalAction,
-        help="encoder-decoder models (BART, mBART, Pegasus): the decoder attends to the encoder's global tokens (default on)",
+        help="encoder-decoder models (BART, mBART, Pegasus, T5, mT5, UMT5): the decoder attends to the encoder's global tokens (default on)",
     )
     settings.add_argument(
         "--pool-with-global",
         action=argparse.BooleanOptionalAction,
-        help="the first token's output is global token 0's (default on)",
+        help="the first token's output is global token 0's (default on; off for T5, mT5, UMT5)",
     )
     settings.add_argument(
         "--mask-first-token",
@@ -193,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--global-token-position",
         type=int,
         metavar="P",
-        help="MPNet, DeBERTa: the position the global tokens have in the relative position terms (default 0)",
+        help="MPNet, DeBERTa, T5, mT5, UMT5: the position the global tokens have in the relative position terms (default 0)",
     )
     settings.add_argument(
         "--num-labels", type=int, metavar="N", help="labels of a classification head built by --architecture"

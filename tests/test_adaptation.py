@@ -265,6 +265,11 @@ def test_texts_shorter_than_two_blocks_are_refused_and_nothing_is_written(conver
     assert not (tmp_path / "adapted").exists()
 
 
+def test_too_few_documents_are_counted_in_plain_words(converted_folder, tmp_path):
+    with pytest.raises(TrainingTextsError, match=r"The texts given \(1 text\) give 0 documents of at least 32 tokens"):
+        adapt_to_long_documents(converted_folder, long_texts(1, 12), output_path=tmp_path / "adapted")
+
+
 def test_an_in_document_share_out_of_0_to_1_is_refused_and_nothing_is_written(converted_folder, tmp_path):
     with pytest.raises(InvalidSettingsError, match="give a number from 0 to 1"):
         adapt_to_long_documents(converted_folder, long_texts(4, 1500), in_document_share=1.5, output_path=tmp_path / "adapted")

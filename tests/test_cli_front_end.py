@@ -6,6 +6,7 @@ the run done (Saved, exit 0) once its folder is in place."""
 from __future__ import annotations
 
 import inspect
+import re
 import shutil
 import signal
 import subprocess
@@ -230,7 +231,7 @@ def test_help_names_every_encoder_decoder_family_and_when_sparse_sizes_act(capsy
     assert main(["--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
 
-    assert "(BART, mBART, Pegasus): the decoder attends" in text
+    assert "(BART, mBART, Pegasus, T5, mT5, UMT5): the decoder attends" in text
     assert text.count("with a --sparsity-type other than none") == 2
 
 
@@ -240,3 +241,20 @@ def test_texts_to_adapt_on_starting_with_a_tilde_are_in_the_home_folder(tmp_path
     args = lsg_converter_cli.build_parser().parse_args(["model", "--max-len", "512", "--adapt-on", "~/texts"])
 
     assert args.texts == str(tmp_path / "texts")
+
+
+def test_help_names_the_t5_family_where_its_settings_differ(capsys):
+    assert main(["--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+
+    assert "Pegasus, T5 (v1.1, Flan-T5), mT5 or UMT5 checkpoint" in text
+    assert "MPNet, DeBERTa, T5, mT5, UMT5: the position the global tokens have" in text
+    assert "global token 0's (default on; off for T5, mT5, UMT5)" in text
+
+
+def test_help_examples_keep_each_command_s_line_continuation(capsys):
+    assert main(["--help"]) == 0
+    commands = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  lsg-convert ")]
+
+    joined = [line for line in commands if re.search(r"\S {2,}--", line)]  # a lost backslash joins two lines
+    assert commands and not joined, joined
