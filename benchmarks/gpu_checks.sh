@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # The GPU checks of a session lent a CUDA machine (issues 36 and 48), in one call: the CUDA tests, then
 # bench_speed's whole-model and attention-alone tables (bf16, 12 layers, eval-mode training steps), then
-# the same training steps with every model compiled (fullgraph, CUDA graphs), then profile_attention.py's
-# per-op profile of the attention alone and its flex kernel variants.
+# the memory one attention call holds for its backward (bench_attention_memory.py), then the training
+# steps with every model compiled (fullgraph, CUDA graphs), then profile_attention.py's per-op profile
+# of the attention alone and its flex kernel variants.
 #
 #   bash benchmarks/gpu_checks.sh OUTPUT_FOLDER
 #
 # A lent machine has no network and an older transformers: wheels in .gpu-wheels/ (for example
 # `pip download transformers==5.23.0 --no-deps -d .gpu-wheels`) are installed into /tmp/site first.
 # Logs, the device and the results sections (RESULTS-GPU.md, to paste into benchmarks/RESULTS.md)
-# land in OUTPUT_FOLDER. TEST_SECONDS, BENCH_SECONDS, COMPILED_SECONDS and PROFILE_SECONDS bound the
-# four steps (0 leaves a step out); BENCH_LENGTHS and BENCH_MODELS narrow the benchmark,
+# land in OUTPUT_FOLDER. TEST_SECONDS, BENCH_SECONDS, MEMORY_SECONDS, COMPILED_SECONDS and
+# PROFILE_SECONDS bound the five steps (0 leaves a step out); BENCH_LENGTHS and BENCH_MODELS narrow the benchmark,
 # COMPILED_LENGTHS and COMPILED_MODELS the compiled one, PROFILE_LENGTHS the profile.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -44,12 +45,17 @@ if step "${BENCH_SECONDS:-300}" "benchmarks/bench_speed.py"; then
         --models "${models[@]}" --results GPU --results-file "$out/RESULTS-GPU.md" 2>&1 | tee "$out/bench.log"
 fi
 
+if step "${MEMORY_SECONDS:-60}" benchmarks/bench_attention_memory.py; then
+    timeout "${MEMORY_SECONDS:-60}" python3 benchmarks/bench_attention_memory.py --device cuda --dtype bfloat16 \
+        --lengths "${lengths[@]}" --backends sdpa flex_attention 2>&1 | grep -v Warning | tee "$out/memory.md"
+fi
+
 read -r -a compiled_lengths <<<"${COMPILED_LENGTHS:-4096 16384}"
 compiled_models=(dense "lsg local 170/0 g1")
 if [ -n "${COMPILED_MODELS:-}" ]; then IFS=',' read -r -a compiled_models <<<"$COMPILED_MODELS"; fi
 if step "${COMPILED_SECONDS:-240}" "benchmarks/bench_speed.py, compiled"; then
     timeout "${COMPILED_SECONDS:-240}" python3 benchmarks/bench_speed.py --device cuda --eval --compile --fullgraph \
-        --compile-mode reduce-overhead --backends flex_attention --skip-attention --skip-memory \
+        --compile-mode reduce-overhead --backends flex_attention --skip-attention --skip-memory --repeats 5 \
         --lengths "${compiled_lengths[@]}" --models "${compiled_models[@]}" \
         --results "GPU, compiled" --results-file "$out/RESULTS-GPU-compiled.md" 2>&1 | grep -v Warning | tee "$out/bench-compiled.log"
 fi
