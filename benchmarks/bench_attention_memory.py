@@ -3,12 +3,12 @@
     python benchmarks/bench_attention_memory.py --lengths 4096 8192 16384 32768
     python benchmarks/bench_attention_memory.py --device cuda --dtype bfloat16 --backends sdpa flex_attention
 
-Every tensor autograd saves for the backward pass of one call (one layer's attention: batch 1, 12 heads
-of 64, the queries, keys and values counted too, as the call keeps them alive), each storage once: what
-a model's training step holds per layer on top of its other activations, and so what sets its peak
+What one call (one layer's attention: batch 1, 12 heads of 64) holds until its backward pass: its
+queries, keys and values, its output and every tensor autograd saved, each storage once (`held_mib`):
+what a model's training step holds per layer on top of its other activations, and so what sets its peak
 memory. Dense SDPA (on the CPU its flash kernel, O(n) too) against LSG with the conversion defaults
-(block 170, no sparse keys, one global token) and each backend given. A CPU proxy of the GPU's memory
-(flex_attention has no backward pass on the CPU: there it runs sdpa, so it is measured on CUDA only).
+(block 170, no sparse keys, one global token) and each backend given. On the CPU a proxy of the GPU's
+memory (flex_attention has no backward pass there: it runs sdpa, so measure it on CUDA).
 """
 
 from __future__ import annotations
@@ -24,17 +24,29 @@ from lsg_converter.models.lsg_attention import lsg_self_attention
 DEFAULTS = dict(block_size=170, sparse_block_size=0, sparsity_type="none", num_global_tokens=1)
 
 
-def saved_mib(attention, inputs: list[torch.Tensor]) -> float:
-    """MiB of the storages autograd saves for the backward pass of `attention(*inputs)`, each counted once."""
-    storages: dict[int, int] = {}
+def held_mib(attention, inputs: list[torch.Tensor]) -> float:
+    """MiB that one call of `attention(*inputs)` holds until its backward: its inputs, its output and the
+    tensors autograd saved, each storage once. CUDA: the allocator's rise over the forward (saved tensors
+    and output) plus the inputs; CPU: the storages saved (autograd's hooks), output and inputs."""
+    inputs_bytes = sum(x.untyped_storage().nbytes() for x in inputs)
+    if inputs[0].is_cuda:
+        attention(*inputs)  # a first call compiles flex_attention's kernel
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        output = attention(*inputs)
+        torch.cuda.synchronize()
+        held = torch.cuda.memory_allocated() - before
+        del output
+        return (held + inputs_bytes) / 2**20
+    storages = {x.untyped_storage().data_ptr(): x.untyped_storage().nbytes() for x in inputs}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        storages[storage.data_ptr()] = storage.nbytes()
+        storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        attention(*inputs)
+        output = attention(*inputs)
+    storages[output.untyped_storage().data_ptr()] = output.untyped_storage().nbytes()
     return sum(storages.values()) / 2**20
 
 
@@ -58,10 +70,10 @@ def main() -> None:
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for length in args.lengths:
-        dense = saved_mib(F.scaled_dot_product_attention, projections(length, device, dtype))
+        dense = held_mib(F.scaled_dot_product_attention, projections(length, device, dtype))
         cells = [str(length), f"{dense:.1f}"]
         for backend in args.backends:
-            lsg = saved_mib(
+            lsg = held_mib(
                 lambda q, k, v: lsg_self_attention(q, k, v, None, config, backend=backend),
                 projections(1 + length, device, dtype),
             )
