@@ -25,7 +25,6 @@ fi
 {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
-    git log -1 --format='commit %h %s' 2>/dev/null | cut -c1-100
 } | tee "$out/device.txt"
 
 step() {  # step SECONDS NAME: whether to run the step (SECONDS > 0), announced

@@ -86,9 +86,11 @@ LSG_BACKENDS = tuple(BACKENDS)
 def default_backend() -> str:
     """The backend of a model whose attn_implementation is left unset: sdpa, on the CPU and on CUDA.
 
-    Measured side by side (benchmarks/RESULTS.md, "GPU"), on an H200 (torch 2.11, bf16, 12 layers), the
-    sdpa backend's training step took 0.073 s at 16,384 tokens and 0.107 s at 32,768, flex_attention's
-    0.180 s and 0.335 s; on the CPU sdpa is 1.4-1.9x faster for the attention alone."""
+    The choice is made when the model is built, before its device is known, and on the CPU flex_attention
+    has no backward pass and is 1.4-1.9x slower for the attention alone. On CUDA flex_attention is the
+    faster one: on an H200 (torch 2.11, bf16, 12 layers; benchmarks/RESULTS.md, "GPU H200 (issue 48)")
+    its training step took 0.050 s at 4,096 tokens and 0.065 s at 16,384, the sdpa backend's 0.068 s
+    and 0.080 s: pass attn_implementation="flex_attention" there."""
     return "sdpa"
 
 
