@@ -380,26 +380,14 @@ class FlexBackend:
     def token_attention(self, job: TokenAttention) -> TokenOutput:
         """The t token queries: over the layer's own sequence where every key is valid and there are no
         sparse keys (`every_key_valid`), else over the key sequence [globals | tokens | sparse keys]."""
-        fitted = job.sequence is not None and every_key_valid(job)
-        output, layout, key_sequence, value_sequence = (
-            self._whole_sequence_attention(job) if fitted else self._key_sequence_attention(job)
-        )  # output (B, H, rows, D): the token queries from row layout.query_offset on
-        output = output.transpose(1, 2)[:, layout.query_offset :]  # (B, t, H, D)
-        if fitted:  # the global queries see the layer's keys as they were given
-            return TokenOutput(output, None, None)
-        # the global queries' context: the global segment (its padding rows at -1), then the t tokens
-        pattern, num_queries = job.pattern, job.num_tokens
-        seen_rows = layout.token_offset + num_queries
-        global_rows = torch.arange(layout.token_offset, device=key_sequence.device)
-        token_rows = pattern.num_global + torch.arange(num_queries, device=key_sequence.device)
-        index = torch.cat([torch.where(global_rows < pattern.num_global, global_rows, -1), token_rows])
-        context = KeySequence(key_sequence[:, :, :seen_rows], value_sequence[:, :, :seen_rows], index)
-        return TokenOutput(output, None, context)
+        if job.sequence is not None and every_key_valid(job):
+            return self._whole_sequence_attention(job)
+        return self._key_sequence_attention(job)
 
-    def _whole_sequence_attention(self, job: TokenAttention):
-        """Every query row of the layer over its own g + t keys, read where they lie (no copy of the keys or
-        values): the mask_mod is the pattern's rule alone. Returns (output (B, H, g + t, D), layout, keys,
-        values)."""
+    def _whole_sequence_attention(self, job: TokenAttention) -> TokenOutput:
+        """Every query row of the layer over its own g + t keys, read where they lie (no copy of the queries,
+        keys or values): the mask_mod is the pattern's rule alone. The global query rows' outputs are left
+        out, and the global queries see the layer's keys as they were given (no `global_context`)."""
         pattern, num_tokens = job.pattern, job.num_tokens
         queries, keys, values = (_at_storage_start(x).transpose(1, 2) for x in job.sequence)  # (B, H, g + t, D)
         layout = KeyLayout.of(pattern, job.token_mask.shape[1], TILE, num_tokens)
@@ -413,13 +401,13 @@ class FlexBackend:
         output = _flex_kernel(self._signature(job, fitted=True))(
             queries, keys, values, score_mod=score_mod,
             block_mask=_with_mask_mod(structure, whole_sequence_mask_mod(pattern)), scale=job.scaling,
-        )
-        return output, layout, keys, values
+        )  # (B, H, g + t, D)
+        return TokenOutput(output.transpose(1, 2)[:, layout.query_offset :], None, None)
 
     def _key_sequence_attention(self, job: TokenAttention):
         """The t token queries over the key sequence [globals | tokens | sparse keys] of `KeyLayout`, one
-        copy of the keys and values, with a mask_mod reading the keys' validity (and DropKey's choice).
-        Returns (output (B, H, t, D), layout, key sequence, value sequence)."""
+        copy of the keys and values, with a mask_mod reading the keys' validity (and DropKey's choice); the
+        global queries' context is that sequence."""
         pattern, sparse, num_queries = job.pattern, job.sparse, job.num_tokens
         batch, _, heads, head_dim = job.token_keys.shape
         layout = KeyLayout.of(pattern, job.token_mask.shape[1], TILE)
@@ -470,7 +458,13 @@ class FlexBackend:
             block_mask=block_mask,
             scale=job.scaling,
         )  # (B, H, t, D)
-        return output, layout, key_sequence, value_sequence
+        # the global queries' context: the global segment (its padding rows at -1), then the t tokens
+        seen_rows = layout.token_offset + num_queries
+        global_rows = torch.arange(layout.token_offset, device=key_sequence.device)
+        token_rows = pattern.num_global + torch.arange(num_queries, device=key_sequence.device)
+        index = torch.cat([torch.where(global_rows < pattern.num_global, global_rows, -1), token_rows])
+        context = KeySequence(key_sequence[:, :, :seen_rows], value_sequence[:, :, :seen_rows], index)
+        return TokenOutput(output.transpose(1, 2), None, context)
 
     @staticmethod
     def _signature(job: TokenAttention, fitted: bool) -> KernelSignature:
