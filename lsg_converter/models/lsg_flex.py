@@ -467,13 +467,15 @@ class FlexBackend:
         (`whole_sequence_mask_mod`). The global query rows' outputs are left out, and the global queries see
         the layer's keys as they were given (no `global_context`)."""
         pattern, num_tokens, sparse = job.pattern, job.num_tokens, job.sparse
-        queries, keys, values = (x.transpose(1, 2) for x in job.sequence)  # (B, H, g + t, D)
         layout = KeyLayout.of(pattern, job.token_mask.shape[1], TILE, num_tokens)
         segment_ends = (layout.sparse_offset, layout.length)
+        queries, keys, values = job.sequence  # (B, g + t, H, D)
+        queries = _at_storage_start(queries).transpose(1, 2)  # (B, H, g + t, D)
         if sparse is None:
-            keys, values = _at_storage_start(keys), _at_storage_start(values)
-        else:
-            keys, values = _laid_out([keys, sparse.keys], segment_ends), _laid_out([values, sparse.values], segment_ends)
+            keys, values = (_at_storage_start(x).transpose(1, 2) for x in (keys, values))
+        else:  # (B, H, length, D)
+            keys = _laid_out([keys.transpose(1, 2), sparse.keys], segment_ends)
+            values = _laid_out([values.transpose(1, 2), sparse.values], segment_ends)
         structure = block_structure(pattern, num_tokens, TILE, queries.device, whole_sequence=True)
         score_mod = None
         terms = job.positions
@@ -488,7 +490,7 @@ class FlexBackend:
                     key_rows = _laid_out([key_rows, sparse.key_rows], segment_ends)  # (B, H, length, R)
             score_mod = position_score_mod(terms, key_positions, key_rows, num_global, layout.query_offset)
         output = _flex_kernel(self._signature(job, "whole sequence" if bounds is None else "whole sequence, row bounds"))(
-            _at_storage_start(queries), keys, values, score_mod=score_mod,
+            queries, keys, values, score_mod=score_mod,
             block_mask=_with_mask_mod(structure, whole_sequence_mask_mod(pattern, layout, bounds)), scale=job.scaling,
         )  # (B, H, g + t, D)
         return TokenOutput(output.transpose(1, 2)[:, layout.query_offset :], None, None)
