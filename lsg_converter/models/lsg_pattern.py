@@ -9,8 +9,10 @@
 * `TokenAttention` / `TokenOutput`: the contract. The core (lsg_attention) hands a backend the token
   queries and their keys; the backend returns their output, their weights if it computes them, and
   the key sequence it holds, which the global queries then attend to (`KeySequence`).
-* Block windows (`BlockKeys`): each block's keys gathered in the order [globals | sparse | local],
-  with their mask and position terms, for the backends that batch blocks (sdpa, eager).
+* Block keys (`block_table`, `BlockKeys`): where each block's queries and keys lie in the sequence
+  [globals | tokens | compressed keys], one table made once per shape, and each block's keys gathered
+  with it in the order [globals | sparse | local], with their mask and position terms, for the
+  backends that batch blocks (sdpa, eager).
 
 A backend file (lsg_sdpa, lsg_eager, lsg_flex) imports this module only.
 This file travels with saved models as remote code: it imports torch only.

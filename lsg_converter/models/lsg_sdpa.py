@@ -1,11 +1,18 @@
 """The ``sdpa`` backend of LSG attention: blocks batched through `scaled_dot_product_attention`.
 
-Each block of b token queries gets its keys gathered once (`lsg_pattern.BlockKeys`: views where they
-can be, one copy), and the blocks run as one batch of 4D inputs, (B * nb, H, b, D), so that SDPA's
-fused kernels run forward and backward (5D inputs, and its own dropout, fall back to the O(n^2) math
-kernel: dropout is DropKey, drawn by the core). Position terms join the additive mask; the blocks
-whose mask is all zero run without it (`mask_runs`). The blocks of a padded batch that hold padding
-only are left out (`TokenAttention.real_blocks`). The default backend, on the CPU and on CUDA.
+Each block of b token queries gets its keys gathered in one copy from the layer's own sequence with
+the one table of where they lie (`lsg_pattern.block_table`, `BlockKeys`), and the blocks run as one
+batch of 4D inputs, (B * nb, H, b, D), so that SDPA's fused kernels run forward and backward (5D
+inputs, and its own dropout, fall back to the O(n^2) math kernel: dropout is DropKey, drawn by the
+core). Position terms join the additive mask; the blocks whose mask is all zero run without it
+(`mask_runs`). The blocks of a padded batch that hold padding only are left out
+(`TokenAttention.real_blocks`). The default backend, on the CPU and on CUDA.
+
+An input whose every key is seen (no padding, sparse keys, DropKey or position terms), the common
+training and inference call, has masks that depend on its shape only (`ShapeBlocks`, made once per
+shape): its middle blocks run in one SDPA call without a mask, its edge blocks in one with theirs, and
+the core joins their outputs with the global queries' in one copy. No mask is read or built per layer,
+and nothing waits on the device (20 non-view ops per layer in a BERT forward, dense's 12).
 
 On the CPU, without gradients (and without sparse keys, position terms, DropKey or a causal mask), the
 blocks whose window holds real tokens only read their local keys as overlapping views of the layer's
