@@ -132,11 +132,20 @@ def build_model(name: str, layers: int, max_length: int) -> torch.nn.Module:
     return LSGBertModel(config, add_pooling_layer=False)
 
 
+def padded_tail(length: int, padding: float) -> int:
+    """Tokens of padding at the end of an input of `length` tokens for a `padding` fraction of it."""
+    return round(length * padding)
+
+
 def step_functions(
-    model: torch.nn.Module, input_ids: torch.Tensor, train: bool
+    model: torch.nn.Module, input_ids: torch.Tensor, train: bool, padding: float = 0.0
 ) -> tuple[Callable[[], None], Callable[[], None]]:
-    """(inference: eval mode, no grad; training step: forward + backward, in train mode if `train`)."""
+    """(inference: eval mode, no grad; training step: forward + backward, in train mode if `train`); the last
+    `padding` fraction of the tokens masked as padding (attention_mask 0) where it is not 0."""
     inputs = {"input_ids": input_ids}
+    if padding:
+        inputs["attention_mask"] = torch.ones_like(input_ids)
+        inputs["attention_mask"][:, input_ids.shape[1] - padded_tail(input_ids.shape[1], padding) :] = 0
     if isinstance(getattr(model, "_orig_mod", model), LongformerModel):  # first token global, as LSG's global token
         first = torch.tensor([0], device=input_ids.device)
         inputs["global_attention_mask"] = torch.zeros_like(input_ids).index_fill_(1, first, 1)
@@ -186,7 +195,7 @@ class InferenceRow:
 
 def model_inference(name: str, length: int, args: argparse.Namespace) -> InferenceRow:
     model, input_ids = prepare(name, length, args)
-    forward, _ = step_functions(model, input_ids, train=False)
+    forward, _ = step_functions(model, input_ids, train=False, padding=args.padding)
     first, median = first_and_median_seconds(forward, args.repeats, torch.device(args.device))
     return InferenceRow("model", name, length, first, median)
 
@@ -263,7 +272,7 @@ def cuda_peak_mib(step: Callable[[], None]) -> float:
 def peak_memory_mib(name: str, length: int, args: argparse.Namespace) -> float:
     """Memory a forward+backward step adds on top of the model and its inputs, in MiB."""
     model, input_ids = prepare(name, length, args)
-    _, forward_backward = step_functions(model, input_ids, train=not args.eval)
+    _, forward_backward = step_functions(model, input_ids, train=not args.eval, padding=args.padding)
     if args.device == "cuda":
         return cuda_peak_mib(forward_backward)
     # CPU: run in this (fresh) process once to settle lazy allocations, reset the high-water mark,
@@ -283,7 +292,7 @@ def measure_memory_in_child(name: str, length: int, args: argparse.Namespace) ->
 
 
 def forwarded_options(args: argparse.Namespace) -> list[str]:
-    options = ["--layers", str(args.layers), "--device", args.device, "--dtype", args.dtype]
+    options = ["--layers", str(args.layers), "--device", args.device, "--dtype", args.dtype, "--padding", str(args.padding)]
     return options + (["--eval"] if args.eval else [])
 
 
@@ -298,7 +307,7 @@ class Row:
 
 def measure(name: str, length: int, args: argparse.Namespace) -> Row:
     model, input_ids = prepare(name, length, args)
-    forward, forward_backward = step_functions(model, input_ids, train=not args.eval)
+    forward, forward_backward = step_functions(model, input_ids, train=not args.eval, padding=args.padding)
     device = torch.device(args.device)
     # dense attention in train mode (dropout) runs SDPA's O(n^2) math kernel: cap its length
     math_kernel = name == "dense" and not args.eval and length > args.max_dense_train_length
@@ -319,24 +328,31 @@ def attention_only(name: str, length: int, args: argparse.Namespace) -> Row:
     """Forward + backward of one attention call on random (1, 12, length, 64) queries, keys and values
     (LSG: one global token in front): median time and the peak CUDA memory it adds (None on CPU)."""
     device = torch.device(args.device)
-    forward_backward = attention_step(name, length, device, getattr(torch, args.dtype))
+    forward_backward = attention_step(name, length, device, getattr(torch, args.dtype), args.padding)
     seconds = median_seconds(forward_backward, args.repeats, device)
     peak = cuda_peak_mib(forward_backward) if device.type == "cuda" else None
     return Row(name, length, None, seconds, peak)  # no forward-only time
 
 
-def attention_step(name: str, length: int, device: torch.device, dtype: torch.dtype) -> Callable[[], None]:
+def attention_step(
+    name: str, length: int, device: torch.device, dtype: torch.dtype, padding: float = 0.0
+) -> Callable[[], None]:
     """Forward + backward of one attention call of `name` ("dense", or an LSG setting and backend of the
-    attention-only table) on random (1, 12, length, 64) queries, keys and values (LSG: g global tokens in front)."""
-    if name == "dense":
-        num_global, attention = 0, lambda q, k, v: F.scaled_dot_product_attention(q, k, v)
-    else:
+    attention-only table) on random (1, 12, length, 64) queries, keys and values (LSG: g global tokens in
+    front), the keys of the last `padding` fraction of the tokens masked where it is not 0."""
+    config, backend = None, None
+    if name != "dense":
         setting, backend = lsg_setting_and_backend(name)
         config = LSGBertConfig(**ATTENTION_ONLY_SETTINGS[setting])
-        num_global = config.num_global_tokens
+    num_global = 0 if config is None else config.num_global_tokens
+    mask = None
+    if padding:  # (1, g + length) bool
+        mask = (torch.arange(num_global + length, device=device) < num_global + length - padded_tail(length, padding))[None]
 
-        def attention(q, k, v):
-            return lsg_self_attention(q, k, v, None, config, backend=backend)
+    def attention(q, k, v):
+        if config is None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask[:, None, None])
+        return lsg_self_attention(q, k, v, mask, config, backend=backend)
 
     generator = torch.Generator().manual_seed(0)
     q, k, v = (
@@ -382,6 +398,7 @@ def machine_description(args: argparse.Namespace) -> str:
         f"{device}; torch {torch.__version__}, transformers {transformers.__version__}, Python {platform.python_version()}; "
         f"{args.dtype}, batch 1, hidden 768, 12 heads, {args.layers} layers; forward: eval mode, no grad; "
         f"forward+backward: {'eval' if args.eval else 'train'} mode"
+        f"{f', the last {args.padding:.0%} of each input padding' if args.padding else ''}"
         f"{compile_description(args)}, median of {args.repeats} after 1 warm-up"
     )
 
@@ -551,6 +568,8 @@ def main() -> None:
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="CPU: float32; CUDA: bfloat16")
     parser.add_argument("--skip-attention", action="store_true", help="leave out the attention-only table")
     parser.add_argument("--eval", action="store_true", help="training step in eval mode (no dropout)")
+    parser.add_argument("--padding", type=float, default=0.0,
+                        help="fraction of each input masked as padding at its end (attention_mask 0), e.g. 0.25")
     parser.add_argument("--compile", action="store_true", help="torch.compile every model")
     parser.add_argument("--compile-mode", choices=["default", "reduce-overhead", "max-autotune-no-cudagraphs"],
                         help="torch.compile's mode (reduce-overhead: CUDA graphs)")

@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # The GPU checks of a session lent a CUDA machine (issues 36 and 48), in one call: the CUDA tests, then
 # bench_speed's whole-model and attention-alone tables (bf16, 12 layers, eval-mode training steps), then
-# the memory one attention call holds for its backward (bench_attention_memory.py), then the training
-# steps with every model compiled (fullgraph, CUDA graphs), then profile_attention.py's per-op profile
-# of the attention alone and its flex kernel variants.
+# the same with sparse keys, without and with padding (the last quarter of each input), then the memory
+# one attention call holds for its backward (bench_attention_memory.py), then the training steps with
+# every model compiled (fullgraph, CUDA graphs), then profile_attention.py's per-op profile of the
+# attention alone and its flex kernel variants.
 #
 #   bash benchmarks/gpu_checks.sh OUTPUT_FOLDER
 #
 # A lent machine has no network and an older transformers: wheels in .gpu-wheels/ (for example
 # `pip download transformers==5.23.0 --no-deps -d .gpu-wheels`) are installed into /tmp/site first.
 # Logs, the device and the results sections (RESULTS-GPU.md, to paste into benchmarks/RESULTS.md)
-# land in OUTPUT_FOLDER. TEST_SECONDS, BENCH_SECONDS, MEMORY_SECONDS, COMPILED_SECONDS and
-# PROFILE_SECONDS bound the five steps (0 leaves a step out); BENCH_LENGTHS and BENCH_MODELS narrow the benchmark,
+# land in OUTPUT_FOLDER. TEST_SECONDS, BENCH_SECONDS, PADDED_SECONDS (each of its two runs), MEMORY_SECONDS,
+# COMPILED_SECONDS and PROFILE_SECONDS bound the six steps (0 leaves a step out); BENCH_LENGTHS and BENCH_MODELS
+# narrow the benchmark, PADDED_LENGTHS the sparse and padded one,
 # COMPILED_LENGTHS and COMPILED_MODELS the compiled one, PROFILE_LENGTHS the profile.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -42,6 +44,16 @@ if [ -n "${BENCH_MODELS:-}" ]; then IFS=',' read -r -a models <<<"$BENCH_MODELS"
 if step "${BENCH_SECONDS:-300}" "benchmarks/bench_speed.py"; then
     timeout "${BENCH_SECONDS:-300}" python3 benchmarks/bench_speed.py --device cuda --eval --lengths "${lengths[@]}" \
         --models "${models[@]}" --results GPU --results-file "$out/RESULTS-GPU.md" 2>&1 | tee "$out/bench.log"
+fi
+
+read -r -a padded_lengths <<<"${PADDED_LENGTHS:-16384}"
+if step "${PADDED_SECONDS:-150}" "benchmarks/bench_speed.py, sparse keys, without and with padding"; then
+    for padding in 0 0.25; do
+        timeout "${PADDED_SECONDS:-150}" python3 benchmarks/bench_speed.py --device cuda --eval --padding "$padding" \
+            --lengths "${padded_lengths[@]}" --models "lsg local 170/0 g1" "lsg pooling 128/128 f4 g1" --skip-memory \
+            --results "GPU, padding $padding" --results-file "$out/RESULTS-GPU-padding.md" 2>&1 | grep -v Warning \
+            | tee "$out/bench-padding-$padding.log"
+    done
 fi
 
 if step "${MEMORY_SECONDS:-60}" benchmarks/bench_attention_memory.py; then

@@ -11,9 +11,10 @@ For each length it profiles, one after the other in one process:
   global token) with each backend of ``--backends``;
 * ``model``: forward + backward of bench_speed's LSG-BERT (``--layers`` layers, eval mode) with each backend;
 * ``flex-kernel``: the flex_attention kernel alone, forward without gradients, compiled static, under
-  masks of the defaults' local rule built four ways, from LSG's own (its tile structure, its key layout
-  [globals | tokens], its mask_mod reading the keys' validity) to torch's `create_block_mask` on the
-  tokens alone, against dense SDPA: which part makes the kernel slow.
+  masks of the defaults' local rule built six ways, from LSG's gathered layout (its tile structure, its
+  key layout [globals | tokens], its mask_mod reading the keys' validity) and its whole-sequence one
+  (the rule alone, or a padded row's bounds read) to torch's `create_block_mask` on the tokens alone,
+  against dense SDPA: which part makes the kernel slow.
 
 Each is run twice to warm up (flex_attention compiles then), then ``--steps`` times under the profiler.
 Per step it prints the wall time, the device time of its kernels (the ops' rows and their kernels' rows
@@ -81,7 +82,8 @@ def flex_kernel_variants(length: int, device: torch.device, dtype: torch.dtype, 
     """Median milliseconds of one flex_attention forward (no grad) on (1, 12, n, 64) under each mask."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    from lsg_converter.models.lsg_flex import TILE, KeyLayout, _with_mask_mod, block_structure, lsg_mask_mod
+    from lsg_converter.models.lsg_flex import TILE, KeyLayout, RowBounds, _with_mask_mod, block_structure, lsg_mask_mod
+    from lsg_converter.models.lsg_flex import whole_sequence_mask_mod
     from lsg_converter.models.lsg_settings import LSGSettings
 
     pattern = LSGSettings.of(LSGBertConfig(**ATTENTION_ONLY_SETTINGS[DEFAULTS])).pattern()
@@ -108,20 +110,31 @@ def flex_kernel_variants(length: int, device: torch.device, dtype: torch.dtype, 
 
     structure = block_structure(pattern, length, TILE, device)
     plain = create_block_mask(local_rule, 1, 1, length, length, device=device, BLOCK_SIZE=TILE)
+    # the whole-sequence layout (the layer's g + n rows as queries and keys), as a call without padding
+    # gets it, and as a padded row gets it: its bounds read (here the last quarter is padding)
+    whole_sequence = random(pattern.num_global + length)
+    whole_layout = KeyLayout.of(pattern, -(-length // block) * block, TILE, length)
+    whole_structure = block_structure(pattern, length, TILE, device, whole_sequence=True)
+    padded_row = RowBounds(torch.tensor([[0, length * 3 // 4]], device=device), None)
     variants = {
         "LSG: its structure, layout and mask_mod (validity read)": (
-            sequence, _with_mask_mod(structure, lsg_mask_mod(pattern, layout, sequence_valid))),
-        "LSG structure and layout, local rule only": (sequence, _with_mask_mod(structure, local_rule_in_layout)),
-        "create_block_mask, tokens only, local rule": (tokens, plain),
+            queries, sequence, _with_mask_mod(structure, lsg_mask_mod(pattern, layout, sequence_valid))),
+        "LSG structure and layout, local rule only": (queries, sequence, _with_mask_mod(structure, local_rule_in_layout)),
+        "LSG whole sequence, its rule alone (no padding)": (
+            whole_sequence, whole_sequence, _with_mask_mod(whole_structure, whole_sequence_mask_mod(pattern))),
+        "LSG whole sequence, the row's bounds read (padded)": (
+            whole_sequence, whole_sequence,
+            _with_mask_mod(whole_structure, whole_sequence_mask_mod(pattern, whole_layout, padded_row))),
+        "create_block_mask, tokens only, local rule": (queries, tokens, plain),
         "create_block_mask, tokens only, local rule + validity read": (
-            tokens, create_block_mask(local_rule_reading_validity, 1, 1, length, length, device=device, BLOCK_SIZE=TILE)),
+            queries, tokens, create_block_mask(local_rule_reading_validity, 1, 1, length, length, device=device, BLOCK_SIZE=TILE)),
     }
     kernel = torch.compile(flex_attention, dynamic=False)
     print(f"\n### {length} tokens, flex_attention forward alone (no grad, compiled static)\n")
     print("| mask | ms | key tiles per query tile |\n|---|---|---|")
     timings = {"dense SDPA (no mask)": (lambda: F.scaled_dot_product_attention(queries, tokens, tokens), None)}
-    for name, (keys, block_mask) in variants.items():
-        timings[name] = (lambda keys=keys, block_mask=block_mask: kernel(queries, keys, keys, block_mask=block_mask),
+    for name, (rows, keys, block_mask) in variants.items():
+        timings[name] = (lambda rows=rows, keys=keys, block_mask=block_mask: kernel(rows, keys, keys, block_mask=block_mask),
                          block_mask.kv_num_blocks.float().mean().item())
     for name, (run, tiles) in timings.items():
         with torch.no_grad():

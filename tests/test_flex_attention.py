@@ -21,7 +21,7 @@ from lsg_converter.models import lsg_flex
 from lsg_converter.models.lsg_attention import lsg_self_attention
 from lsg_converter.models.lsg_pattern import KeyPattern
 from lsg_converter.models.lsg_sparse import SPARSITY_TYPES, lsh_hyperplanes
-from lsg_converter.models.lsg_flex import KeyLayout, block_structure, lsg_mask_mod, whole_sequence_mask_mod
+from lsg_converter.models.lsg_flex import KeyLayout, RowBounds, block_structure, lsg_mask_mod, whole_sequence_mask_mod
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
@@ -170,6 +170,33 @@ def test_whole_sequence_block_structure_reads_exactly_the_tiles_of_visible_keys(
     assert torch.equal(tiles_read, tiles_needed)
 
 
+@pytest.mark.parametrize(
+    "settings, causal", [geometry for geometry in tile_geometries() if geometry[0]["sparsity_type"] != "none"], ids=geometry_id
+)
+@pytest.mark.parametrize("num_tokens, tile", [(50, 8), (97, 16)])
+def test_whole_sequence_block_structure_reads_every_tile_holding_a_visible_key_of_the_sparse_segment(
+    settings, causal, num_tokens, tile
+):
+    pattern = KeyPattern.of(lsg_config(**settings), causal)
+    padded_tokens = -(-num_tokens // pattern.block_size) * pattern.block_size
+    layout = KeyLayout.of(pattern, padded_tokens, tile, whole_sequence_tokens=num_tokens)
+    compressed = padded_tokens // pattern.block_size * pattern.compressed_per_block
+    every_key = RowBounds(torch.tensor([[0, num_tokens]]), torch.tensor([[[0, compressed]]]))
+    rows = pattern.num_global + num_tokens
+
+    mask_mod = whole_sequence_mask_mod(pattern, layout, every_key)
+    visible = create_mask(mask_mod, 1, 1, rows, layout.length, device="cpu")[0, 0]  # (queries, keys)
+    query_tiles = -(-rows // tile)
+    visible = F.pad(visible, (0, 0, 0, query_tiles * tile - rows))
+    tiles_needed = visible.unflatten(0, (query_tiles, tile)).unflatten(2, (-1, tile)).any(dim=(1, 3))
+    tiles_read = block_structure(pattern, num_tokens, tile, torch.device("cpu"), whole_sequence=True).to_dense()[0, 0].bool()
+
+    assert layout.sparse_offset % tile == 0 and layout.length == layout.sparse_offset + -(-compressed // tile) * tile
+    assert not (tiles_needed & ~tiles_read).any()  # nothing visible is skipped
+    if pattern.sparse_size >= pattern.compressed_per_block:  # contiguous windows: nothing more is read
+        assert torch.equal(tiles_read, tiles_needed)
+
+
 def test_whole_sequence_mask_mod_gives_token_queries_the_keys_of_the_pattern():
     pattern = KeyPattern.of(lsg_config(sparsity_type="none", block_size=8, num_global_tokens=2))
     visible = create_mask(whole_sequence_mask_mod(pattern), 1, 1, 2 + 40, 2 + 40, device="cpu")[0, 0]
@@ -180,26 +207,79 @@ def test_whole_sequence_mask_mod_gives_token_queries_the_keys_of_the_pattern():
     assert visible[:2, :2].all() and not visible[:2, 2:].any()  # global query rows (not used) read the globals only
 
 
-@pytest.mark.parametrize("lengths", [(TOKENS, TOKENS), (TOKENS, 50)], ids=["full", "padded"])
-def test_the_mask_mod_reads_no_tensor_where_every_key_is_valid(lengths, monkeypatch):
-    config = lsg_config(block_size=8, sparsity_type="none", num_global_tokens=2)
-    query, key, value = random_qkv(2, 2 + TOKENS)
+def recorded_flex_calls(monkeypatch) -> list:
+    """(layout, block_mask) of each flex_attention call the backend makes (then run uncompiled)."""
     calls = []
 
     def recording_kernel(signature):
         def kernel(*args, block_mask, **kwargs):
-            calls.append(block_mask.mask_mod)
+            calls.append((signature.layout, block_mask))
             return flex_attention(*args, block_mask=block_mask, **kwargs)
         return kernel
 
     monkeypatch.setattr(lsg_flex, "_flex_kernel", recording_kernel)
-    with torch.no_grad():
-        lsg_self_attention(query, key, value, padding_mask([2 + n for n in lengths], 2 + TOKENS), config,
-                           backend="flex_attention")
+    return calls
 
-    (mask_mod,) = calls
-    reads_tensors = any(isinstance(cell.cell_contents, torch.Tensor) for cell in mask_mod.__closure__)
-    assert reads_tensors == (lengths[1] < TOKENS)
+
+def captured_tensors(function) -> list[torch.Tensor]:
+    """The tensors a function reads from its closure, or from the closures of the functions it holds."""
+    tensors = []
+    for cell in function.__closure__ or ():
+        value = cell.cell_contents
+        if isinstance(value, torch.Tensor):
+            tensors.append(value)
+        elif callable(value) and getattr(value, "__closure__", None):
+            tensors += captured_tensors(value)
+    return tensors
+
+
+def token_mask(kind: str, num_global: int) -> torch.Tensor:
+    """(2, g + TOKENS) bool: row 0 every token, row 1 padded as `kind` says."""
+    length = num_global + TOKENS
+    mask = padding_mask([length, num_global + 50], length)
+    if kind == "full":
+        mask[1] = True
+    elif kind == "left":  # row 1's first 25 tokens are padding, its globals are not
+        mask[1] = torch.arange(length) >= num_global + 25
+        mask[1, :num_global] = True
+    elif kind == "hole":  # row 1 masks tokens 20-29 only
+        mask[1] = True
+        mask[1, num_global + 20 : num_global + 30] = False
+    return mask
+
+
+@pytest.mark.parametrize("sparsity_type", ["none", "pooling", "stride"])
+@pytest.mark.parametrize(
+    "kind, mask_first_token, layout",
+    [
+        ("full", False, None),
+        ("right", False, "whole sequence, row bounds"),
+        ("left", False, "whole sequence, row bounds"),
+        ("right", True, "whole sequence, row bounds"),
+        ("hole", False, "gathered"),
+    ],
+    ids=["full", "right", "left", "right-first-token-masked", "hole"],
+)
+def test_rows_padded_by_one_run_take_the_whole_sequence_reading_a_few_numbers_per_row(
+    sparsity_type, kind, mask_first_token, layout, monkeypatch
+):
+    config = lsg_config(block_size=8, sparse_block_size=8, sparsity_type=sparsity_type, num_global_tokens=2,
+                        mask_first_token=mask_first_token)
+    query, key, value = random_qkv(2, 2 + TOKENS, seed=5)
+    mask = token_mask(kind, 2)
+    calls = recorded_flex_calls(monkeypatch)
+
+    sdpa, flex = both_backends(query, key, value, mask, config)
+
+    (taken, block_mask), = calls
+    expected = layout or ("whole sequence" if sparsity_type == "none" else "whole sequence, row bounds")
+    assert taken == expected
+    if taken != "gathered":  # no tensor per key: at most a few numbers per row and head
+        assert all(max(x.shape) < TOKENS for x in captured_tensors(block_mask.mask_mod))
+    if taken == "whole sequence":
+        assert captured_tensors(block_mask.mask_mod) == []
+    real = mask[:, None, :, None].expand_as(sdpa)
+    torch.testing.assert_close(flex[real], sdpa[real], atol=1e-5, rtol=0)
 
 
 def test_block_structure_is_built_once_per_shape_whatever_the_padding():
@@ -352,6 +432,17 @@ def test_encoder_decoder_flex_encoder_equals_sdpa_encoder():
     model.set_attn_implementation("flex_attention")
 
     torch.testing.assert_close(logits(model, inputs), sdpa, atol=1e-5, rtol=0)
+
+
+def test_the_layers_of_one_forward_share_one_block_structure(monkeypatch):
+    model = LSGBertForMaskedLM(LSGBertConfig(**TINY_BERT, sparsity_type="pooling", attn_implementation="flex_attention"))
+    calls = recorded_flex_calls(monkeypatch)
+
+    logits(model.eval(), tiny_inputs())
+
+    assert [layout for layout, _ in calls] == ["whole sequence, row bounds"] * TINY_BERT["num_hidden_layers"]
+    indices = {block_mask.kv_indices.data_ptr() for _, block_mask in calls}
+    assert len(indices) == 1
 
 
 # --------------------------------------------------------------------------------------------------

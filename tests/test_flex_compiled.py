@@ -65,6 +65,19 @@ def test_compiled_flex_forward_equals_sdpa_forward(sparsity_type, causal):
     assert_flex_ran_and_equals_sdpa(sdpa, flex, mask)
 
 
+@pytest.mark.parametrize("sparsity_type", ["none", "pooling"])
+def test_compiled_flex_forward_equals_sdpa_forward_on_left_padded_rows_with_the_first_token_masked(sparsity_type):
+    config = lsg_config(block_size=8, sparse_block_size=8, sparsity_type=sparsity_type, num_global_tokens=NUM_GLOBAL,
+                        mask_first_token=True)
+    length = NUM_GLOBAL + TOKENS
+    mask = torch.ones(2, length, dtype=torch.bool)
+    mask[1, NUM_GLOBAL : NUM_GLOBAL + 30] = False  # row 1: 30 tokens of padding, then 45 tokens
+
+    sdpa, flex = both_backends(random_qkv(2, length, seed=2), mask, config)
+
+    assert_flex_ran_and_equals_sdpa(sdpa, flex, mask)
+
+
 @pytest.mark.parametrize("sparsity_type", ["none", "norm"])
 def test_compiled_flex_forward_equals_sdpa_forward_with_position_terms(sparsity_type):
     config = lsg_config(block_size=8, sparse_block_size=8, sparsity_type=sparsity_type, num_global_tokens=NUM_GLOBAL)
@@ -106,11 +119,21 @@ LONG_BERT = dict(  # 2 heads of 16, as random_qkv: the attention-only tests belo
 
 
 @pytest.mark.slow
-def test_a_model_fed_ten_lengths_with_mixed_padding_compiles_at_most_twice():
+def test_a_model_fed_ten_lengths_with_mixed_padding_compiles_at_most_twice_per_layout(monkeypatch):
+    """Norm's selection leaves the padding of some rows' last chunk among their compressed keys: those calls
+    take the gathered layout, the others the whole sequence; each layout's kernel compiles at most twice."""
     torch.manual_seed(0)
     model = LSGBertModel(LSGBertConfig(**LONG_BERT, attn_implementation="flex_attention")).eval()
     generator = torch.Generator().manual_seed(0)
     graphs_before = unique_graphs()
+    layouts = set()
+    kernel = lsg_flex._flex_kernel
+
+    def recording_kernel(signature):
+        layouts.add(signature.layout)
+        return kernel(signature)
+
+    monkeypatch.setattr(lsg_flex, "_flex_kernel", recording_kernel)
 
     for length in [1000, 1800, 2500, 3100, 4096, 4700, 5500, 6300, 7200, 8000]:  # 4096: whole blocks, no padding copy
         input_ids = torch.randint(3, 99, (2, length), generator=generator)
@@ -122,7 +145,8 @@ def test_a_model_fed_ten_lengths_with_mixed_padding_compiles_at_most_twice():
             sdpa = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         assert_flex_ran_and_equals_sdpa(sdpa[:, None], flex[:, None], attention_mask.bool())  # (B, 1, L, hidden)
 
-    assert unique_graphs() - graphs_before <= lsg_flex.MAX_COMPILES
+    assert layouts <= {"gathered", "whole sequence, row bounds"}
+    assert unique_graphs() - graphs_before <= lsg_flex.MAX_COMPILES * len(layouts)
 
 
 def run_with_kernel(monkeypatch, kernel, lengths, config):

@@ -123,9 +123,9 @@ def test_compiled_flex_reads_the_layers_keys_where_they_lie_when_no_key_is_maske
     layouts = []
     whole_sequence = lsg_flex.FlexBackend._whole_sequence_attention
 
-    def recording(self, job):
+    def recording(self, job, bounds):
         layouts.append("whole sequence")
-        return whole_sequence(self, job)
+        return whole_sequence(self, job, bounds)
 
     monkeypatch.setattr(lsg_flex.FlexBackend, "_whole_sequence_attention", recording)
     torch.compiler.reset()

@@ -7,6 +7,7 @@ import torch
 
 from helpers import lsg_config, padding_mask
 from lsg_converter import LSGBertConfig, LSGBertForMaskedLM, LSGBertLMHeadModel
+from lsg_converter.models import lsg_flex
 from lsg_converter.models.lsg_attention import lsg_self_attention
 from lsg_converter.models.lsg_sparse import SPARSITY_TYPES, sparse_by_lsh
 
@@ -70,6 +71,35 @@ def test_flex_over_the_whole_sequence_equals_sdpa_in_outputs_and_gradients(dtype
 
     tolerance = TOLERANCE[dtype]
     torch.testing.assert_close(flex.float(), sdpa.float(), atol=tolerance, rtol=tolerance)
+    for flex_gradient, sdpa_gradient in zip(flex_gradients, sdpa_gradients):
+        torch.testing.assert_close(flex_gradient.float(), sdpa_gradient.float(), atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("sparsity_type", ["none", "pooling"])
+@pytest.mark.parametrize("padding", ["right", "left"])
+def test_flex_over_padded_rows_takes_the_whole_sequence_and_equals_sdpa_in_outputs_and_gradients(
+    dtype, sparsity_type, padding, monkeypatch
+):
+    """Each row's padding one run: the mask_mod reads the rows' bounds (a few numbers per row), no key's validity."""
+    config = lsg_config(block_size=BLOCK, sparse_block_size=BLOCK, sparsity_type=sparsity_type, num_global_tokens=NUM_GLOBAL)
+    length = NUM_GLOBAL + TOKENS
+    inputs = random_qkv(2, length, dtype)
+    mask = padding_mask([length, NUM_GLOBAL + 700], length)
+    if padding == "left":
+        mask[1] = mask[1].flip(0).roll(NUM_GLOBAL)  # the globals, then 300 tokens of padding, then 700 tokens
+    mask = mask.cuda()
+    layouts = []
+    kernel = lsg_flex._flex_kernel
+    monkeypatch.setattr(lsg_flex, "_flex_kernel", lambda signature: layouts.append(signature.layout) or kernel(signature))
+
+    sdpa, sdpa_gradients = run("sdpa", inputs, mask, config)
+    flex, flex_gradients = run("flex_attention", inputs, mask, config)
+
+    assert layouts == ["whole sequence, row bounds"]
+    real = mask[:, None, :, None].expand_as(sdpa)
+    tolerance = TOLERANCE[dtype]
+    torch.testing.assert_close(flex[real].float(), sdpa[real].float(), atol=tolerance, rtol=tolerance)
     for flex_gradient, sdpa_gradient in zip(flex_gradients, sdpa_gradients):
         torch.testing.assert_close(flex_gradient.float(), sdpa_gradient.float(), atol=tolerance, rtol=tolerance)
 

@@ -168,17 +168,23 @@ def lsg_attention(
     kernel = BACKENDS[backend]
     settings = LSGSettings.of(settings)
     num_global, block = settings.num_global_tokens, settings.block_size
-    key_mask = torch.ones(batch, length, dtype=torch.bool, device=key.device) if padding_mask is None else padding_mask
+    num_tokens = length - num_global
+    padding = -num_tokens % block
+    exporting = is_exporting()
+    if exporting:  # one more block of padding: the traced graph then never holds a single block (a size-1
+        # dimension, which torch specialises), so it serves every length from 1 token on
+        padding = padding + block
+    key_mask, token_mask = _padded_masks(padding_mask, batch, num_global, num_tokens, padding, key.device)
     no_masked_keys = padding_mask is None and not settings.mask_first_token
     if settings.mask_first_token and length > num_global:
         key_mask = key_mask.clone()
         key_mask[:, num_global] = False
-    num_tokens = length - num_global
+        token_mask = token_mask.clone()
+        token_mask[:, 0] = False
     num_queries = query.shape[2]
 
     # Short input: the local window already covers everything, plain attention is exact. (A program
     # torch.export traces takes the blocked path at every length: the same keys, one graph for all.)
-    exporting = is_exporting()
     if not exporting and num_tokens <= 2 * block and num_queries == length:
         return _plain_attention(kernel, query, key, value, key_mask, causal, dropout, scaling, position_terms, num_global)
 
@@ -200,14 +206,11 @@ def lsg_attention(
             step = torch.where(real_blocks[:, step_blocks, None, None], step, 0)
         return step.transpose(1, 2), None
 
-    padding = -num_tokens % block
-    if not settings.adaptive and padding:
+    if not settings.adaptive and -num_tokens % block:
         raise ValueError(
             f"Input length {num_tokens} is not a multiple of block_size {block}: pad it, or set adaptive=True."
         )
-    if exporting:  # one more block of padding: the traced graph then never holds a single block (a size-1
-        # dimension, which torch specialises), so it serves every length from 1 token on
-        padding = padding + block
+    if exporting:
         torch._check((num_tokens + padding) // block >= 2)
     if not kernel.runs(query, key, value):
         kernel = BACKENDS["sdpa"]
@@ -217,9 +220,7 @@ def lsg_attention(
     global_queries, token_queries = query.transpose(1, 2).split([num_global, num_tokens], dim=1)
     global_keys, token_keys = key.transpose(1, 2).split([num_global, num_tokens], dim=1)
     global_values, token_values = value.transpose(1, 2).split([num_global, num_tokens], dim=1)
-    global_mask, token_mask = key_mask.split([num_global, num_tokens], dim=1)
-    if exporting or padding:  # no test of the padding while exporting: the graph pads by 0 rows too
-        token_mask = F.pad(token_mask, (0, padding), value=False)
+    global_mask = key_mask[:, :num_global]
     job = TokenAttention(
         token_queries=token_queries,
         token_keys=token_keys,
@@ -250,17 +251,38 @@ def lsg_attention(
     if dropout:
         job.kept = block_dropout(job, heads, dropout)
     tokens = _token_attention(kernel, job)
-    output = tokens.output  # (B, t, H, D)
+    pieces = list(tokens.output) if isinstance(tokens.output, tuple) else [tokens.output]  # (B, t_i, H, D)
     if job.real_rows is not None:  # the rows of blocks of padding only are zero, as the sdpa backend leaves them
-        output = torch.where(job.real_rows[:, :, None, None], output, 0)
+        pieces = [torch.where(job.real_rows[:, :, None, None], torch.cat(pieces, dim=1), 0)]
     if num_global:
-        context = tokens.global_context or KeySequence(key, value, torch.arange(length, device=key.device))
         every_key = no_masked_keys and tokens.global_context is None and not causal and not dropout
+        if every_key:
+            context = KeySequence(key, value, None)
+        else:
+            context = tokens.global_context or KeySequence(key, value, torch.arange(length, device=key.device))
         global_output = _global_attention(
             kernel, global_queries, None if every_key else key_mask, context, causal, dropout, scaling, position_terms
         )  # (B, g, H, D)
-        output = torch.cat([global_output, output], dim=1)
+        pieces.insert(0, global_output)
+    output = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)  # (B, g + t, H, D)
     return output.transpose(1, 2), tokens.weights
+
+
+@functools.lru_cache(maxsize=32)
+def _unpadded_masks(batch: int, num_global: int, num_tokens: int, padding: int, device: torch.device):
+    key_mask = torch.ones(batch, num_global + num_tokens, dtype=torch.bool, device=device)
+    return key_mask, F.pad(key_mask[:, num_global:], (0, padding), value=False)
+
+
+def _padded_masks(padding_mask, batch: int, num_global: int, num_tokens: int, padding: int, device: torch.device):
+    """The key mask (B, g + t) bool (every key where `padding_mask` is None) and the tokens' mask padded at
+    the end to whole blocks, (B, t + padding). Without a padding mask they depend on the shape only:
+    made once per shape (outside compiled graphs) and shared by the layers."""
+    if padding_mask is None:
+        make = _unpadded_masks.__wrapped__ if tracing() else _unpadded_masks
+        return make(batch, num_global, num_tokens, padding, device)
+    token_mask = padding_mask[:, num_global:]
+    return padding_mask, F.pad(token_mask, (0, padding), value=False) if padding or is_exporting() else token_mask
 
 
 def _real_blocks(padding_mask: torch.Tensor | None, num_global: int, first: int, padding: int, block: int):

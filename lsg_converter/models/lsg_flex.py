@@ -1,25 +1,31 @@
 """The ``flex_attention`` backend of LSG attention: every token query in one `flex_attention` call.
 
-The keys and values of a layer are laid out once as one sequence (`KeyLayout`),
+The queries and keys of a layer are laid out one of two ways (`KeyLayout`), and a BlockMask says
+which tiles of the keys each tile of queries reads; its mask_mod says, key by key, what a query sees:
+the rule of `lsg_pattern.KeyPattern` (global keys, local tokens, sparse windows), restricted to the
+keys the padding and the sparse selection allow.
 
-    [ g global keys | T token keys | T / f sparse keys ], each segment zero-padded to whole tiles,
-
-and a BlockMask says which tiles of it each tile of queries reads. Its mask_mod says, key by key,
-what a query sees: the rule of `lsg_pattern.KeyPattern` (global keys, local tokens, sparse
-windows), restricted to the keys the padding and the sparse selection allow and, in training, to
-those DropKey kept (drawn once by the core, `TokenAttention.kept`, the same for every backend).
-
-* The tile structure depends on the pattern and the length only: it is built once per shape by
-  index arithmetic (`block_structure`, cached), never by evaluating the mask on every element.
-* What changes from call to call (padding, sparse selection, dropout) reaches the kernel through
-  tensors read by the mask_mod: a new padding neither rebuilds the structure nor recompiles.
-* Where no key is padded or dropped and there are no sparse keys, the sequence ends at the last token
-  (a "fitted" layout: flex_attention itself leaves out the keys past its end) and the mask_mod is the
-  pattern's rule alone, reading no tensor (`pattern_mask_mod`): on an H100, the validity read made the
-  forward kernel 12-18x slower (benchmarks/RESULTS.md, "GPU H100 (issue 36)").
+* The whole sequence: the layer's own g + t queries, and keys, read where they lie; with sparse keys,
+  their T / f compressed keys after them, from the next whole tile on (one copy of the keys and
+  values). Where no key is masked and there are no sparse keys, the mask_mod is the pattern's rule
+  alone and reads no tensor; where a padded batch masks keys, it reads the rows' bounds
+  (`RowBounds`: the first and last valid token, and compressed key, of each row): a few numbers per
+  row, never a tensor per key (on an H100, reading the keys' validity made the forward kernel 12-18x
+  slower: benchmarks/RESULTS.md, "GPU H100 (issue 36)"). Taken where each row's valid keys are one
+  run (padding at the end or the start of a row, as tokenizers give it) and there is no DropKey
+  (`whole_sequence_bounds`).
+* Gathered, otherwise (holes in a row's mask, DropKey in training, a compiled graph reading a mask):
+  [ g global keys | T token keys | T / f sparse keys ], each segment zero-padded to whole tiles, the
+  token queries apart; the mask_mod reads each key's validity and DropKey's choice (drawn once by the
+  core, `TokenAttention.kept`, the same for every backend).
+* The tile structure depends on the pattern, the length and the layout only: it is built once per
+  shape by index arithmetic (`block_structure`, cached, shared by every layer and call), never by
+  evaluating the mask on every element. What changes from call to call (padding, sparse selection,
+  dropout) reaches the kernel through tensors read by the mask_mod: a new padding neither rebuilds
+  the structure nor recompiles.
 * `flex_attention` runs compiled, on CUDA and on the CPU alike (uncompiled it would materialise
   every score). One compiled kernel per `KernelSignature` (the pattern, the score_mod's terms,
-  dropout, the layout fitted or not, training or inference, device, dtype), compiled once per
+  dropout, the layout and its mask_mod, training or inference, device, dtype), compiled once per
   process: the first length static, the next ones through one dynamic-shape graph (`MAX_COMPILES`).
   Where compiling fails or a call would need more compiles than that, the call runs the sdpa
   backend (`BackendUnavailable`), never uncompiled flex.
@@ -90,13 +96,17 @@ class KeyLayout:
     @classmethod
     def of(cls, pattern: KeyPattern, padded_tokens: int, tile: int, whole_sequence_tokens: int | None = None) -> KeyLayout:
         """The layout for `padded_tokens` tokens (a multiple of the block size), segments padded to `tile` rows;
-        whole sequence (no sparse keys): the layer's own sequence of g globals and exactly
-        `whole_sequence_tokens` tokens, as queries and as keys (the global query rows are not used)."""
+        whole sequence: the layer's own sequence of g globals and exactly `whole_sequence_tokens` tokens, as
+        queries and as keys (the global query rows are not used), then, with sparse keys, their segment
+        from the next whole tile on."""
+        compressed = padded_tokens // pattern.block_size * pattern.compressed_per_block
         if whole_sequence_tokens is not None:
             num_global, end = pattern.num_global, pattern.num_global + whole_sequence_tokens
-            return cls(num_global, end, end, query_offset=num_global)
+            if not pattern.sparse_starts:
+                return cls(num_global, end, end, query_offset=num_global)
+            sparse_offset = _round_up(end, tile)
+            return cls(num_global, sparse_offset, sparse_offset + _round_up(compressed, tile), query_offset=num_global)
         global_rows = _round_up(pattern.num_global, tile)
-        compressed = padded_tokens // pattern.block_size * pattern.compressed_per_block
         token_rows = _round_up(padded_tokens, tile)
         return cls(global_rows, global_rows + token_rows, global_rows + token_rows + _round_up(compressed, tile))
 
@@ -107,7 +117,8 @@ def block_structure(
 ) -> BlockMask:
     """The key tiles each tile of queries reads, as a BlockMask (its mask_mod unset), over the layout of
     `KeyLayout.of`: the `num_tokens` token queries over [globals | tokens | sparse keys], or, whole
-    sequence, the layer's g + t queries over its own g + t keys (a global query row reads the globals).
+    sequence, the layer's g + t queries over its own g + t keys (a global query row reads the globals)
+    and the sparse segment after them.
 
     Index arithmetic on the pattern, on `device`: per query tile, the range of keys of each kind its
     blocks see, then the tiles those ranges touch: (n / tile)^2 booleans, built once per shape and
@@ -135,7 +146,7 @@ def block_structure(
     for start in pattern.sparse_starts:
         first = (first_block * step + start).clamp(0, compressed)
         end = (last_block * step + start + pattern.sparse_size).clamp(0, compressed)
-        key_ranges.append((layout.sparse_offset + first, layout.sparse_offset + end))
+        key_ranges.append((layout.sparse_offset + first, torch.where(holds_tokens, layout.sparse_offset + end, 0)))
 
     tile_start = torch.arange(0, layout.length, tile, device=device)  # (nk,)
     needed = torch.zeros(len(first_row), len(tile_start), dtype=torch.bool, device=device)
@@ -151,31 +162,84 @@ def block_structure(
     )
 
 
-def whole_sequence_mask_mod(pattern: KeyPattern) -> Callable:
-    """mask_mod(batch, head, query, key) over the layer's own sequence of g globals and t tokens, every key
-    valid: a token query sees the global keys and its local tokens, by index arithmetic alone; a global
-    query row (its output is not used: the core attends the global queries apart) sees the globals."""
+@dataclass(frozen=True)
+class RowBounds:
+    """The keys each row of a batch may attend to, where they are one run per row (padding is a run at
+    the end or at the start of a row, as tokenizers give it): [first, end) of its tokens, (B, 2), and,
+    with sparse keys, of its compressed keys per head, (B, H, 2), int64. A mask_mod reads them as a few
+    numbers per row and head, never per key."""
+
+    tokens: torch.Tensor
+    sparse: torch.Tensor | None
+
+
+def _one_run(valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(..., n) bool -> [first, end) of each row's True entries, (..., 2) int64 ([n, 0) for a row without
+    any), and whether they are one run, (...) bool."""
+    length = valid.shape[-1]
+    index = torch.arange(length, device=valid.device)
+    first = torch.where(valid, index, length).amin(dim=-1)
+    end = torch.where(valid, index + 1, 0).amax(dim=-1)
+    return torch.stack([first, end], dim=-1), valid.sum(dim=-1) == (end - first).clamp(min=0)
+
+
+def whole_sequence_bounds(job: TokenAttention) -> tuple[bool, RowBounds | None]:
+    """Whether the call runs over the whole-sequence layout, and the rows' bounds its mask_mod reads (None:
+    every key is valid and there are no sparse keys, the pattern's rule alone, nothing read).
+
+    It does where there is no DropKey, every global key is valid, and each row's valid tokens (and, per
+    head, its valid compressed keys) are one run. Known without reading the mask where the core knows
+    no key is masked (`TokenAttention.no_masked_keys`) and there are no sparse keys; else one check on the
+    host (never inside a compiled graph, which then takes the gathered layout)."""
+    if job.sequence is None or job.kept is not None:
+        return False, None
+    if job.sparse is None and job.no_masked_keys:
+        return True, None
+    if tracing():
+        return False, None
+    token_bounds, token_run = _one_run(job.token_mask)
+    every_token = (token_bounds[:, 0] == 0) & (token_bounds[:, 1] == job.num_tokens)
+    checks = [job.global_mask.all(), token_run.all(), every_token.all()]
+    sparse_bounds = None
+    if job.sparse is not None:
+        sparse_bounds, sparse_run = _one_run(job.sparse.mask)  # (B, 1 or H, 2)
+        checks.append(sparse_run.all())
+    globals_valid, tokens_run, every_token_valid, *sparse_runs = torch.stack(checks).tolist()
+    if not (globals_valid and tokens_run and all(sparse_runs)):
+        return False, None
+    if sparse_bounds is None:
+        return True, None if every_token_valid else RowBounds(token_bounds, None)
+    heads = job.token_keys.shape[2]
+    return True, RowBounds(token_bounds, sparse_bounds.expand(-1, heads, -1).contiguous())
+
+
+def whole_sequence_mask_mod(pattern: KeyPattern, layout: KeyLayout | None = None, bounds: RowBounds | None = None) -> Callable:
+    """mask_mod(batch, head, query, key) over the layer's own sequence of g globals and t tokens (then the
+    sparse segment of `layout`): a token query sees the global keys, its local tokens and its sparse keys,
+    by index arithmetic; a global query row (its output is not used: the core attends the global queries
+    apart) sees the globals. Without `bounds` every key is valid and nothing is read; with them, the
+    tokens and compressed keys of the row's runs only (a key past the tokens, zero padding, is in none)."""
     num_global = pattern.num_global
 
     def sees(batch, head, query, key):
         token_query, token = query - num_global, key - num_global
         return (key < num_global) | ((token_query >= 0) & (token >= 0) & pattern.sees_token(token_query, token))
 
-    return sees
+    if bounds is None:
+        return sees
+    token_bounds, sparse_bounds = bounds.tokens, bounds.sparse
 
+    def sees_row(batch, head, query, key):
+        token_query, token = query - num_global, key - num_global
+        real_token = (token >= token_bounds[batch, 0]) & (token < token_bounds[batch, 1])
+        seen = (key < num_global) | ((token_query >= 0) & real_token & pattern.sees_token(token_query, token))
+        if sparse_bounds is None:
+            return seen
+        position = key - layout.sparse_offset
+        real_position = (position >= sparse_bounds[batch, head, 0]) & (position < sparse_bounds[batch, head, 1])
+        return seen | ((token_query >= 0) & real_position & pattern.sees_compressed(token_query, position))
 
-def every_key_valid(job: TokenAttention) -> bool:
-    """Whether the call can run over the whole-sequence layout with `whole_sequence_mask_mod`: no sparse
-    keys, no DropKey, no key masked before the end of the tokens. Known without reading the mask where
-    the core knows it (`TokenAttention.no_masked_keys`), else a check on the host (never inside a
-    compiled graph, which then reads the mask)."""
-    if job.sparse is not None or job.kept is not None:
-        return False
-    if job.no_masked_keys:
-        return True
-    if tracing():
-        return False
-    return bool(job.token_mask[:, : job.num_tokens].all() & job.global_mask.all())
+    return sees_row
 
 
 def lsg_mask_mod(
@@ -265,7 +329,7 @@ class KernelSignature:
     pattern: KeyPattern
     position_parts: tuple[str, ...]  # the sides of the position terms the score_mod adds
     dropout_rows: int  # rows of DropKey's choice per block (1 or b), 0 without dropout
-    fitted: bool  # the whole-sequence layout, whose mask_mod reads no tensor (`whole_sequence_mask_mod`)
+    layout: str  # "whole sequence" (its mask_mod reads no tensor), "whole sequence, row bounds" or "gathered"
     autograd: tuple[bool, bool]  # (grad mode, inputs requiring grad): training and inference trace apart
     device_type: str
     dtype: torch.dtype
@@ -358,6 +422,16 @@ def _at_storage_start(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous() if x.storage_offset() == 0 else x.clone(memory_format=torch.contiguous_format)
 
 
+def _laid_out(pieces: list[torch.Tensor], segment_ends: tuple[int, ...]) -> torch.Tensor:
+    """(B, H, n_i, ...) per segment -> (B, H, length, ...), segment i over rows [end_(i-1), end_i), zeros
+    after its piece: one copy."""
+    parts = []
+    for piece, segment_start, segment_end in zip(pieces, (0, *segment_ends), segment_ends):
+        padding_rows = segment_end - segment_start - piece.shape[2]
+        parts += [piece, piece.new_zeros(()).expand(*piece.shape[:2], padding_rows, *piece.shape[3:])]
+    return torch.cat(parts, dim=2)
+
+
 class FlexBackend:
     """Every token query in one flex_attention call over a block-sparse mask; the global queries and
     inputs too short for blocks through SDPA."""
@@ -378,29 +452,46 @@ class FlexBackend:
         return True
 
     def token_attention(self, job: TokenAttention) -> TokenOutput:
-        """The t token queries: over the layer's own sequence where every key is valid and there are no
-        sparse keys (`every_key_valid`), else over the key sequence [globals | tokens | sparse keys]."""
-        if job.sequence is not None and every_key_valid(job):
-            return self._whole_sequence_attention(job)
+        """The t token queries: over the layer's own sequence (then the sparse segment) where each row's
+        valid keys are one run and there is no DropKey (`whole_sequence_bounds`), else over the gathered
+        key sequence [globals | tokens | sparse keys]."""
+        whole_sequence, bounds = whole_sequence_bounds(job)
+        if whole_sequence:
+            return self._whole_sequence_attention(job, bounds)
         return self._key_sequence_attention(job)
 
-    def _whole_sequence_attention(self, job: TokenAttention) -> TokenOutput:
-        """Every query row of the layer over its own g + t keys, read where they lie (no copy of the queries,
-        keys or values): the mask_mod is the pattern's rule alone. The global query rows' outputs are left
-        out, and the global queries see the layer's keys as they were given (no `global_context`)."""
-        pattern, num_tokens = job.pattern, job.num_tokens
-        queries, keys, values = (_at_storage_start(x).transpose(1, 2) for x in job.sequence)  # (B, H, g + t, D)
+    def _whole_sequence_attention(self, job: TokenAttention, bounds: RowBounds | None) -> TokenOutput:
+        """Every query row of the layer over its own g + t keys, the queries read where they lie, the keys and
+        values too without sparse keys (else one copy, with the compressed ones from the next whole tile on,
+        `KeyLayout.of`): the mask_mod is the pattern's rule, with the rows' bounds where a key is masked
+        (`whole_sequence_mask_mod`). The global query rows' outputs are left out, and the global queries see
+        the layer's keys as they were given (no `global_context`)."""
+        pattern, num_tokens, sparse = job.pattern, job.num_tokens, job.sparse
         layout = KeyLayout.of(pattern, job.token_mask.shape[1], TILE, num_tokens)
+        segment_ends = (layout.sparse_offset, layout.length)
+        queries, keys, values = job.sequence  # (B, g + t, H, D)
+        queries = _at_storage_start(queries).transpose(1, 2)  # (B, H, g + t, D)
+        if sparse is None:
+            keys, values = (_at_storage_start(x).transpose(1, 2) for x in (keys, values))
+        else:  # (B, H, length, D)
+            keys = _laid_out([keys.transpose(1, 2), sparse.keys], segment_ends)
+            values = _laid_out([values.transpose(1, 2), sparse.values], segment_ends)
         structure = block_structure(pattern, num_tokens, TILE, queries.device, whole_sequence=True)
         score_mod = None
         terms = job.positions
         if terms is not None:
             num_global = pattern.num_global
             key_positions = sequence_positions(terms, num_global, num_tokens, keys.device)  # (g + t,)
-            score_mod = position_score_mod(terms, key_positions, terms.key_rows, num_global, layout.query_offset)
-        output = _flex_kernel(self._signature(job, fitted=True))(
+            key_rows = terms.key_rows
+            if sparse is not None:
+                batch, heads = keys.shape[:2]
+                key_positions = _laid_out([key_positions.expand(batch, heads, -1), sparse.positions], segment_ends)
+                if key_rows is not None:
+                    key_rows = _laid_out([key_rows, sparse.key_rows], segment_ends)  # (B, H, length, R)
+            score_mod = position_score_mod(terms, key_positions, key_rows, num_global, layout.query_offset)
+        output = _flex_kernel(self._signature(job, "whole sequence" if bounds is None else "whole sequence, row bounds"))(
             queries, keys, values, score_mod=score_mod,
-            block_mask=_with_mask_mod(structure, whole_sequence_mask_mod(pattern)), scale=job.scaling,
+            block_mask=_with_mask_mod(structure, whole_sequence_mask_mod(pattern, layout, bounds)), scale=job.scaling,
         )  # (B, H, g + t, D)
         return TokenOutput(output.transpose(1, 2)[:, layout.query_offset :], None, None)
 
@@ -414,24 +505,15 @@ class FlexBackend:
         structure = block_structure(pattern, num_queries, TILE, job.token_queries.device)
         segment_ends = (layout.token_offset, layout.sparse_offset, layout.length)
 
-        def sequence(pieces) -> torch.Tensor:  # (B, H, n_i, ...) per segment -> (B, H, length, ...), one copy
-            parts = []
-            for piece, segment_start, segment_end in zip(pieces, (0, *segment_ends), segment_ends):
-                padding_rows = segment_end - segment_start - piece.shape[2]
-                parts += [piece, piece.new_zeros(()).expand(*piece.shape[:2], padding_rows, *piece.shape[3:])]
-            return torch.cat(parts, dim=2)
-
         def no_sparse(x: torch.Tensor) -> torch.Tensor:  # an empty sparse segment shaped like x (B, H, n, ...)
             return x.new_zeros(()).expand(x.shape[0], x.shape[1], 0, *x.shape[3:])
 
         token_keys, token_values = job.keys.transpose(1, 2), job.values.transpose(1, 2)  # (B, H, T, D)
         tokens = token_keys.shape[2]
-        key_sequence = sequence(
-            [job.global_keys.transpose(1, 2), token_keys, no_sparse(token_keys) if sparse is None else sparse.keys]
-        )  # (B, H, length, D)
-        value_sequence = sequence(
-            [job.global_values.transpose(1, 2), token_values, no_sparse(token_values) if sparse is None else sparse.values]
-        )
+        sparse_keys = no_sparse(token_keys) if sparse is None else sparse.keys
+        sparse_values = no_sparse(token_values) if sparse is None else sparse.values
+        key_sequence = _laid_out([job.global_keys.transpose(1, 2), token_keys, sparse_keys], segment_ends)  # (B, H, length, D)
+        value_sequence = _laid_out([job.global_values.transpose(1, 2), token_values, sparse_values], segment_ends)
 
         score_mod = None
         terms = job.positions
@@ -440,17 +522,18 @@ class FlexBackend:
             token_positions = torch.arange(tokens, device=device).expand(batch, heads, -1)
             global_positions = global_query_positions(terms, num_global, device).expand(batch, heads, -1)
             sparse_positions = no_sparse(token_positions) if sparse is None else sparse.positions
-            key_positions = sequence([global_positions, token_positions, sparse_positions])  # (B, H, length)
+            key_positions = _laid_out([global_positions, token_positions, sparse_positions], segment_ends)  # (B, H, length)
             key_rows = None
             if terms.key_rows is not None:
                 sparse_rows = no_sparse(job.token_key_rows) if sparse is None else sparse.key_rows
-                key_rows = sequence([terms.key_rows[:, :, :num_global], job.token_key_rows, sparse_rows])  # (B, H, length, R)
+                global_key_rows = terms.key_rows[:, :, :num_global]
+                key_rows = _laid_out([global_key_rows, job.token_key_rows, sparse_rows], segment_ends)  # (B, H, length, R)
             score_mod = position_score_mod(terms, key_positions, key_rows, num_global)
         sparse_mask = job.token_mask.new_zeros(batch, 1, 0) if sparse is None else sparse.mask
         masks = (job.global_mask[:, None], job.token_mask[:, None], sparse_mask)
-        key_valid = sequence([m.expand(-1, heads, -1) for m in masks])  # (B, H, length) bool
+        key_valid = _laid_out([m.expand(-1, heads, -1) for m in masks], segment_ends)  # (B, H, length) bool
         block_mask = _with_mask_mod(structure, lsg_mask_mod(pattern, layout, key_valid, job.kept))
-        output = _flex_kernel(self._signature(job, fitted=False))(
+        output = _flex_kernel(self._signature(job, "gathered"))(
             _at_storage_start(job.token_queries).transpose(1, 2),
             key_sequence,
             value_sequence,
@@ -467,13 +550,13 @@ class FlexBackend:
         return TokenOutput(output.transpose(1, 2), None, context)
 
     @staticmethod
-    def _signature(job: TokenAttention, fitted: bool) -> KernelSignature:
+    def _signature(job: TokenAttention, layout: str) -> KernelSignature:
         terms = job.positions
         return KernelSignature(
             job.pattern,
             () if terms is None else tuple(side for side, _, _ in terms.parts()),
             0 if job.kept is None else job.kept.shape[3],
-            fitted,
+            layout,
             (torch.is_grad_enabled(), any(x.requires_grad for x in (job.token_queries, job.token_keys, job.token_values))),
             job.token_queries.device.type,
             job.token_queries.dtype,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import operator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -145,7 +145,7 @@ class KeyPattern:
         compressed_rows = num_compressed - compressed_start
         outside = self.num_global + num_tokens + compressed_rows
         block_index = block_index[:, None]
-        columns = [torch.arange(self.num_global, device=device).expand(len(block_index), -1)]
+        columns = [torch.arange(self.num_global, device=device).expand(block_index.shape[0], -1)]
         for start in self.sparse_starts:
             position = block_index * self.compressed_per_block + start + torch.arange(self.sparse_size, device=device)
             inside = (position >= compressed_start) & (position < num_compressed)
@@ -428,21 +428,23 @@ class TokenAttention:
 @dataclass
 class KeySequence:
     """A backend's keys and values as one sequence, (B, H, n, D) each, with `index` (n,) int64: the
-    position of each row in the layer's sequence of g + t (-1 for a row of padding)."""
+    position of each row in the layer's sequence of g + t (-1 for a row of padding); None where the rows
+    are the layer's sequence itself and every key is seen (no mask to place)."""
 
     keys: torch.Tensor
     values: torch.Tensor
-    index: torch.Tensor
+    index: torch.Tensor | None
 
 
 @dataclass
 class TokenOutput:
-    """What a backend returns: output (B, t, H, D); weights (B, H, t, t), the token queries' weights
+    """What a backend returns: output (B, t, H, D), or a tuple of pieces (B, t_i, H, D) in token order that
+    the core joins with the global queries' output in one copy; weights (B, H, t, t), the token queries' weights
     over the tokens (the global columns left out, on the output's autograd path, see
     `weighted_values`), or None where the backend does not compute them; global_context, the keys the global queries attend to
     as the backend holds them, or None for the layer's keys and values as they were given."""
 
-    output: torch.Tensor
+    output: torch.Tensor | tuple[torch.Tensor, ...]
     weights: torch.Tensor | None
     global_context: KeySequence | None
 
@@ -603,22 +605,7 @@ def sparse_windows(pattern: KeyPattern, x: torch.Tensor, num_blocks: int, fill=0
     return [piece for start in starts for piece in _sliding(padded, size, step, num_blocks, start=before + start)]
 
 
-def block_keys(pattern: KeyPattern, global_rows, sparse_rows, token_rows, num_blocks: int, fill=0) -> list[torch.Tensor]:
-    """Each block's keys (or anything given per key) as pieces (B, nb, K_i, ...) in key order.
-
-    global_rows: (B, g, ...) or None without global tokens; sparse_rows: (B, T / f, ...) or None
-    without sparse keys; token_rows: (B, T, ...). The pieces are views where they can be (the global
-    rows expanded over the blocks); `fill` stands for the keys outside the sequence.
-    """
-    pieces = local_windows(pattern, token_rows, num_blocks, fill)
-    if sparse_rows is not None:
-        pieces = sparse_windows(pattern, sparse_rows, num_blocks, fill) + pieces
-    if global_rows is not None and global_rows.shape[1]:
-        pieces.insert(0, global_rows[:, None].expand(-1, num_blocks, *global_rows.shape[1:]))
-    return pieces
-
-
-def _local_causal_mask(pattern: KeyPattern, device: torch.device) -> torch.Tensor:
+def local_causal_mask(pattern: KeyPattern, device: torch.device) -> torch.Tensor:
     """(b, local_size) bool: which local keys each row of a block sees (its window starts at token 0)."""
     rows = torch.arange(pattern.block_size, device=device)[:, None] + pattern.blocks_before * pattern.block_size
     return pattern.sees_token(rows, torch.arange(pattern.local_size, device=device))
@@ -629,7 +616,7 @@ def block_mask(job: TokenAttention) -> torch.Tensor:
     pattern, num_blocks = job.pattern, job.num_blocks
     local_mask = torch.cat(local_windows(pattern, job.token_mask, num_blocks, False), dim=2)[:, :, None, None, :]
     if pattern.causal:
-        local_mask = local_mask & _local_causal_mask(pattern, job.token_mask.device)  # (B, nb, 1, b, 2b)
+        local_mask = local_mask & local_causal_mask(pattern, job.token_mask.device)  # (B, nb, 1, b, 2b)
     masks = [local_mask]
     if job.sparse is not None:
         sparse_mask = torch.cat(sparse_windows(pattern, job.sparse.mask.transpose(1, 2), num_blocks, False), dim=2)
@@ -774,13 +761,70 @@ def cached_block_mask(job: TokenAttention, chosen: tuple[torch.Tensor, torch.Ten
     return mask
 
 
+class BlockTable(NamedTuple):
+    """Where each block's queries and keys lie in the sequence [g globals | t tokens | compressed keys]
+    the block backends gather from (`block_table`).
+
+    columns: (nb, K) int64, each block's keys in key order (`KeyPattern.key_columns`); a key outside
+    the sequence (past the tokens, before the first one, beyond a sparse window's edge) reads row 0;
+    inside: (nb, K) bool, False for those (they must be masked); query_rows: (nb, b) int64, each block's
+    queries (rows past the last token read it: their outputs are dropped).
+    """
+
+    columns: torch.Tensor
+    inside: torch.Tensor
+    query_rows: torch.Tensor
+
+
+@functools.lru_cache(maxsize=64)
+def _block_table(pattern: KeyPattern, num_blocks: int, num_tokens: int, num_compressed: int, device: torch.device) -> BlockTable:
+    columns = pattern.key_columns(torch.arange(num_blocks, device=device), num_tokens, num_compressed)
+    inside = columns < pattern.num_global + num_tokens + num_compressed
+    query_tokens = torch.arange(num_blocks * pattern.block_size, device=device).clamp(max=num_tokens - 1)
+    query_rows = (pattern.num_global + query_tokens).view(num_blocks, pattern.block_size)
+    return BlockTable(torch.where(inside, columns, 0), inside, query_rows)
+
+
+def block_table(pattern: KeyPattern, num_blocks: int, num_tokens: int, num_compressed: int, device: torch.device) -> BlockTable:
+    """The `BlockTable` of an input of `num_tokens` tokens in `num_blocks` blocks and `num_compressed`
+    compressed keys: the one table every block backend gathers with. Made once per shape and device and
+    shared by the layers (in compiled graphs, traced)."""
+    make = _block_table.__wrapped__ if tracing() else _block_table
+    return make(pattern, num_blocks, num_tokens, num_compressed, device)
+
+
+def gather_block_rows(
+    sequence: torch.Tensor, columns: torch.Tensor, chosen: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> torch.Tensor:
+    """Rows of `sequence` (B, N, H, D) at `columns` (nb, K), one copy: (B nb, H, K, D), or for the
+    `chosen` blocks ((batch index, block index) each (n,)) only, (n, H, K, D)."""
+    if chosen is None:
+        return sequence[:, columns].flatten(0, 1).transpose(1, 2)  # (B, nb, K, H, D) -> (B nb, H, K, D)
+    rows, blocks = chosen
+    return sequence[rows[:, None], columns[blocks]].transpose(1, 2)  # (n, K, H, D) -> (n, H, K, D)
+
+
+def key_sequences(job: TokenAttention) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys and values the blocks gather from, [g globals | t tokens | compressed keys], (B, N, H, D)
+    each: the layer's own where there are no sparse keys (no copy)."""
+    if job.sequence is not None:
+        keys, values = job.sequence[1], job.sequence[2]
+    else:
+        keys = torch.cat([job.global_keys, job.token_keys], dim=1)
+        values = torch.cat([job.global_values, job.token_values], dim=1)
+    if job.sparse is not None:
+        keys = torch.cat([keys, job.sparse.keys.transpose(1, 2)], dim=1)
+        values = torch.cat([values, job.sparse.values.transpose(1, 2)], dim=1)
+    return keys, values
+
+
 @dataclass
 class BlockKeys:
     """Each block's keys gathered for the block backends (sdpa, eager), blocks folded into the batch.
 
     queries: (n, H, b, D); keys, values: (n, H, K, D) in the order of `KeyPattern.key_columns` (values
-    None where not asked for); mask: (n, 1 or H, 1 or b, K), additive (DropKey and position terms
-    applied). n = B * nb, or the number of blocks chosen.
+    None where not asked for), gathered in one copy each with `block_table`; mask: (n, 1 or H, 1 or b,
+    K), additive (DropKey and position terms applied). n = B * nb, or the number of blocks chosen.
     """
 
     queries: torch.Tensor
@@ -794,23 +838,18 @@ class BlockKeys:
     ) -> BlockKeys:
         """The blocks of `job`: every block, or the `chosen` ones ((batch index, block index), as
         `TokenAttention.query_blocks` gives them)."""
-        pattern, num_blocks, sparse = job.pattern, job.num_blocks, job.sparse
-
-        def gathered(global_rows, sparse_rows, token_rows):  # one copy: (n, H, K, D)
-            pieces = block_keys(pattern, global_rows, sparse_rows, token_rows, num_blocks)
-            if chosen is not None:
-                pieces = [piece[chosen] for piece in pieces]
-                return torch.cat(pieces, dim=1).transpose(1, 2)
-            return torch.cat(pieces, dim=2).flatten(0, 1).transpose(1, 2)
-
-        keys = gathered(job.global_keys, None if sparse is None else sparse.keys.transpose(1, 2), job.keys)
-        values = None
-        if with_values:
-            values = gathered(job.global_values, None if sparse is None else sparse.values.transpose(1, 2), job.values)
-        queries = job.queries.unflatten(1, (num_blocks, pattern.block_size))  # (B, nb, b, H, D)
+        pattern, num_blocks = job.pattern, job.num_blocks
+        num_compressed = 0 if job.sparse is None else job.sparse.keys.shape[2]
+        table = block_table(pattern, num_blocks, job.num_tokens, num_compressed, job.token_keys.device)
+        key_sequence, value_sequence = key_sequences(job)
+        if job.sequence is None or job.token_mask.shape[1] == job.num_tokens:  # the blocks are views of the tokens
+            queries = job.queries.unflatten(1, (num_blocks, pattern.block_size))  # (B, nb, b, H, D)
+            queries = folded_blocks(queries, job.token_keys.shape[0], chosen).transpose(1, 2)
+        else:  # gathered, the padding rows reading the last token
+            queries = gather_block_rows(job.sequence[0], table.query_rows, chosen)
         return cls(
-            queries=folded_blocks(queries, job.keys.shape[0], chosen).transpose(1, 2),
-            keys=keys,
-            values=values,
+            queries=queries,
+            keys=gather_block_rows(key_sequence, table.columns, chosen),
+            values=gather_block_rows(value_sequence, table.columns, chosen) if with_values else None,
             mask=cached_block_mask(job, chosen),
         )

@@ -19,16 +19,23 @@ This file travels with saved models as remote code: it imports torch only.
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
 import torch
 
 from .lsg_pattern import (
     BlockKeys,
     KeyPattern,
+    block_table,
+    gather_block_rows,
+    local_causal_mask,
     TokenAttention,
     TokenOutput,
     additive_mask,
     block_mask,
     fused_attention,
+    is_exporting,
     local_windows,
     sdpa_dense_attention,
     tracing,
@@ -60,6 +67,8 @@ class SdpaBackend:
         padded_tokens = job.token_mask.shape[1]
         shape = (batch, job.num_blocks, job.pattern.block_size, heads, job.token_values.shape[-1])
         viewed = window_view_blocks(job)
+        if viewed is None and unmasked_input(job):
+            return TokenOutput(tuple(unmasked_attention(job)), None, None)
         if viewed is None:  # every block gathered
             chosen = job.query_blocks  # None: every block
             output = gathered_attention(job, chosen)
@@ -92,6 +101,88 @@ def gathered_attention(job: TokenAttention, chosen: tuple[torch.Tensor, torch.Te
     return output
 
 
+def unmasked_input(job: TokenAttention) -> bool:
+    """Whether every key of the input may be seen and nothing else changes the scores (no padding, no
+    sparse keys, no DropKey, no position terms): its masks then depend on its shape only (`ShapeBlocks`).
+    Not while exporting, whose one graph serves every length."""
+    return not is_exporting() and job.no_masked_keys and job.sparse is None and job.kept is None and job.positions is None and job.sequence is not None
+
+
+@dataclass(frozen=True)
+class ShapeBlocks:
+    """How the blocks of an input of a given shape whose every key may be seen run: the blocks whose keys
+    all lie inside the sequence, a run in the middle (`unmasked`, blocks [start, end), or None), without
+    a mask, SDPA's fastest path; the others (at the edges; causal: every block) with theirs.
+
+    edge_columns: (e, K) the edge blocks' keys' rows in the layer's sequence; edge_queries:
+    (e, b) their queries' rows in it (rows past the last token read it: their outputs are dropped);
+    edge_mask: (B e, 1, 1 or b, K) additive; unmasked_columns: (n, K) the middle blocks' keys' rows.
+    """
+
+    edge_columns: torch.Tensor
+    edge_queries: torch.Tensor
+    edge_mask: torch.Tensor
+    unmasked: tuple[int, int] | None
+    unmasked_columns: torch.Tensor | None
+
+    @classmethod
+    def of(cls, pattern: KeyPattern, batch: int, num_blocks: int, num_tokens: int, dtype: torch.dtype, device: torch.device) -> ShapeBlocks:
+        """Made once per shape (outside compiled graphs) and shared by the layers."""
+        make = _shape_blocks.__wrapped__ if tracing() else _shape_blocks
+        return make(pattern, batch, num_blocks, num_tokens, dtype, device)
+
+
+@functools.lru_cache(maxsize=32)
+def _shape_blocks(pattern: KeyPattern, batch: int, num_blocks: int, num_tokens: int, dtype: torch.dtype, device: torch.device) -> ShapeBlocks:
+    block = pattern.block_size
+    table = block_table(pattern, num_blocks, num_tokens, 0, device)
+    allowed = table.inside[:, None, :]  # (nb, 1, K)
+    if pattern.causal:  # (nb, b, K): the local keys up to each query
+        local = allowed[..., -pattern.local_size :] & local_causal_mask(pattern, device)
+        allowed = torch.cat([allowed[..., : -pattern.local_size].expand(-1, block, -1), local], dim=-1)
+    # the blocks whose window lies inside the tokens, [first, last]: none when causal (a block sees its own
+    # keys up to each query only)
+    first, last = pattern.blocks_before, num_tokens // block - 1 - pattern.blocks_after
+    run = None if pattern.causal or last < first else (first, last + 1)
+    unmasked = range(*run) if run else range(0)
+    edges = torch.tensor([index for index in range(num_blocks) if index not in unmasked], dtype=torch.long, device=device)
+    edge_mask = additive_mask(allowed[edges][None, :, None].expand(batch, -1, -1, -1, -1).flatten(0, 1), dtype)
+    return ShapeBlocks(
+        edge_columns=table.columns[edges],
+        edge_queries=table.query_rows[edges],
+        edge_mask=edge_mask,
+        unmasked=run,
+        unmasked_columns=None if run is None else table.columns[run[0] : run[1]],
+    )
+
+
+def unmasked_attention(job: TokenAttention) -> list[torch.Tensor]:
+    """The token queries' output of an `unmasked_input`, as pieces (B, t_i, H, D) in token order for the
+    core to join: the middle blocks in one SDPA call without a mask, the edge blocks in one with theirs,
+    each block's keys gathered from the layer's sequence in one copy (`gather_block_rows`)."""
+    pattern, queries = job.pattern, job.token_queries
+    batch, _, heads, _ = queries.shape
+    block = pattern.block_size
+    plan = ShapeBlocks.of(pattern, batch, job.num_blocks, job.num_tokens, queries.dtype, queries.device)
+    query_sequence, keys, values = job.sequence  # (B, g + t, H, D) each
+
+    def run(block_queries, columns, mask) -> torch.Tensor:  # (B n, H, b, D) -> (B, n b, H, D)
+        output = fused_attention(block_queries, gather_block_rows(keys, columns), gather_block_rows(values, columns), mask, job.scaling)
+        return output.transpose(1, 2).reshape(batch, -1, heads, output.shape[-1])
+
+    edge_queries = gather_block_rows(query_sequence, plan.edge_queries)  # (B e, H, b, D)
+    edges = run(edge_queries, plan.edge_columns, plan.edge_mask)  # (B, e b, H, D)
+    if plan.unmasked is None:
+        return [edges[:, : job.num_tokens]]
+    start, end = plan.unmasked
+    middle_queries = queries[:, start * block : end * block].unflatten(1, (-1, block)).flatten(0, 1).transpose(1, 2)
+    middle = run(middle_queries, plan.unmasked_columns, None)
+    # (a split, whose backward is one copy): the edge blocks before the middle, those after it, padding rows
+    last_rows = job.num_tokens - end * block
+    before, after, _ = edges.split([start * block, last_rows, edges.shape[1] - start * block - last_rows], dim=1)
+    return [before, middle, after]
+
+
 def window_view_blocks(job: TokenAttention) -> torch.Tensor | None:
     """(B, nb) bool: the blocks whose local window lies inside the sequence and holds real tokens only,
     whose keys `window_view_attention` reads as views; None where that path does not apply (not on the
@@ -103,6 +194,7 @@ def window_view_blocks(job: TokenAttention) -> torch.Tensor | None:
         and keys.device.type == "cpu"
         and keys.dtype in (torch.float32, torch.float64)
         and job.token_values.shape[-1] == keys.shape[-1]
+        and job.sequence is not None
         and job.sparse is None
         and job.positions is None
         and job.kept is None
@@ -173,14 +265,11 @@ def edge_block_attention(job: TokenAttention, chosen: tuple[torch.Tensor, torch.
     window reaches outside the sequence or over padding: only their own queries and windows are gathered
     (rows past the last token read the last one: their keys are masked, their outputs dropped)."""
     pattern, rows, blocks = job.pattern, *chosen
-    block, num_global, last_token = pattern.block_size, pattern.num_global, job.num_tokens - 1
+    block, num_global = pattern.block_size, pattern.num_global
     mask = additive_mask(block_mask(job)[chosen][..., num_global:], job.token_keys.dtype)  # (n, 1, 1, local)
-    # (n, local): the windows' token rows; those outside the sequence (numbered t) read the last token
-    columns = (pattern.key_columns(blocks, job.num_tokens, 0)[:, num_global:] - num_global).clamp(max=last_token)
-    keys = job.token_keys[rows[:, None], columns].transpose(1, 2)  # (n, H, local, D)
-    values = job.token_values[rows[:, None], columns].transpose(1, 2)
-    query_rows = (blocks[:, None] * block + torch.arange(block, device=blocks.device)).clamp(max=last_token)  # (n, b)
-    queries = job.token_queries[rows[:, None], query_rows].transpose(1, 2)  # (n, H, b, D)
+    table = block_table(pattern, job.num_blocks, job.num_tokens, 0, job.token_keys.device)
+    local_columns = table.columns[:, num_global:]  # (nb, local): the keys outside the sequence read row 0
+    queries, keys, values = (gather_block_rows(x, columns, chosen) for x, columns in zip(job.sequence, (table.query_rows, local_columns, local_columns)))
     out = queries.new_empty(queries.shape[0], block, queries.shape[1], values.shape[-1])
     local_then_global(job, queries, keys, values, mask, job.global_keys[rows], job.global_values[rows], out)
     return out
