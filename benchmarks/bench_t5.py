@@ -16,7 +16,8 @@ gated-gelu, ``--layers`` layers, dropout 0, batch 1) fed random token ids:
 
 For each length: the median time of ``--repeats`` calls after a warm-up call of the forward pass (eval
 mode, no grad) and of a training step (train mode, forward + backward of the mean square of the last
-hidden states), each model's calls in a row, the models one after the other (bench_speed's helpers);
+hidden states), interleaved: each round calls every model's forward and training step once in turn
+(`interleaved_seconds`);
 then the peak memory of each above the loaded model (rise of the resident set over one call after a
 warm-up call, each model in a process of its own). A second table gives the LSG forward peaks at
 ``--scaling-lengths``. Ratios, not absolute times, carry over between machines.
@@ -28,8 +29,10 @@ import argparse
 import datetime
 import json
 import shlex
+import statistics
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -37,7 +40,7 @@ from typing import Callable
 import torch
 from transformers import LongT5Config, LongT5EncoderModel, T5Config, T5EncoderModel
 
-from bench_speed import fmt, machine_description, median_seconds, ratio, resident_kib, write_results
+from bench_speed import fmt, machine_description, ratio, resident_kib, write_results
 from lsg_converter.models.configuration_lsg_t5 import LSGT5Config
 from lsg_converter.models.modeling_lsg_t5 import LSGT5EncoderModel
 
@@ -85,6 +88,22 @@ def step_function(model: torch.nn.Module, length: int, mode: str) -> Callable[[]
         model.zero_grad(set_to_none=True)
 
     return forward if mode == "forward" else train_step
+
+
+def interleaved_seconds(names: list[str], length: int, layers: int, repeats: int) -> dict[tuple[str, str], float]:
+    """Median seconds of each model's forward pass and training step: a warm-up round, then `repeats`
+    rounds, each calling every model's forward and training step once in turn, so that a machine that
+    slows down or speeds up during the run weighs on every model alike."""
+    models = {name: build_model(name, layers) for name in names}
+    steps = {(name, mode): step_function(model, length, mode) for name, model in models.items()
+             for mode in ("forward", "train")}
+    times: dict[tuple[str, str], list[float]] = {key: [] for key in steps}
+    for _ in range(1 + repeats):
+        for key, step in steps.items():
+            start = time.perf_counter()
+            step()
+            times[key].append(time.perf_counter() - start)
+    return {key: statistics.median(values[1:]) for key, values in times.items()}
 
 
 def rss_peak_mib(step: Callable[[], None]) -> float:
@@ -181,11 +200,10 @@ def main() -> None:
     print(description, flush=True)
     rows = []
     for length in args.lengths:
-        for name in (n for n in args.models if n != "t5 dense" or length <= args.max_dense_length):
-            model = build_model(name, args.layers)
-            row = Row(name, length, *(median_seconds(step_function(model, length, mode), args.repeats,
-                                                     torch.device("cpu")) for mode in ("forward", "train")))
-            del model
+        names = [n for n in args.models if n != "t5 dense" or length <= args.max_dense_length]
+        seconds = interleaved_seconds(names, length, args.layers, args.repeats)
+        for name in names:
+            row = Row(name, length, seconds[name, "forward"], seconds[name, "train"])
             if not args.skip_memory:
                 row.forward_peak, row.train_peak = (peak_in_child(name, mode, length, args.layers)
                                                     for mode in ("forward", "train"))

@@ -52,6 +52,7 @@ REMOTE_CODE_FILES = (
     "lsg_pattern.py",
     "lsg_settings.py",
     "lsg_sparse.py",
+    "lsg_t5_bias.py",
     "lsg_sdpa.py",
     "lsg_eager.py",
     "lsg_flex.py",

@@ -193,6 +193,10 @@ class PositionTerms:
         global_position: the position of every global token (0: the first token's, where the global
             tokens come from: global 0 is the [CLS] / <s> embedding at position 0, so a query sees it
             with the term it gave that token, and the global queries see the text as it did).
+        max_distance: where `bucket` is constant beyond: bucket(r) = bucket(max_distance) for r >=
+            max_distance, bucket(-max_distance) for r <= -max_distance (T5's bias), or None. With a
+            table only, the block backends then look a block's sparse keys up by their offset from
+            the block's start (`block_table_scores`), not by the distance of each pair.
     """
 
     bucket: Callable[[torch.Tensor], torch.Tensor]
@@ -202,6 +206,9 @@ class PositionTerms:
     key_rows: torch.Tensor | None = None
     key_bucket: Callable[[torch.Tensor], torch.Tensor] | None = None
     global_position: int = 0
+    max_distance: int | None = None
+    # `block_row_table` of each block size, made once per forward (the terms are)
+    row_tables: dict = field(default_factory=dict, repr=False, compare=False)
     # The block backends' additive masks made from these terms, kept for the next layer of the same
     # forward (see `cached_block_mask`): key -> (the masks they were made for, the additive mask).
     block_masks: dict = field(default_factory=dict, repr=False, compare=False)
@@ -265,6 +272,30 @@ class RowLookup:
         flat = flat.reshape(*flat.shape[:2], -1).expand(batch, heads, -1)
         scores = self.rows.flatten(2).gather(2, flat)  # (B, H, pairs)
         return scores.view(batch, heads, *pairs).movedim(1, -3)
+
+
+def block_row_table(terms: PositionTerms, block_size: int) -> torch.Tensor:
+    """The table's score for row j of a block and a key k tokens after the block's start, k clamped into
+    [-M, M + b) (M = `PositionTerms.max_distance`: beyond, every row of the block gets the same
+    score): (H, b, 2 M + b), column k + M. Made once per block size and kept in the terms."""
+    table = terms.row_tables.get(block_size)
+    if table is None:
+        device, max_distance = terms.table.device, terms.max_distance
+        offsets = torch.arange(-max_distance, max_distance + block_size, device=device)
+        rows = torch.arange(block_size, device=device)[:, None]
+        table = terms.row_tables[block_size] = terms.table[:, terms.bucket(offsets - rows)]  # (H, b, 2 M + b)
+    return table
+
+
+def block_table_scores(terms: PositionTerms, block_size: int, key_offsets: torch.Tensor) -> torch.Tensor:
+    """The table's scores of each row of a block over its keys, from each key's offset from the block's
+    start, key_offsets (B or 1, nb, 1 or H, 1, K) int64 -> (B or 1, nb, H, b, K): one lookup per pair in
+    `block_row_table` (terms with a table only, and `max_distance`)."""
+    table = block_row_table(terms, block_size)
+    heads, _, width = table.shape
+    column = key_offsets.clamp(-terms.max_distance, width - terms.max_distance - 1) + terms.max_distance
+    shape = (*column.shape[:2], heads, block_size, column.shape[-1])
+    return table.expand(*shape[:2], heads, block_size, width).gather(-1, column.expand(shape))
 
 
 def global_query_positions(terms: PositionTerms, num_global: int, device: torch.device) -> torch.Tensor:
@@ -643,7 +674,11 @@ def block_position_scores(job: TokenAttention) -> list[torch.Tensor]:
         sparse_positions = windows(sparse_windows(pattern, sparse.positions.transpose(1, 2), num_blocks))
         compressed = torch.arange(sparse.keys.shape[2], device=device).view(1, -1, 1)
         sparse_rows = key_rows(sparse.key_rows, windows(sparse_windows(pattern, compressed, num_blocks)))
-        pieces.insert(0, relative_scores(terms, query_positions, sparse_positions, query_rows, sparse_rows))
+        if terms.table is not None and terms.max_distance is not None and query_rows is None and sparse_rows is None:
+            block_starts = query_positions[:, :, :, :1]  # (1, nb, 1, 1, 1)
+            pieces.insert(0, block_table_scores(terms, block, sparse_positions - block_starts))
+        else:
+            pieces.insert(0, relative_scores(terms, query_positions, sparse_positions, query_rows, sparse_rows))
     if num_global:
         global_positions = global_query_positions(terms, num_global, device).view(1, 1, 1, 1, num_global)
         global_rows = key_rows(terms.key_rows, torch.arange(num_global, device=device).view(1, 1, 1, 1, num_global))

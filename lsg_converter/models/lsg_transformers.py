@@ -9,6 +9,9 @@ this module (ARCHITECTURE.md lists them).
   model's and the layers' forward) and ``past_key_values_length`` to ``cache_length`` (the
   embeddings'): `forward_cache` finds the cache by its type, whatever the argument is called, and
   `past_length` / `with_past_length` know both names of the embeddings' argument.
+* Private methods called: ``_relative_position_bucket`` of T5's, mT5's and UMT5's attention modules
+  (T5's bucket of a relative distance: a static method with the bucket settings as arguments in T5
+  and mT5, a method reading them from the module in UMT5), through `relative_position_buckets`.
 * Private helpers imported: ``transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS`` (transformers'
   own attention functions, by name), ``transformers.utils.is_torch_flex_attn_available``.
 * Private class attributes and methods LSG models read or override (lsg_model, lsg_attention_layers):
@@ -31,11 +34,13 @@ This file travels with saved models as remote code: it imports torch and transfo
 
 from __future__ import annotations
 
+import inspect
 import re
 from contextlib import contextmanager
 from typing import Any, Iterator
 
 import transformers
+import torch
 from transformers import Cache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import is_torch_flex_attn_available, logging
@@ -47,6 +52,7 @@ __all__ = [
     "forward_cache",
     "is_torch_flex_attn_available",
     "past_length",
+    "relative_position_buckets",
     "transformers_names",
     "warn_if_untested_transformers",
     "with_past_length",
@@ -142,3 +148,17 @@ def with_past_length(kwargs: dict[str, Any], length: int) -> dict[str, Any]:
     """The embeddings' keyword arguments, which hold a past-length argument, with it set to `length`."""
     name = next(name for name in PAST_LENGTH_ARGUMENTS if name in kwargs)
     return {**kwargs, name: length}
+
+
+def relative_position_buckets(attention: Any, relative_position: torch.Tensor) -> torch.Tensor:
+    """T5's bucket of each relative position (key - query, int64) in the bidirectional (encoder)
+    attention module `attention` of T5, mT5 or UMT5: transformers' ``_relative_position_bucket``."""
+    bucket = attention._relative_position_bucket
+    if "num_buckets" in inspect.signature(bucket).parameters:  # T5, mT5: a static method
+        return bucket(
+            relative_position,
+            bidirectional=True,
+            num_buckets=attention.relative_attention_num_buckets,
+            max_distance=attention.relative_attention_max_distance,
+        )
+    return bucket(relative_position)  # UMT5: bidirectional in an encoder module

@@ -4,9 +4,10 @@ T5 has no absolute positions: its attention adds a bucketed relative bias (bidir
 encoder, 32 buckets, exact below 8, logarithmic up to 128), a table of a score per head and bucket
 held by the first layer and shared by the stack, and it does not scale the scores by 1/sqrt(d).
 transformers builds the bias as a (1, H, L, L) tensor (12 GiB for a T5-base-sized encoder at 16,384
-tokens). Here the encoder's attention (`LSGT5Attention`) hands the next layers T5's table and bucket
-function instead, as `lsg_pattern.PositionTerms`, which LSG attention evaluates for the pairs it
-computes, block by block; the global tokens sit at ``config.global_token_position`` (0).
+tokens). Here the first layer of the encoder (`LSGT5Attention`) turns T5's table into a bias per head
+and distance, once per forward (`lsg_t5_bias.t5_position_terms`), and hands it to the next layers as
+`lsg_pattern.PositionTerms`, which LSG attention looks up for the pairs it computes, block by block;
+the global tokens sit at ``config.global_token_position`` (0).
 
 The global tokens join before the first block (`lsg_layout.T5_LAYOUT`) and leave at the encoder output; the
 decoder's self- and cross-attention stay dense with the KV cache (as in LSG-BART), and with
@@ -19,7 +20,6 @@ Each head ``LSGT5<Head>`` is the mixin below plus ``T5<Head>``, one class per he
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
@@ -29,6 +29,7 @@ from .lsg_attention_layers import SwappedAttention, adopted, projected_self_atte
 from .lsg_layout import T5_LAYOUT
 from .lsg_model import LSGModelMixin
 from .lsg_pattern import PositionTerms
+from .lsg_t5_bias import t5_position_terms
 from .lsg_transformers import transformers_names
 
 with transformers_names():  # one line naming both versions if a release removed one of these
@@ -46,22 +47,13 @@ with transformers_names():  # one line naming both versions if a release removed
 
 class LSGT5Attention(T5Attention):
     """T5Attention of the encoder through LSG attention; the position bias it receives and returns (the
-    stack passes the first layer's on) is T5's table and bucket function (`PositionTerms`)."""
+    stack passes the first layer's on) is T5's bias per head and distance (`PositionTerms`)."""
 
     def forward(
         self, hidden_states: torch.Tensor, mask: Any = None, key_value_states: Any = None, position_bias: Any = None, **kwargs: Any
     ) -> tuple[torch.Tensor, PositionTerms, torch.Tensor | None]:
-        if position_bias is None:
-            position_bias = PositionTerms(
-                bucket=functools.partial(
-                    self._relative_position_bucket,
-                    bidirectional=True,
-                    num_buckets=self.relative_attention_num_buckets,
-                    max_distance=self.relative_attention_max_distance,
-                ),
-                table=self.relative_attention_bias.weight.T,  # (H, buckets)
-                global_position=self.config.global_token_position,
-            )
+        if position_bias is None:  # the first layer: the bias of the whole stack, once per forward
+            position_bias = t5_position_terms(self, self.config.global_token_position)
         output, weights = projected_self_attention(
             self,
             hidden_states,

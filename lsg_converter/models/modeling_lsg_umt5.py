@@ -1,6 +1,7 @@
 """LSG-UMT5: the UMT5 heads of transformers with an LSG encoder, as LSG-T5 (modeling_lsg_t5.py), except
 that every UMT5 layer holds its own relative bias table: each swapped attention module hands LSG
-attention its own table and bucket function (`PositionTerms`); nothing is passed between layers.
+attention its own bias per head and distance (`lsg_t5_bias.t5_position_terms`); nothing is passed
+between layers.
 
 Each head ``LSGUMT5<Head>`` is the mixin below plus ``UMT5<Head>``, one class per head listed in LSGUMT5Config.
 """
@@ -15,7 +16,7 @@ from .configuration_lsg_umt5 import LSGUMT5Config
 from .lsg_attention_layers import SwappedAttention, adopted, projected_self_attention
 from .lsg_layout import T5_LAYOUT
 from .lsg_model import LSGModelMixin
-from .lsg_pattern import PositionTerms
+from .lsg_t5_bias import t5_position_terms
 from .lsg_transformers import transformers_names
 
 with transformers_names():  # one line naming both versions if a release removed one of these
@@ -38,18 +39,13 @@ class LSGUMT5Attention(UMT5Attention):
     def forward(
         self, hidden_states: torch.Tensor, encoder_hidden_states: Any = None, cache: Any = None, attention_mask: Any = None, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        position_terms = PositionTerms(
-            bucket=self._relative_position_bucket,  # bidirectional: an encoder module (is_decoder False)
-            table=self.relative_attention_bias.weight.T,  # (H, buckets)
-            global_position=self.config.global_token_position,
-        )
         return projected_self_attention(
             self,
             hidden_states,
             attention_mask,
             self.key_value_proj_dim,
             scaling=1.0,  # T5 does not scale its scores by 1/sqrt(d)
-            position_terms=position_terms,
+            position_terms=t5_position_terms(self, self.config.global_token_position),
             output_attentions=kwargs.get("output_attentions"),
         )
 
