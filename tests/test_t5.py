@@ -98,7 +98,9 @@ def test_every_backend_gives_the_same_output_with_global_tokens_and_sparse_keys(
             outputs[backend] = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
     torch.testing.assert_close(outputs["eager"], outputs["sdpa"], atol=1e-5, rtol=0)
-    torch.testing.assert_close(outputs["flex_attention"], outputs["sdpa"], atol=1e-5, rtol=0)
+    # flex_attention's tiles put the sparse keys in a segment of their own (its online softmax adds the keys
+    # in another order than SDPA's): float32 rounding, compounded by the sharp layers, reaches 1.1e-5
+    torch.testing.assert_close(outputs["flex_attention"], outputs["sdpa"], atol=2e-5, rtol=0)
 
 
 @pytest.mark.parametrize("arch", ["t5", "umt5"])
