@@ -226,3 +226,21 @@ def test_an_lsg_layer_runs_no_more_ops_than_measured(step):
     most, dense_ops = LAYER_OPS[step]
     assert dense == dense_ops
     assert lsg <= most, f"{lsg} ops per layer ({lsg / dense:.2f}x dense's {dense}), measured {most}"
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+def test_what_an_inference_mode_call_made_once_per_shape_serves_a_training_step(padded):
+    # the tables made once per shape and shared by later calls must not be inference tensors, which
+    # autograd refuses to save for a backward
+    config = LSGBertConfig(vocab_size=100, hidden_size=32, num_attention_heads=4, intermediate_size=37, num_hidden_layers=1,
+                           max_position_embeddings=300, block_size=16, sparse_block_size=0, sparsity_type="none",
+                           attn_implementation="sdpa")  # fmt: skip
+    model = LSGBertForMaskedLM(config)
+    input_ids = torch.randint(5, 100, (2, 150), generator=torch.Generator().manual_seed(0))
+    attention_mask = padding_mask([150, 100], 150).long() if padded else None
+    with torch.inference_mode():
+        model(input_ids=input_ids, attention_mask=attention_mask)
+
+    model(input_ids=input_ids, attention_mask=attention_mask).logits.square().mean().backward()
+
+    assert all(p.grad is not None and bool(p.grad.isfinite().all()) for p in model.bert.encoder.parameters())

@@ -12,4 +12,4 @@ class LSGMT5Config(LSGConfigMixin, MT5Config):
     lsg_heads = T5_HEADS
     lsg_defaults = T5_DEFAULTS
     lsg_decoder_runs_flex = False
-    lsg_borrowed_files = ("configuration_lsg_t5.py", "modeling_lsg_t5.py")
+    lsg_borrowed_files = ("configuration_lsg_t5.py", "modeling_lsg_t5.py", "lsg_t5_bias.py")

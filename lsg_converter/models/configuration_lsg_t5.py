@@ -15,3 +15,4 @@ class LSGT5Config(LSGConfigMixin, T5Config):
     lsg_heads = T5_HEADS
     lsg_defaults = T5_DEFAULTS
     lsg_decoder_runs_flex = False
+    lsg_borrowed_files = ("lsg_t5_bias.py",)

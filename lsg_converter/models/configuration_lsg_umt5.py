@@ -12,3 +12,4 @@ class LSGUMT5Config(LSGConfigMixin, UMT5Config):
     lsg_heads = T5_HEADS
     lsg_defaults = T5_DEFAULTS
     lsg_decoder_runs_flex = False
+    lsg_borrowed_files = ("lsg_t5_bias.py",)

@@ -61,6 +61,7 @@ from .lsg_pattern import (
     relative_scores,
     sdpa_dense_attention,
     sequence_positions,
+    shape_cached,
     tracing,
     weighted_values,
 )
@@ -268,7 +269,7 @@ def lsg_attention(
     return output.transpose(1, 2), tokens.weights
 
 
-@functools.lru_cache(maxsize=32)
+@shape_cached
 def _unpadded_masks(batch: int, num_global: int, num_tokens: int, padding: int, device: torch.device):
     key_mask = torch.ones(batch, num_global + num_tokens, dtype=torch.bool, device=device)
     return key_mask, F.pad(key_mask[:, num_global:], (0, padding), value=False)
@@ -279,8 +280,7 @@ def _padded_masks(padding_mask, batch: int, num_global: int, num_tokens: int, pa
     the end to whole blocks, (B, t + padding). Without a padding mask they depend on the shape only:
     made once per shape (outside compiled graphs) and shared by the layers."""
     if padding_mask is None:
-        make = _unpadded_masks.__wrapped__ if tracing() else _unpadded_masks
-        return make(batch, num_global, num_tokens, padding, device)
+        return _unpadded_masks(batch, num_global, num_tokens, padding, device)
     token_mask = padding_mask[:, num_global:]
     return padding_mask, F.pad(token_mask, (0, padding), value=False) if padding or is_exporting() else token_mask
 

@@ -63,6 +63,7 @@ from .lsg_pattern import (
     global_query_positions,
     sdpa_dense_attention,
     sequence_positions,
+    shape_cached,
     tracing,
 )
 from .lsg_transformers import is_torch_flex_attn_available
@@ -111,7 +112,7 @@ class KeyLayout:
         return cls(global_rows, global_rows + token_rows, global_rows + token_rows + _round_up(compressed, tile))
 
 
-@functools.lru_cache(maxsize=32)
+@shape_cached
 def block_structure(
     pattern: KeyPattern, num_tokens: int, tile: int, device: torch.device, whole_sequence: bool = False
 ) -> BlockMask:

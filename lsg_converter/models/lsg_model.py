@@ -52,7 +52,6 @@ REMOTE_CODE_FILES = (
     "lsg_pattern.py",
     "lsg_settings.py",
     "lsg_sparse.py",
-    "lsg_t5_bias.py",
     "lsg_sdpa.py",
     "lsg_eager.py",
     "lsg_flex.py",
@@ -148,7 +147,8 @@ class LSGConfigMixin:
     # of the model's, as T5 builds its stacks) then runs "sdpa" where "flex_attention" is asked. T5's flex
     # attention indexes its (1, H, q, k) position bias by batch and fails on a batch of 2 or more (5.24).
     lsg_decoder_runs_flex = True
-    # files of another architecture that this one's pair imports (mT5 adopts T5's attention)
+    # the files of this folder beyond the shared ones that this one's pair imports (T5's bias; mT5 adopts
+    # T5's attention)
     lsg_borrowed_files: tuple[str, ...] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

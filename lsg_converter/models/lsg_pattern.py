@@ -686,6 +686,25 @@ def block_position_scores(job: TokenAttention) -> list[torch.Tensor]:
     return pieces
 
 
+def shape_cached(function: Callable[..., Any]) -> Callable[..., Any]:
+    """`function`, of hashable arguments (a shape, a pattern, a device), made once per arguments and shared
+    by the layers and the forwards that follow: kept in an LRU cache, its tensors made outside inference
+    mode (so a training step may save them for its backward after an inference_mode call made them);
+    inside a compiled graph, traced every time (device ops that CUDA graphs capture). It has the cache's
+    `cache_info` and `cache_clear`."""
+    cached = functools.lru_cache(maxsize=64)(function)
+
+    @functools.wraps(function)
+    def made(*args: Any, **kwargs: Any) -> Any:
+        if tracing():
+            return function(*args, **kwargs)
+        with torch.inference_mode(False):
+            return cached(*args, **kwargs)
+
+    made.cache_info, made.cache_clear = cached.cache_info, cached.cache_clear
+    return made
+
+
 def is_exporting() -> bool:
     """Whether torch.export is tracing the model (torch >= 2.7; False before, where it is not checked)."""
     check = getattr(torch.compiler, "is_exporting", None)
@@ -778,21 +797,15 @@ class BlockTable(NamedTuple):
     query_rows: torch.Tensor
 
 
-@functools.lru_cache(maxsize=64)
-def _block_table(pattern: KeyPattern, num_blocks: int, num_tokens: int, num_compressed: int, device: torch.device) -> BlockTable:
+@shape_cached
+def block_table(pattern: KeyPattern, num_blocks: int, num_tokens: int, num_compressed: int, device: torch.device) -> BlockTable:
+    """The `BlockTable` of an input of `num_tokens` tokens in `num_blocks` blocks and `num_compressed`
+    compressed keys: the one table every block backend gathers with, made once per shape and device."""
     columns = pattern.key_columns(torch.arange(num_blocks, device=device), num_tokens, num_compressed)
     inside = columns < pattern.num_global + num_tokens + num_compressed
     query_tokens = torch.arange(num_blocks * pattern.block_size, device=device).clamp(max=num_tokens - 1)
     query_rows = (pattern.num_global + query_tokens).view(num_blocks, pattern.block_size)
     return BlockTable(torch.where(inside, columns, 0), inside, query_rows)
-
-
-def block_table(pattern: KeyPattern, num_blocks: int, num_tokens: int, num_compressed: int, device: torch.device) -> BlockTable:
-    """The `BlockTable` of an input of `num_tokens` tokens in `num_blocks` blocks and `num_compressed`
-    compressed keys: the one table every block backend gathers with. Made once per shape and device and
-    shared by the layers (in compiled graphs, traced)."""
-    make = _block_table.__wrapped__ if tracing() else _block_table
-    return make(pattern, num_blocks, num_tokens, num_compressed, device)
 
 
 def gather_block_rows(

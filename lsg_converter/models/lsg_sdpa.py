@@ -26,7 +26,6 @@ This file travels with saved models as remote code: it imports torch only.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +36,7 @@ from .lsg_pattern import (
     block_table,
     gather_block_rows,
     local_causal_mask,
+    shape_cached,
     TokenAttention,
     TokenOutput,
     additive_mask,
@@ -132,15 +132,13 @@ class ShapeBlocks:
     unmasked: tuple[int, int] | None
     unmasked_columns: torch.Tensor | None
 
-    @classmethod
-    def of(cls, pattern: KeyPattern, batch: int, num_blocks: int, num_tokens: int, dtype: torch.dtype, device: torch.device) -> ShapeBlocks:
-        """Made once per shape (outside compiled graphs) and shared by the layers."""
-        make = _shape_blocks.__wrapped__ if tracing() else _shape_blocks
-        return make(pattern, batch, num_blocks, num_tokens, dtype, device)
 
-
-@functools.lru_cache(maxsize=32)
-def _shape_blocks(pattern: KeyPattern, batch: int, num_blocks: int, num_tokens: int, dtype: torch.dtype, device: torch.device) -> ShapeBlocks:
+@shape_cached
+def shape_blocks(
+    pattern: KeyPattern, batch: int, num_blocks: int, num_tokens: int, dtype: torch.dtype, device: torch.device
+) -> ShapeBlocks:
+    """The `ShapeBlocks` of an input of `batch` rows of `num_tokens` tokens: made once per shape and shared
+    by the layers."""
     block = pattern.block_size
     table = block_table(pattern, num_blocks, num_tokens, 0, device)
     allowed = table.inside[:, None, :]  # (nb, 1, K)
@@ -153,6 +151,7 @@ def _shape_blocks(pattern: KeyPattern, batch: int, num_blocks: int, num_tokens: 
     run = None if pattern.causal or last < first else (first, last + 1)
     unmasked = range(*run) if run else range(0)
     edges = torch.tensor([index for index in range(num_blocks) if index not in unmasked], dtype=torch.long, device=device)
+    # (B e, 1, 1 or b, K)
     edge_mask = additive_mask(allowed[edges][None, :, None].expand(batch, -1, -1, -1, -1).flatten(0, 1), dtype)
     return ShapeBlocks(
         edge_columns=table.columns[edges],
@@ -170,7 +169,7 @@ def unmasked_attention(job: TokenAttention) -> list[torch.Tensor]:
     pattern, queries = job.pattern, job.token_queries
     batch, _, heads, _ = queries.shape
     block = pattern.block_size
-    plan = ShapeBlocks.of(pattern, batch, job.num_blocks, job.num_tokens, queries.dtype, queries.device)
+    plan = shape_blocks(pattern, batch, job.num_blocks, job.num_tokens, queries.dtype, queries.device)
     query_sequence, keys, values = job.sequence  # (B, g + t, H, D) each
 
     def run(block_queries, columns, mask) -> torch.Tensor:  # (B n, H, b, D) -> (B, n b, H, D)
