@@ -2,8 +2,8 @@
 
 T5 adds to each score a learned scalar per head and bucket of the relative distance r = key - query
 (bidirectional: 32 buckets, exact below 8, logarithmic up to ``relative_attention_max_distance`` M,
-128; every distance at or beyond M on one side in the same last bucket, as transformers' docstring
-of ``_relative_position_bucket`` states). `t5_position_terms` evaluates transformers' bucket function
+128; every distance at or beyond M on one side in the same last bucket, as transformers' bucket
+function documents it). `t5_position_terms` evaluates transformers' bucket function
 once, on the 2 M + 1 distances -M..M, and hands LSG attention the bias per head and distance, (H,
 2 M + 1), with `clamped_distance` as the bucket: each (query, key) pair then costs a clamp and a
 lookup, never the bucket function (at 4,096 tokens, 98% of a block's sparse keys lie beyond M).
