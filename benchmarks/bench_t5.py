@@ -194,7 +194,7 @@ def main() -> None:
         return
 
     description = machine_description(argparse.Namespace(
-        device="cpu", dtype="float32", layers=args.layers, eval=False, compile=False, repeats=args.repeats))
+        device="cpu", dtype="float32", layers=args.layers, eval=False, compile=False, padding=0.0, repeats=args.repeats))
     description = (f"{datetime.date.today()}; {description}; T5-base dimensions (d_ff 2048, gated-gelu), dropout 0; "
                    "peaks: resident set above the loaded model, each in a process of its own")
     print(description, flush=True)

@@ -43,6 +43,24 @@ def test_speed_benchmark_writes_its_table_memory_and_plot(tmp_path):
 
 
 @pytest.mark.slow
+def test_t5_benchmark_writes_its_table(tmp_path):
+    results = tmp_path / "RESULTS.md"
+    command = [
+        sys.executable, str(BENCHMARKS / "bench_t5.py"), "--lengths", "512", "--layers", "1", "--repeats", "1",
+        "--skip-memory", "--models", "lsg-t5 local 128/0 g1", "longt5 local", "--results", "smoke test",
+        "--results-file", str(results),
+    ]
+
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=600)
+
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    section = results.read_text()
+    assert "## smoke test" in section
+    for model in ["lsg-t5 local 128/0 g1", "longt5 local"]:
+        assert any(line.startswith(f"| {model} |") for line in section.splitlines()), section
+
+
+@pytest.mark.slow
 def test_extrapolation_of_real_minilm_reproduces_the_2023_reference_figures():
     # Token / document cosines the 2023 reference (lsg-converter 0.1.9) measured with this metric on
     # all-MiniLM-L6-v2 at 4,096 tokens, first 3 plays in sorted path order (quoted in issue 6).
