@@ -192,7 +192,7 @@ def whole_sequence_bounds(job: TokenAttention) -> tuple[bool, RowBounds | None]:
     head, its valid compressed keys) are one run. Known without reading the mask where the core knows
     no key is masked (`TokenAttention.no_masked_keys`) and there are no sparse keys; else one check on the
     host (never inside a compiled graph, which then takes the gathered layout)."""
-    if job.sequence is None or job.kept is not None:
+    if job.kept is not None:
         return False, None
     if job.sparse is None and job.no_masked_keys:
         return True, None

@@ -352,7 +352,8 @@ class TokenAttention:
     (the end of a short row in a padded batch); None: every block. The output rows of the others are
     zero (the core sees to it); a backend may leave them out (`query_blocks`);
     sequence: the layer's queries, keys and values, (B, g + t, H, D) each, of which the global and token
-    tensors above are the two parts (for a backend that reads them where they lie);
+    tensors above are the two parts (which the block backends gather from with `block_table` and
+    flex_attention reads where they lie);
     no_masked_keys: True where the core knows, without reading a mask, that no key is masked (no
     padding mask, no masked first token).
     """
@@ -368,10 +369,10 @@ class TokenAttention:
     pattern: KeyPattern
     scaling: float
     num_tokens: int
+    sequence: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     kept: torch.Tensor | None = None
     positions: PositionTerms | None = None
     real_blocks: torch.Tensor | None = None
-    sequence: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     no_masked_keys: bool = False
     _token_key_rows: torch.Tensor | None = field(default=None, init=False, repr=False)
     _padded: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = field(default=None, init=False, repr=False)
@@ -822,11 +823,7 @@ def gather_block_rows(
 def key_sequences(job: TokenAttention) -> tuple[torch.Tensor, torch.Tensor]:
     """The keys and values the blocks gather from, [g globals | t tokens | compressed keys], (B, N, H, D)
     each: the layer's own where there are no sparse keys (no copy)."""
-    if job.sequence is not None:
-        keys, values = job.sequence[1], job.sequence[2]
-    else:
-        keys = torch.cat([job.global_keys, job.token_keys], dim=1)
-        values = torch.cat([job.global_values, job.token_values], dim=1)
+    keys, values = job.sequence[1], job.sequence[2]
     if job.sparse is not None:
         keys = torch.cat([keys, job.sparse.keys.transpose(1, 2)], dim=1)
         values = torch.cat([values, job.sparse.values.transpose(1, 2)], dim=1)
@@ -857,7 +854,7 @@ class BlockKeys:
         num_compressed = 0 if job.sparse is None else job.sparse.keys.shape[2]
         table = block_table(pattern, num_blocks, job.num_tokens, num_compressed, job.token_keys.device)
         key_sequence, value_sequence = key_sequences(job)
-        if job.sequence is None or job.token_mask.shape[1] == job.num_tokens:  # the blocks are views of the tokens
+        if job.token_mask.shape[1] == job.num_tokens:  # the blocks are views of the tokens
             queries = job.queries.unflatten(1, (num_blocks, pattern.block_size))  # (B, nb, b, H, D)
             queries = folded_blocks(queries, job.token_keys.shape[0], chosen).transpose(1, 2)
         else:  # gathered, the padding rows reading the last token

@@ -112,7 +112,7 @@ def unmasked_input(job: TokenAttention) -> bool:
     """Whether every key of the input may be seen and nothing else changes the scores (no padding, no
     sparse keys, no DropKey, no position terms): its masks then depend on its shape only (`ShapeBlocks`).
     Not while exporting, whose one graph serves every length."""
-    return not is_exporting() and job.no_masked_keys and job.sparse is None and job.kept is None and job.positions is None and job.sequence is not None
+    return not is_exporting() and job.no_masked_keys and job.sparse is None and job.kept is None and job.positions is None
 
 
 @dataclass(frozen=True)
@@ -200,7 +200,6 @@ def window_view_blocks(job: TokenAttention) -> torch.Tensor | None:
         and keys.device.type == "cpu"
         and keys.dtype in (torch.float32, torch.float64)
         and job.token_values.shape[-1] == keys.shape[-1]
-        and job.sequence is not None
         and job.sparse is None
         and job.positions is None
         and job.kept is None
