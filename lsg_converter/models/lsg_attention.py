@@ -68,7 +68,7 @@ from .lsg_pattern import (
 from .lsg_sdpa import SdpaBackend
 from .lsg_settings import LSGSettings
 from .lsg_sparse import sparse_context
-from .lsg_transformers import ALL_ATTENTION_FUNCTIONS
+from .lsg_transformers import ALL_ATTENTION_FUNCTIONS, shape_check
 
 logger = logging.get_logger(__name__)
 
@@ -212,7 +212,7 @@ def lsg_attention(
             f"Input length {num_tokens} is not a multiple of block_size {block}: pad it, or set adaptive=True."
         )
     if exporting:
-        torch._check((num_tokens + padding) // block >= 2)
+        shape_check((num_tokens + padding) // block >= 2)
     if not kernel.runs(query, key, value):
         kernel = BACKENDS["sdpa"]
     pattern = settings.pattern(causal)

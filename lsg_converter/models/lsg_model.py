@@ -36,7 +36,17 @@ from .lsg_global_tokens import (
 )
 from .lsg_layout import LSGLayout
 from .lsg_recorder import ArgumentRewrite, RecorderForward, RecorderSteps
-from .lsg_transformers import past_length, warn_if_untested_transformers
+from .lsg_transformers import (
+    attn_implementation,
+    clear_auto_class,
+    init_weights,
+    past_length,
+    set_attn_implementation,
+    store_attn_implementation,
+    stored_attn_implementation,
+    supports_attention,
+    warn_if_untested_transformers,
+)
 
 # The files a saved model carries as remote code ("{stem}": its model_type with "_" for "-", as
 # "lsg_bert"): the architecture's pair and every file of this folder they import (see `remote_code_files`).
@@ -227,7 +237,7 @@ class LSGConfigMixin:
         that name. A dense decoder (`lsg_dense_decoder`) takes every value transformers takes.
         (The attribute is not serialised by transformers, so it cannot be stored in config.json.)
         """
-        return getattr(self, "_attn_implementation_internal", None)
+        return stored_attn_implementation(self)
 
     @_attn_implementation.setter
     def _attn_implementation(self, value: str | dict | None) -> None:
@@ -237,7 +247,7 @@ class LSGConfigMixin:
             value = "sdpa"
         if value is not None and not self.lsg_dense_decoder:
             value = lsg_backend(value)
-        self._attn_implementation_internal = value
+        store_attn_implementation(self, value)
 
 
 def is_reference_config(values: dict[str, Any]) -> bool:
@@ -365,7 +375,7 @@ class LSGModelMixin:
             return
         auto_class = {name: auto_class for auto_class, name in lsg_auto_classes(cls.config_class).items()}.get(cls.__name__)
         if auto_class is None:
-            cls._auto_class = None
+            clear_auto_class(cls)
         else:
             cls.register_for_auto_class(auto_class)
 
@@ -374,18 +384,18 @@ class LSGModelMixin:
         holds_pooler = getattr(config, POOLER_KEY, None)
         if holds_pooler is False and POOLER_KEY in inspect.signature(super().__init__).parameters:
             kwargs.setdefault(POOLER_KEY, False)
-        backend = None if config.lsg_dense_decoder else lsg_backend(config._attn_implementation)
+        backend = None if config.lsg_dense_decoder else lsg_backend(attn_implementation(config))
         if backend is not None:
-            config._attn_implementation_internal = self.lsg_attention.implementation_at_init(backend)
+            store_attn_implementation(config, self.lsg_attention.implementation_at_init(backend))
         super().__init__(config, *args, **kwargs)
         base = getattr(self, self.base_model_prefix, self)
         if holds_pooler:
             self._add_missing_pooler(base)
         if backend is not None:  # what the source classes were shown while built; the model runs `backend`,
-            config._attn_implementation_internal = backend
+            store_attn_implementation(config, backend)
             for module in self.modules():  # as do inner models with a config of their own (T5's stacks) that can
-                if isinstance(module, PreTrainedModel) and module.config is not config and _runs(module, backend):
-                    module.config._attn_implementation = backend
+                if isinstance(module, PreTrainedModel) and module.config is not config and supports_attention(module, backend):
+                    set_attn_implementation(module.config, backend)
         for name, spec in (getattr(config, KEPT_WEIGHTS_KEY, None) or {}).items():
             self._hold_kept_weight(name, spec)
         decoder = dict(base.named_children()).get(self.lsg_layout.decoder)
@@ -489,7 +499,7 @@ class LSGModelMixin:
             if name in vars(base) and vars(base)[name] is None:  # pooler (ALBERT: also pooler_activation)
                 module = module.to_empty(device=reference.device).to(reference.dtype)
                 for submodule in module.modules():
-                    self._init_weights(submodule)
+                    init_weights(self, submodule)
                 setattr(base, name, module)
 
     def _hold_kept_weight(self, name: str, spec: dict[str, Any]) -> None:
@@ -497,7 +507,7 @@ class LSGModelMixin:
         *path, leaf = name.split(".")
         owner: nn.Module = self
         for part in path:
-            child = owner._modules.get(part)
+            child = dict(owner.named_children()).get(part)
             if child is None:
                 if hasattr(owner, part):
                     raise ValueError(f"Cannot keep the source tensor {name}: {part} is something else in {type(self).__name__}.")
@@ -521,13 +531,6 @@ def lsg_auto_classes(config_class: type) -> dict[str, str]:
         for auto_class, path in config_class.lsg_auto_map().items()
         if auto_class != "AutoConfig"
     }
-
-
-def _runs(model: PreTrainedModel, backend: str) -> bool:
-    """Whether the transformers `model` has an implementation of attention `backend` (T5 before transformers
-    5.2x writes its attention by hand: eager only)."""
-    flag = {"sdpa": "_supports_sdpa", "flex_attention": "_supports_flex_attn"}.get(backend)
-    return flag is None or bool(getattr(model, flag, False))
 
 
 def module_name(root: nn.Module, module: nn.Module) -> str:
