@@ -61,26 +61,47 @@ def private_attributes(module: ModuleType) -> set[str]:
     return {name for name in names if is_private(name)}
 
 
+def import_aliases(tree: ast.Module) -> tuple[dict[str, str], list[PrivateUse]]:
+    """The names `tree` binds by importing from torch or transformers -> their dotted paths (``F`` ->
+    "torch.nn.functional"), and the imports of private names among them."""
+    aliases: dict[str, str] = {}
+    uses: list[PrivateUse] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported = [(alias.asname or alias.name.split(".")[0], alias.name) for alias in node.names]
+            aliases.update((bound, path if bound != path.split(".")[0] else bound) for bound, path in imported
+                           if path.split(".")[0] in ROOTS)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module.split(".")[0] in ROOTS:
+            imported = [(alias.asname or alias.name, f"{node.module}.{alias.name}") for alias in node.names]
+            aliases.update(imported)
+        else:
+            continue
+        uses.extend(PrivateUse(node.lineno, path, False) for _, path in imported
+                    if path.split(".")[0] in ROOTS and is_private_path(path))
+    return aliases, uses
+
+
+def class_body_definitions(node: ast.ClassDef, foreign: set[str]) -> list[PrivateUse]:
+    """The methods and class attributes a class defines under names in `foreign` (overrides)."""
+    definitions = []
+    for statement in node.body:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names = [statement.name]
+        elif isinstance(statement, (ast.Assign, ast.AnnAssign)):
+            targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+            names = [target.id for target in targets if isinstance(target, ast.Name)]
+        else:
+            names = []
+        definitions.extend(PrivateUse(statement.lineno, name, True) for name in names if name in foreign)
+    return definitions
+
+
 def private_uses(source: str, foreign: set[str]) -> list[PrivateUse]:
     """Where `source` names a private torch or transformers name; `foreign`: the private attributes of the
     torch and transformers classes its objects are (see `private_attributes`)."""
     tree = ast.parse(source)
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
-    aliases: dict[str, str] = {}  # a name bound by an import from torch or transformers -> its dotted path
-    uses: list[PrivateUse] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name.split(".")[0] in ROOTS:
-                    aliases[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
-                    if is_private_path(alias.name):
-                        uses.append(PrivateUse(node.lineno, alias.name, False))
-        elif isinstance(node, ast.ImportFrom) and not node.level and node.module.split(".")[0] in ROOTS:
-            for alias in node.names:
-                path = f"{node.module}.{alias.name}"
-                aliases[alias.asname or alias.name] = path
-                if is_private_path(path):
-                    uses.append(PrivateUse(node.lineno, path, False))
+    aliases, uses = import_aliases(tree)
 
     def dotted(node: ast.expr) -> str | None:
         """The torch or transformers path an expression names (``F.pad`` -> "torch.nn.functional.pad"), else None."""
@@ -94,9 +115,10 @@ def private_uses(source: str, foreign: set[str]) -> list[PrivateUse]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and is_private(node.attr):
             if dotted(node) is not None:  # named by the whole chain it is part of
-                while isinstance(parents.get(node), ast.Attribute) and parents[node].value is node:
-                    node = parents[node]
-                uses.append(PrivateUse(node.lineno, dotted(node), False))
+                chain = node
+                while isinstance(parents.get(chain), ast.Attribute) and parents[chain].value is chain:
+                    chain = parents[chain]
+                uses.append(PrivateUse(node.lineno, dotted(chain), False))
             elif node.attr in foreign:
                 uses.append(PrivateUse(node.lineno, ast.unparse(node), False))
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in REFLECTION:
@@ -105,28 +127,20 @@ def private_uses(source: str, foreign: set[str]) -> list[PrivateUse]:
             if owner is not None and isinstance(name, ast.Constant) and is_private(str(name.value)):
                 uses.append(PrivateUse(node.lineno, f"{owner}.{name.value}", False))
         elif isinstance(node, ast.Call) and dotted(node.func) is not None:
-            path = dotted(node.func)
-            uses.extend(PrivateUse(node.lineno, f"{path}({word.arg}=)", False)
-                        for word in node.keywords if word.arg and is_private(word.arg))
+            uses.extend(PrivateUse(node.lineno, f"{dotted(node.func)}({keyword.arg}=)", False)
+                        for keyword in node.keywords if keyword.arg and is_private(keyword.arg))
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in foreign:
             uses.append(PrivateUse(node.lineno, repr(node.value), False))
         elif isinstance(node, ast.ClassDef):
-            for statement in node.body:
-                if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    names = [statement.name]
-                elif isinstance(statement, (ast.Assign, ast.AnnAssign)):
-                    targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
-                    names = [target.id for target in targets if isinstance(target, ast.Name)]
-                else:
-                    names = []
-                uses.extend(PrivateUse(statement.lineno, name, True) for name in names if name in foreign)
+            uses.extend(class_body_definitions(node, foreign))
     return sorted(set(uses))
 
 
 def unlisted_uses(path: Path) -> list[str]:
     """"file:line: name" for each private name the models/ file `path` names other than an override the
     table lists."""
-    return [f"{path.name}:{use.line}: {use.name}" for use in file_uses(path) if not (use.definition and use.name in OVERRIDDEN)]
+    listed = [use for use in file_uses(path) if not (use.definition and use.name in OVERRIDDEN)]
+    return [f"{path.name}:{use.line}: {use.name}" for use in listed]
 
 
 def resolved(path: str) -> Any:
@@ -186,6 +200,7 @@ FORBIDDEN_SNIPPETS = {
     "def f(model):\n    return getattr(model, '_supports_sdpa', False)": "'_supports_sdpa'",
     "def f(owner):\n    return owner._modules.get('a')": "owner._modules",
     "class A:\n    _supports_sdpa = True": "_supports_sdpa",
+    "import torch\nf = torch.compile(g, _private_option=1)": "torch.compile(_private_option=)",
 }
 
 

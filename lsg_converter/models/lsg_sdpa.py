@@ -49,7 +49,8 @@ from .lsg_pattern import (
 )
 from .lsg_transformers import CPU_FLASH_ATTENTION
 
-# The CPU flash kernel (CPU_FLASH_ATTENTION, absent from older torch builds) runs key counts of a multiple of 16 fastest (its vector width: 510 keys take 14% longer than 512):
+# The CPU flash kernel (CPU_FLASH_ATTENTION, absent from older torch builds) runs key counts of a multiple
+# of 16 fastest (its vector width: 510 keys take 14% longer than 512):
 # window views round the local keys up with the rows that follow, masked
 KEY_MULTIPLE = 16
 # It splits a call's queries into tiles of 32 rows below 192 of them and of 64 from 192 on, and each tile
