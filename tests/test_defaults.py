@@ -102,3 +102,5 @@ def test_the_settings_page_states_the_defaults_a_conversion_takes():
     assert f"({conversion_block_size(512)} for 512)" in stated.pop("block_size")
     for key, text in stated.items():
         assert ast.literal_eval(re.match(r"`([^`]+)`", text).group(1)) == conversion[key], key
+    reference = f'(`block_size={LSG_DEFAULTS["block_size"]}`, `sparsity_type="{LSG_DEFAULTS["sparsity_type"]}"`)'
+    assert f"reference's values {reference}" in " ".join(page.split())

@@ -49,5 +49,5 @@ def conversion_block_size(source_positions: int) -> int:
     """The block size a conversion takes where none is asked for: a third of the source's body positions
     (those between a training window's first and last token), so that a block's local window (previous,
     own and next block) spans one training window's body; at least 1. With sparse keys the converter
-    rounds it down to a multiple of ``sparsity_factor`` (`lsg_converter.positions.window_block_size`)."""
+    rounds it down to a multiple of ``sparsity_factor`` (the converter's `positions.window_block_size`)."""
     return max((source_positions - WINDOW_EDGE_POSITIONS) // 3, 1)
