@@ -475,8 +475,8 @@ def key_padding_mask(attention_mask: torch.Tensor | None, num_keys: int, config:
     """The mask a model hands its LSG layers -> (B, g + t) bool, True for the keys that may be attended.
 
     It arrives as the user's (B, t) mask, 2D or as the (B, 1, 1, t) view the model passes through
-    transformers' mask creation (see lsg_recorder.padding_mask_view), or as that view made additive with
-    more unit dimensions (UMT5 before transformers 5.2x); the model prepended g global tokens
+    transformers' mask creation (see lsg_recorder.padding_mask_view), or as that view with more
+    unit dimensions; the model prepended g global tokens
     after it was made. A cached decoding step's mask already counts the global tokens (t = g + past + q).
     None where no key is masked: no mask, or one True broadcast to every column (stride 0 wherever the
     size is not 1: the recorder's stand-in for a call without a mask), so the core knows it without
@@ -486,8 +486,6 @@ def key_padding_mask(attention_mask: torch.Tensor | None, num_keys: int, config:
         return None
     if attention_mask.dim() > 2 and all(size == 1 for size in attention_mask.shape[1:-1]):
         attention_mask = attention_mask.reshape(attention_mask.shape[0], attention_mask.shape[-1])
-    if attention_mask.is_floating_point() and bool((attention_mask < 0).any()):
-        attention_mask = attention_mask == 0  # additive (UMT5 before transformers 5.2x turns the view into one)
     if attention_mask.dim() != 2:
         raise ValueError(
             f"LSG attention takes a (batch, length) padding mask, got one of shape {tuple(attention_mask.shape)}: "
