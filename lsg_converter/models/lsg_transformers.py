@@ -13,7 +13,10 @@ this module (ARCHITECTURE.md lists them).
   (T5's bucket of a relative distance: a static method with the bucket settings as arguments in T5
   and mT5, a method reading them from the module in UMT5), through `relative_position_buckets`.
 * Private helpers imported: ``transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS`` (transformers'
-  own attention functions, by name), ``transformers.utils.is_torch_flex_attn_available``.
+  own attention functions, by name), ``transformers.masking_utils.ALL_MASK_ATTENTION_FUNCTIONS`` (its
+  mask creations, by name), ``transformers.utils.is_torch_flex_attn_available``.
+* Module functions found by name: the ``eager_attention_forward`` of each modeling file, the attention
+  transformers runs for "eager" (an attention module's default), through `eager_attention_of`.
 * Private class attributes and methods LSG models read or override (lsg_model, lsg_attention_layers):
   ``can_record_outputs`` / ``_can_record_outputs`` and ``OutputRecorder.target_class`` /
   ``layer_name`` (which layers the output recorder hooks), ``_attn_implementation_internal``,
@@ -36,19 +39,23 @@ from __future__ import annotations
 
 import inspect
 import re
+import sys
 from contextlib import contextmanager
 from typing import Any, Iterator
 
 import transformers
 import torch
 from transformers import Cache
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import is_torch_flex_attn_available, logging
 
 __all__ = [
     "ALL_ATTENTION_FUNCTIONS",
+    "ALL_MASK_ATTENTION_FUNCTIONS",
     "LSG_CODE_VERSION",
     "TESTED_TRANSFORMERS",
+    "eager_attention_of",
     "forward_cache",
     "is_torch_flex_attn_available",
     "past_length",
@@ -162,3 +169,10 @@ def relative_position_buckets(attention: Any, relative_position: torch.Tensor) -
             max_distance=attention.relative_attention_max_distance,
         )
     return bucket(relative_position)  # UMT5: bidirectional in an encoder module
+
+
+def eager_attention_of(attention: Any) -> Any:
+    """The attention transformers runs for "eager" in the attention module `attention` (its default in
+    ``ALL_ATTENTION_FUNCTIONS.get_interface``): the ``eager_attention_forward`` of the modeling file that
+    defines its class (BART's, T5's, each with its own terms)."""
+    return sys.modules[type(attention).__module__].eager_attention_forward
