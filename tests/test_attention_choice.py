@@ -136,3 +136,14 @@ def test_dense_decoder_only_head_keeps_the_names_of_transformers(tmp_path):
 
     assert model.config._attn_implementation == "sdpa"
     assert lsg_attention.LSG_ATTENTION not in model.config._attn_implementation
+
+
+def test_an_eager_model_asked_for_its_attentions_saves_and_turns_them_on_through_its_config(tmp_path):
+    model = tiny_lsg("bert", attn_implementation="eager", output_attentions=True)
+    model.save_pretrained(tmp_path)
+    other = tiny_lsg("bert", attn_implementation="eager")
+
+    other.config.output_attentions = True
+
+    with torch.no_grad():
+        assert len(other(**batch("bert")).attentions) == other.config.num_hidden_layers

@@ -17,11 +17,12 @@ This file travels with saved models as remote code: it imports torch and transfo
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import PreTrainedConfig, PreTrainedModel
 
 from .lsg_attention import CrossAttentionRole, lsg_backend, registered_attention
 from .lsg_settings import LSG_DEFAULTS, MAX_GLOBAL_TOKENS, LSGSettings
@@ -176,6 +177,35 @@ class LSGConfigMixin:
         validate_lsg_settings(self)
         if not self.lsg_dense_decoder:  # the model names the registered LSG attention of this backend
             lsg_backend(self._attn_implementation)
+
+    @property
+    def output_attentions(self) -> bool:
+        """Whether the model returns its attention weights: transformers' rule, only with eager attention,
+        which an LSG model's config names by its registered eager LSG attention (`backend_named`)."""
+        return self._output_attentions
+
+    @output_attentions.setter
+    def output_attentions(self, value: bool) -> None:
+        with self.backend_named():
+            PreTrainedConfig.output_attentions.fset(self, value)
+
+    def validate(self) -> None:
+        """transformers' validation of the config (before it is saved), its implementation named as
+        transformers names it (`backend_named`)."""
+        with self.backend_named():
+            super().validate()
+
+    @contextmanager
+    def backend_named(self) -> Iterator[None]:
+        """The config's ``_attn_implementation`` reads the backend ("eager") rather than its registered
+        LSG attention for the time of transformers' checks that compare it with "eager"."""
+        implementation = self._attn_implementation_internal
+        if implementation is not None and not self.lsg_dense_decoder:
+            self._attn_implementation_internal = lsg_backend(implementation)
+        try:
+            yield
+        finally:
+            self._attn_implementation_internal = implementation
 
     @classmethod
     def lsg_base_name(cls) -> str:
