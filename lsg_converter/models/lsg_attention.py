@@ -109,6 +109,8 @@ def lsg_backend(attn_implementation: str | None) -> str:
     `default_backend()`; anything else raises ValueError naming the valid values."""
     if attn_implementation is None:
         return default_backend()
+    if attn_implementation in REGISTERED_BACKENDS:  # a lookup: a swapped layer asks at every call, compiled too
+        return REGISTERED_BACKENDS[attn_implementation]
     registered = REGISTERED_NAME.fullmatch(attn_implementation)
     if registered is not None:
         suffixes = {suffix: backend for backend, suffix in REGISTERED_SUFFIXES.items()}
@@ -132,6 +134,10 @@ def registered_attention(backend: str) -> str:
     transformers (`registered_attention_forward`), and its mask creation: what the model's config holds
     as ``_attn_implementation``."""
     return f"{LSG_ATTENTION}_{REGISTERED_SUFFIXES[backend]}"
+
+
+# registered name of this copy -> its backend (`lsg_backend`)
+REGISTERED_BACKENDS = {registered_attention(backend): backend for backend in LSG_BACKENDS}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -552,7 +558,7 @@ def registered_attention_forward(
         return lsg_attention_forward(
             module, query, key, value, attention_mask, role.settings, causal=role.causal, backend=backend, **kwargs
         )
-    backend = dense_backend(module.config, backend)
+    backend = dense_backend(getattr(module, "config", None), backend)
     if isinstance(role, CrossAttentionRole):
         return global_state_cross_attention(module, query, key, value, attention_mask, role.num_global_tokens, backend, **kwargs)
     attention = eager_attention_of(module) if backend == "eager" else ALL_ATTENTION_FUNCTIONS[backend]

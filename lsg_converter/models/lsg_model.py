@@ -175,7 +175,7 @@ class LSGConfigMixin:
         for key, value in lsg_values.items():
             setattr(self, key, value)
         validate_lsg_settings(self)
-        if not self.lsg_dense_decoder:  # the model names the registered LSG attention of this backend
+        if not self.lsg_dense_decoder:  # refused here already: a model built from it has no backend for it
             lsg_backend(self._attn_implementation)
 
     @property
