@@ -397,7 +397,9 @@ class LSGModelMixin:
             return
         encoder = base.get_submodule(self.lsg_layout.encoder)
         recorder = encoder if isinstance(encoder, PreTrainedModel) else base
-        self.lsg_attention.apply(recorder, self.config, self.config.lsg_settings)  # before from_pretrained loads the weights
+        settings = self.config.lsg_settings  # resolved once, for every LSG layer
+        settings.pattern(causal=bool(getattr(self.config, "is_decoder", False)))  # built now, not in a compiled forward
+        self.lsg_attention.apply(recorder, self.config, settings)  # before from_pretrained loads the weights
         passes_to_decoder = bool(getattr(self.config, "pass_global_tokens_to_decoder", False)) and decoder is not None
         global_tokens = self._adopt_global_token_steps(base, encoder, recorder, passes_to_decoder)
         if passes_to_decoder:
