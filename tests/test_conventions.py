@@ -14,6 +14,7 @@ import torch
 
 from helpers import TINY_CONFIGS, padded_batch
 from lsg_converter import ARCHITECTURES
+from lsg_converter.models.lsg_attention import lsg_backend
 
 LSG_PATH = dict(block_size=4, sparse_block_size=4, sparsity_factor=2, num_global_tokens=2)
 LENGTH = 19  # > 2 blocks and not a multiple of block_size: blocks, sparse keys and the attention's own padding
@@ -271,21 +272,21 @@ def test_output_attentions_without_eager_says_how_to_get_them_and_returns_none(c
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 def test_attn_implementation_reads_back_as_chosen_in_the_config_from_pretrained_and_after_a_switch(tmp_path, implementation):
     model = tiny_lsg("bert", "ForMaskedLM", attn_implementation=implementation)
-    assert model.config._attn_implementation == implementation
+    assert lsg_backend(model.config._attn_implementation) == implementation
     model.save_pretrained(tmp_path)
 
     loaded = type(model).from_pretrained(tmp_path, attn_implementation=implementation)
     other = "sdpa" if implementation != "sdpa" else "eager"
     loaded.set_attn_implementation(other)
 
-    assert loaded.bert.config._attn_implementation == other
+    assert lsg_backend(loaded.bert.config._attn_implementation) == other
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the default without CUDA")
 def test_attn_implementation_left_unset_reads_sdpa_without_cuda():
     model = tiny_lsg("bert")
 
-    assert model.config._attn_implementation == "sdpa"
+    assert lsg_backend(model.config._attn_implementation) == "sdpa"
 
 
 def test_flash_attention_is_refused_naming_the_valid_implementations():
@@ -326,7 +327,7 @@ def test_a_copied_model_switches_its_own_layers_only():
         copied_attentions = copied(**batch("bert"), output_attentions=True).attentions
         original_attentions = model(**batch("bert"), output_attentions=True).attentions
 
-    assert model.config._attn_implementation == "sdpa"
+    assert lsg_backend(model.config._attn_implementation) == "sdpa"
     assert len(copied_attentions) == 2 and original_attentions == ()
 
 

@@ -18,7 +18,7 @@ from torch.nn.attention.flex_attention import create_mask, flex_attention
 from helpers import lsg_config, padding_mask
 from lsg_converter import LSGBartConfig, LSGBartForConditionalGeneration, LSGBertConfig, LSGBertForMaskedLM
 from lsg_converter.models import lsg_flex
-from lsg_converter.models.lsg_attention import lsg_self_attention
+from lsg_converter.models.lsg_attention import lsg_backend, lsg_self_attention
 from lsg_converter.models.lsg_pattern import KeyPattern
 from lsg_converter.models.lsg_sparse import SPARSITY_TYPES, lsh_hyperplanes
 from lsg_converter.models.lsg_flex import KeyLayout, RowBounds, block_structure, lsg_mask_mod, whole_sequence_mask_mod
@@ -353,7 +353,7 @@ def test_default_backend_is_sdpa(tiny_lsg_bert):
     inputs = tiny_inputs()
 
     default = logits(model, inputs)
-    assert model.config._attn_implementation == "sdpa"
+    assert lsg_backend(model.config._attn_implementation) == "sdpa"
     model.set_attn_implementation("sdpa")
 
     torch.testing.assert_close(default, logits(model, inputs), atol=0, rtol=0)
@@ -364,7 +364,7 @@ def test_from_pretrained_chooses_flex_attention(tiny_lsg_bert):
     flex = LSGBertForMaskedLM.from_pretrained(tiny_lsg_bert, attn_implementation="flex_attention").eval()
     inputs = tiny_inputs()
 
-    assert flex.config._attn_implementation == "flex_attention"
+    assert lsg_backend(flex.config._attn_implementation) == "flex_attention"
     real = inputs["attention_mask"].bool()
     torch.testing.assert_close(logits(flex, inputs)[real], logits(sdpa, inputs)[real], atol=1e-5, rtol=0)
     assert not torch.equal(logits(flex, inputs), logits(sdpa, inputs))  # another kernel really ran
@@ -373,7 +373,7 @@ def test_from_pretrained_chooses_flex_attention(tiny_lsg_bert):
 def test_config_chooses_flex_attention():
     model = LSGBertForMaskedLM(LSGBertConfig(**TINY_BERT, attn_implementation="flex_attention"))
 
-    assert model.config._attn_implementation == "flex_attention"
+    assert lsg_backend(model.config._attn_implementation) == "flex_attention"
 
 
 def test_set_attn_implementation_switches_backend_both_ways(tiny_lsg_bert):
@@ -408,7 +408,7 @@ def test_set_attn_implementation_refuses_other_implementations_and_keeps_the_bac
 
     with pytest.raises(ValueError, match='"eager", "sdpa", "flex_attention"'):
         model.set_attn_implementation(implementation)
-    assert model.config._attn_implementation == "flex_attention"
+    assert lsg_backend(model.config._attn_implementation) == "flex_attention"
 
 
 def test_dense_decoder_keeps_the_implementations_of_transformers():

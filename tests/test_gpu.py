@@ -8,7 +8,7 @@ import torch
 from helpers import lsg_config, padding_mask
 from lsg_converter import LSGBertConfig, LSGBertForMaskedLM, LSGBertLMHeadModel
 from lsg_converter.models import lsg_flex
-from lsg_converter.models.lsg_attention import lsg_self_attention
+from lsg_converter.models.lsg_attention import lsg_backend, lsg_self_attention
 from lsg_converter.models.lsg_sparse import SPARSITY_TYPES, sparse_by_lsh
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -201,7 +201,7 @@ def test_default_backend_on_cuda_is_sdpa():
         model.set_attn_implementation("sdpa")
         sdpa = model(input_ids=input_ids, attention_mask=attention_mask).logits
 
-    assert model.config._attn_implementation == "sdpa"
+    assert lsg_backend(model.config._attn_implementation) == "sdpa"
     torch.testing.assert_close(default, sdpa, atol=0, rtol=0)
 
 

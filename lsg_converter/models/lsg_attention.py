@@ -34,12 +34,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AttentionInterface
+from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.utils import logging
 
 from .lsg_eager import EagerBackend
@@ -68,7 +70,7 @@ from .lsg_pattern import (
 from .lsg_sdpa import SdpaBackend
 from .lsg_settings import LSGSettings
 from .lsg_sparse import sparse_context
-from .lsg_transformers import ALL_ATTENTION_FUNCTIONS, shape_check
+from .lsg_transformers import ALL_ATTENTION_FUNCTIONS, ALL_MASK_ATTENTION_FUNCTIONS, eager_attention_of, shape_check
 
 logger = logging.get_logger(__name__)
 
@@ -78,10 +80,16 @@ logger = logging.get_logger(__name__)
 # one dictionary, and a shared name would run the copy loaded last for all of them.
 LSG_ATTENTION = "lsg_" + hashlib.sha256(__name__.encode()).hexdigest()[:12]
 # attn_implementation value -> the backend of its token queries. Each is registered with transformers
-# as f"{LSG_ATTENTION}_{name}".
+# (`registered_attention`).
 # (Imported by name: transformers copies a model's remote code by following `from .module import` lines.)
 BACKENDS: dict[str, Backend] = {"eager": EagerBackend(), "sdpa": SdpaBackend(), "flex_attention": FlexBackend()}
 LSG_BACKENDS = tuple(BACKENDS)
+# backend -> how its registered name ends. Not "sdpa" nor "flex_attention": transformers runs its support
+# checks of those on every name containing them, and a model whose source attention is hand-written (MPNet,
+# DeBERTa-v2: LSG swaps it) would refuse them when built, while LSG attention runs every backend itself.
+REGISTERED_SUFFIXES = {"eager": "eager", "sdpa": "sdp", "flex_attention": "flex"}
+# The registered name of a backend in any copy of this code (a config may come from another copy's model).
+REGISTERED_NAME = re.compile(r"lsg_[0-9a-f]{12}_(?P<suffix>\w+)")
 
 
 def default_backend() -> str:
@@ -96,10 +104,17 @@ def default_backend() -> str:
 
 
 def lsg_backend(attn_implementation: str | None) -> str:
-    """The backend an LSG model runs for `attn_implementation`: a value of `LSG_BACKENDS` is itself,
-    None is `default_backend()`; anything else raises ValueError naming the valid values."""
+    """The backend an LSG model runs for `attn_implementation`: a value of `LSG_BACKENDS` is itself, a
+    registered name (`registered_attention`, what an LSG model's config holds) its backend, None
+    `default_backend()`; anything else raises ValueError naming the valid values."""
     if attn_implementation is None:
         return default_backend()
+    if attn_implementation in REGISTERED_BACKENDS:  # a lookup: a swapped layer asks at every call, compiled too
+        return REGISTERED_BACKENDS[attn_implementation]
+    registered = REGISTERED_NAME.fullmatch(attn_implementation)
+    if registered is not None:
+        suffixes = {suffix: backend for backend, suffix in REGISTERED_SUFFIXES.items()}
+        attn_implementation = suffixes.get(registered["suffix"], attn_implementation)
     if attn_implementation not in LSG_BACKENDS:
         choices = ", ".join(f'"{name}"' for name in LSG_BACKENDS)
         raise ValueError(
@@ -115,13 +130,14 @@ def lsg_backend(attn_implementation: str | None) -> str:
 
 
 def registered_attention(backend: str) -> str:
-    """The name under which the LSG attention of `backend` is registered with transformers."""
-    return f"{LSG_ATTENTION}_{backend}"
+    """The name under which the attention of an LSG model running `backend` is registered with
+    transformers (`registered_attention_forward`), and its mask creation: what the model's config holds
+    as ``_attn_implementation``."""
+    return f"{LSG_ATTENTION}_{REGISTERED_SUFFIXES[backend]}"
 
 
-def registered_cross_attention(backend: str) -> str:
-    """The name under which `global_state_cross_attention` of `backend` is registered with transformers."""
-    return f"{LSG_ATTENTION}_cross_{backend}"
+# registered name of this copy -> its backend (`lsg_backend`)
+REGISTERED_BACKENDS = {registered_attention(backend): backend for backend in LSG_BACKENDS}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -504,33 +520,92 @@ def key_padding_mask(attention_mask: torch.Tensor | None, num_keys: int, config:
     return F.pad(attention_mask.bool(), (missing, 0), value=True)
 
 
+@dataclass(frozen=True)
+class SelfAttentionRole:
+    """The role of an LSG self-attention layer (its ``lsg_role``, given when the model is built): LSG
+    attention with the model's `settings`, `causal` in a decoder-only LSG model (BertLMHeadModel)."""
+
+    settings: LSGSettings
+    causal: bool = False
+
+
+@dataclass(frozen=True)
+class CrossAttentionRole:
+    """The role of a decoder's cross-attention layer over an encoder output that keeps its
+    `num_global_tokens` global states in front (``pass_global_tokens_to_decoder``): `global_state_cross_attention`."""
+
+    num_global_tokens: int
+
+
+def registered_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Any,
+    backend: str = "sdpa",
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The attention registered as `registered_attention(backend)`, which every attention layer of an LSG
+    model whose config names it calls: what the layer's role (``lsg_role``, given when the model was built)
+    says, `lsg_attention_forward` for a `SelfAttentionRole`, `global_state_cross_attention` for a
+    `CrossAttentionRole`; a layer without one (an encoder-decoder model's decoder self-attention) runs
+    transformers' own attention of `dense_backend`. Returns (output (B, q, H, D), weights or None)."""
+    role = getattr(module, "lsg_role", None)
+    if isinstance(role, SelfAttentionRole):
+        return lsg_attention_forward(
+            module, query, key, value, attention_mask, role.settings, causal=role.causal, backend=backend, **kwargs
+        )
+    backend = dense_backend(getattr(module, "config", None), backend)
+    if isinstance(role, CrossAttentionRole):
+        return global_state_cross_attention(module, query, key, value, attention_mask, role.num_global_tokens, backend, **kwargs)
+    attention = eager_attention_of(module) if backend == "eager" else ALL_ATTENTION_FUNCTIONS[backend]
+    return attention(module, query, key, value, attention_mask, **kwargs)
+
+
+def dense_backend(config: Any, backend: str) -> str:
+    """transformers' implementation that the dense attention layers (and their masks) of a model running
+    `backend` use, `config` being theirs: `backend`, except that a decoder whose architecture's flex
+    attention fails (``lsg_decoder_runs_flex`` False: T5's) runs sdpa where flex_attention is asked."""
+    if backend == "flex_attention" and getattr(config, "is_decoder", False) and not getattr(config, "lsg_decoder_runs_flex", True):
+        return "sdpa"
+    return backend
+
+
+def registered_mask(backend: str, config: Any, **kwargs: Any) -> Any:
+    """The mask creation registered as `registered_attention(backend)` (transformers' masking_utils
+    calls it with the keywords of its mask interface): transformers' own for `dense_backend`. The
+    (B, 1, 1, t) padding mask the LSG layers get is 4D, which transformers passes through unchanged."""
+    return ALL_MASK_ATTENTION_FUNCTIONS[dense_backend(config, backend)](config=config, **kwargs)
+
+
 def lsg_attention_forward(
     module: nn.Module,
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
+    settings: LSGSettings,
     dropout: float = 0.0,
     scaling: float | None = None,
+    causal: bool = False,
     backend: str = "sdpa",
     position_terms: PositionTerms | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The ``"lsg_<backend>"`` entries of transformers' AttentionInterface, and what a swapped attention
-    module calls: the self-attention of the LSG layers, bidirectional in encoders, causal in decoder-only
-    models (``config.is_decoder``, e.g. BertLMHeadModel). Returns (output (B, N, H, D), weights): the
-    token weights (B, H, q, t) with the "eager" backend, None with the others.
+    """The self-attention of the LSG layers (their `SelfAttentionRole`), and what a swapped attention module
+    calls: LSG attention with the model's `settings`, bidirectional in encoders, `causal` in decoder-only
+    models (e.g. BertLMHeadModel). Returns (output (B, N, H, D), weights): the token weights (B, H, q, t)
+    with the "eager" backend, None with the others.
     """
-    config = module.config
-    padding_mask = key_padding_mask(attention_mask, key.shape[2], config)
-    causal = bool(getattr(config, "is_decoder", False) and getattr(module, "is_causal", False))
+    padding_mask = key_padding_mask(attention_mask, key.shape[2], settings)
     if backend != "eager" and kwargs.get("output_attentions"):
         logger.warning_once(
             f"LSG attention returns no attention weights with attn_implementation={backend!r}: call "
             "model.set_attn_implementation('eager') for output_attentions=True (O(n^2) memory)."
         )
     output, weights = lsg_attention(
-        query, key, value, padding_mask, LSGSettings.of(config), dropout, scaling, causal, backend, position_terms
+        query, key, value, padding_mask, settings, dropout, scaling, causal, backend, position_terms
     )
     return output.transpose(1, 2).contiguous(), weights
 
@@ -541,14 +616,14 @@ def global_state_cross_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
+    num_global_tokens: int,
     backend: str = "sdpa",
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The ``"lsg_cross_<backend>"`` entries of transformers' AttentionInterface: the decoder's
-    cross-attention over an encoder output that keeps its g global states in front
-    (``pass_global_tokens_to_decoder``). It is dense: transformers' implementation of `backend`,
-    except that with "eager" the weights returned leave the g global columns out, (B, H, q, t), so
-    that column j is input token j as in the source model; the output is computed from them."""
+    """The decoder's cross-attention over an encoder output that keeps its `num_global_tokens` global
+    states in front (``pass_global_tokens_to_decoder``). It is dense: transformers' implementation of
+    `backend`, except that with "eager" the weights returned leave the g global columns out, (B, H, q, t),
+    so that column j is input token j as in the source model; the output is computed from them."""
     if backend != "eager":
         return ALL_ATTENTION_FUNCTIONS[backend](module, query, key, value, attention_mask, **kwargs)
     scaling = kwargs.get("scaling")
@@ -558,17 +633,17 @@ def global_state_cross_attention(
         scores = scores + attention_mask
     weights = explicit_softmax(scores, query.dtype)
     weights = F.dropout(weights, p=kwargs.get("dropout", 0.0), training=module.training)  # (B, H, q, g + t)
-    output, token_columns = weighted_values(weights, value, module.config.num_global_tokens)
+    output, token_columns = weighted_values(weights, value, num_global_tokens)
     return output.transpose(1, 2).contiguous(), token_columns
 
 
 def _register_with_transformers() -> None:
-    """Register the LSG attention and the global-state cross-attention of every backend."""
+    """Register, for every backend, the attention of LSG models (`registered_attention_forward`) and
+    their mask creation (`registered_mask`) under one name (`registered_attention`)."""
     for backend in LSG_BACKENDS:
-        AttentionInterface.register(registered_attention(backend), functools.partial(lsg_attention_forward, backend=backend))
-        AttentionInterface.register(
-            registered_cross_attention(backend), functools.partial(global_state_cross_attention, backend=backend)
-        )
+        name = registered_attention(backend)
+        AttentionInterface.register(name, functools.partial(registered_attention_forward, backend=backend))
+        AttentionMaskInterface.register(name, functools.partial(registered_mask, backend))
 
 
 _register_with_transformers()

@@ -3,13 +3,18 @@
 An architecture states it once, in its mixin's ``lsg_attention`` (see lsg_model.LSGModelMixin):
 
 * `DispatchedAttention` (the default): the layers call transformers' attention interface
-  (``ALL_ATTENTION_FUNCTIONS``) with ``self.config._attn_implementation`` (BERT, BART, ...); an
-  `AttentionLayerConfig` in place of their config makes them call the registered LSG attention.
+  (``ALL_ATTENTION_FUNCTIONS``) with ``self.config._attn_implementation`` (BERT, BART, ...), which an
+  LSG model's config holds as the registered LSG attention of its backend
+  (`lsg_attention.registered_attention_forward`); each LSG layer holds the role that makes that
+  function run LSG attention for it (`lsg_attention.SelfAttentionRole`, with the model's settings).
 * `SwappedAttention`: the layers compute attention by hand (MPNet, DeBERTa-v2): every module of the
   named classes is replaced, before the weights load, by a module built from it that keeps its
   parameters under their names (checkpoints load as they are); the attention module calls
   `swapped_attention_forward` itself (MPNet also swaps its encoder, whose relative position bias
   becomes per-block position terms). `adopted` builds such a replacement from a subclass.
+
+Either way the settings are the model's, resolved once when it is built (`LSGSettings`), never read
+from the config at a call.
 
 This file travels with saved models as remote code: it imports torch and transformers only.
 """
@@ -21,34 +26,29 @@ from typing import Any, Callable, Protocol
 
 from torch import nn
 
-from .lsg_attention import lsg_attention_forward, lsg_backend, registered_attention
+from .lsg_attention import SelfAttentionRole, lsg_attention_forward, lsg_backend
 from .lsg_layout import adopt
+from .lsg_settings import LSGSettings
 from .lsg_transformers import attn_implementation
 
 
 class AttentionReach(Protocol):
     """How LSG reaches the self-attention layers under a model's recorder (see `recorded_modules`)."""
 
-    def apply(self, recorder: nn.Module, config: Any) -> None:
-        """Make the self-attention layers under `recorder` run LSG attention for the model's `config`."""
-
-    def implementation_at_init(self, backend: str) -> str:
-        """The attention implementation the source classes are shown while they are built (transformers
-        checks it in each model's ``__init__``) when the model runs LSG with `backend`."""
+    def apply(self, recorder: nn.Module, config: Any, settings: LSGSettings) -> None:
+        """Make the self-attention layers under `recorder` run LSG attention with `settings` for the
+        model's `config`."""
 
 
 @dataclass(frozen=True)
 class DispatchedAttention:
     """The layers that `recorder` records as ``attentions`` reach LSG attention by transformers' dispatch:
-    they read their config through an `AttentionLayerConfig`."""
+    each holds its `SelfAttentionRole` as ``lsg_role`` (causal in a decoder-only LSG model's causal layers)."""
 
-    def implementation_at_init(self, backend: str) -> str:
-        return backend
-
-    def apply(self, recorder: nn.Module, config: Any) -> None:
-        layer_config = AttentionLayerConfig(config)
+    def apply(self, recorder: nn.Module, config: Any, settings: LSGSettings) -> None:
         for module in recorded_modules(recorder, "attentions"):
-            module.config = layer_config
+            causal = bool(getattr(config, "is_decoder", False) and getattr(module, "is_causal", False))
+            module.lsg_role = SelfAttentionRole(settings, causal)
 
 
 Replacement = Callable[[nn.Module, Any], nn.Module]  # (source module, model config) -> the module in its place
@@ -70,16 +70,14 @@ class SwappedAttention:
     def __init__(self, *swaps: tuple[type[nn.Module], Replacement]) -> None:
         object.__setattr__(self, "swaps", swaps)
 
-    def implementation_at_init(self, backend: str) -> str:
-        """"eager": a hand-written source attention knows no other, and an inner source model (a head's
-        ``mpnet``) refuses the others when built; the swapped modules read the model's choice at each call."""
-        return "eager"
-
-    def apply(self, recorder: nn.Module, config: Any) -> None:
+    def apply(self, recorder: nn.Module, config: Any, settings: LSGSettings) -> None:
+        """Swap the modules; each replacement holds the model's `settings` as ``lsg_settings``."""
         for source, replacement in self.swaps:
             swapped = [name for name, module in recorder.named_modules() if isinstance(module, source)]
             for name in swapped:
-                recorder.set_submodule(name, replacement(recorder.get_submodule(name), config))
+                module = replacement(recorder.get_submodule(name), config)
+                module.lsg_settings = settings
+                recorder.set_submodule(name, module)
 
 
 def adopted(subclass: type[nn.Module]) -> Replacement:
@@ -103,15 +101,17 @@ def swapped_attention_forward(
     module: nn.Module, query, key, value, attention_mask, scaling: float, **kwargs: Any
 ) -> tuple[Any, Any]:
     """What a swapped attention module calls with its queries, keys and values (B, H, N, D): LSG attention
-    with the backend of the model's config (read at each call) and, in training, DropKey at the rate of
-    the module's ``dropout`` (a Dropout module or a rate); `kwargs` go on to `lsg_attention.lsg_attention_forward` (position_terms=,
-    output_attentions=). Returns (output (B, N, H, D), weights or None)."""
+    with the module's ``lsg_settings`` (the model's), the backend the model's config names (read at each
+    call) and, in training, DropKey at the rate of the module's ``dropout`` (a Dropout module or a rate);
+    `kwargs` go on to `lsg_attention.lsg_attention_forward` (position_terms=, output_attentions=).
+    Returns (output (B, N, H, D), weights or None)."""
     return lsg_attention_forward(
         module,
         query,
         key,
         value,
         attention_mask,
+        module.lsg_settings,
         dropout=getattr(module.dropout, "p", module.dropout) if module.training else 0.0,  # a module or a rate (T5)
         scaling=scaling,
         backend=lsg_backend(attn_implementation(module.config)),
@@ -129,34 +129,6 @@ def projected_self_attention(
     query, key, value = (layer(hidden_states).view(shape).transpose(1, 2) for layer in (module.q, module.k, module.v))
     output, weights = swapped_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
     return module.o(output.flatten(-2)), weights  # output: (B, L, H, D) -> (B, L, H * D) -> (B, L, E)
-
-
-class AttentionLayerConfig:
-    """The config as the LSG self-attention layers of a model read it: the model's config, attribute for
-    attribute (reads and writes go to it), except ``_attn_implementation``, which names the registered
-    LSG attention of the model's backend (``"lsg_<code>_sdpa"`` while the config reads ``"sdpa"``; `registered`
-    names it, `lsg_attention.registered_cross_attention` for a decoder's cross-attention layers).
-
-    transformers' attention layers dispatch on ``self.config._attn_implementation``: this is how they
-    reach LSG attention while the model's config reads the value the user chose, and how
-    ``set_attn_implementation`` on the model reaches them.
-    """
-
-    def __init__(self, config: Any, registered: Callable[[str], str] = registered_attention) -> None:
-        object.__setattr__(self, "config", config)
-        object.__setattr__(self, "registered", registered)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name == "config":  # copy and pickle probe the class, not the config
-            raise AttributeError(name)
-        return getattr(self.config, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self.config, name, value)
-
-    @property
-    def _attn_implementation(self) -> str:
-        return self.registered(lsg_backend(attn_implementation(self.config)))
 
 
 def recorded_modules(recorder: nn.Module, output: str, declared: dict[str, Any] | None = None) -> list[nn.Module]:

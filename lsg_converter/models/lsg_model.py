@@ -17,16 +17,17 @@ This file travels with saved models as remote code: it imports torch and transfo
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import PreTrainedConfig, PreTrainedModel
 
-from .lsg_attention import lsg_backend, registered_cross_attention
+from .lsg_attention import CrossAttentionRole, lsg_backend, registered_attention
 from .lsg_defaults import LSG_DEFAULTS, MAX_GLOBAL_TOKENS
 from .lsg_settings import LSGSettings
-from .lsg_attention_layers import AttentionLayerConfig, AttentionReach, DispatchedAttention, recorded_modules
+from .lsg_attention_layers import AttentionReach, DispatchedAttention, recorded_modules
 from .lsg_global_tokens import (
     DropsGlobalTokens,
     GlobalTokens,
@@ -42,10 +43,9 @@ from .lsg_transformers import (
     clear_auto_class,
     init_weights,
     past_length,
-    set_attn_implementation,
     store_attn_implementation,
     stored_attn_implementation,
-    supports_attention,
+    stored_output_attentions,
     warn_if_untested_transformers,
 )
 
@@ -145,9 +145,10 @@ class LSGConfigMixin:
 
     lsg_heads: tuple[str, ...] = ()
     lsg_defaults: dict[str, Any] = LSG_DEFAULTS
-    # False where transformers' flex attention fails for the architecture's dense decoder: its config (a copy
-    # of the model's, as T5 builds its stacks) then runs "sdpa" where "flex_attention" is asked. T5's flex
-    # attention indexes its (1, H, q, k) position bias by batch and fails on a batch of 2 or more (5.24).
+    # False where transformers' flex attention fails for the architecture's dense decoder: a decoder config
+    # (a copy of the model's, as T5 builds its stacks) then runs "sdpa" where "flex_attention" is asked
+    # (lsg_attention.dense_backend). T5's flex attention indexes its (1, H, q, k) position bias by batch
+    # and fails on a batch of 2 or more (5.24).
     lsg_decoder_runs_flex = True
     # the files of this folder beyond the shared ones that this one's pair imports (T5's bias; mT5 adopts
     # T5's attention)
@@ -176,6 +177,37 @@ class LSGConfigMixin:
             setattr(self, key, value)
         if validate_settings:
             validate_lsg_settings(self)
+        if not self.lsg_dense_decoder:  # refused here already: a model built from it has no backend for it
+            lsg_backend(attn_implementation(self))
+
+    @property
+    def output_attentions(self) -> bool:
+        """Whether the model returns its attention weights: transformers' rule, only with eager attention,
+        which an LSG model's config names by its registered eager LSG attention (`backend_named`)."""
+        return stored_output_attentions(self)
+
+    @output_attentions.setter
+    def output_attentions(self, value: bool) -> None:
+        with self.backend_named():
+            PreTrainedConfig.output_attentions.fset(self, value)
+
+    def validate(self) -> None:
+        """transformers' validation of the config (before it is saved), its implementation named as
+        transformers names it (`backend_named`)."""
+        with self.backend_named():
+            super().validate()
+
+    @contextmanager
+    def backend_named(self) -> Iterator[None]:
+        """The config's ``_attn_implementation`` reads the backend ("eager") rather than its registered
+        LSG attention for the time of transformers' checks that compare it with "eager"."""
+        implementation = stored_attn_implementation(self)
+        if implementation is not None and not self.lsg_dense_decoder:
+            store_attn_implementation(self, lsg_backend(implementation))
+        try:
+            yield
+        finally:
+            store_attn_implementation(self, implementation)
 
     @classmethod
     def lsg_base_name(cls) -> str:
@@ -205,7 +237,8 @@ class LSGConfigMixin:
 
     @property
     def lsg_settings(self) -> LSGSettings:
-        """The LSG keys of this config as one frozen value (`LSGSettings`), as the attention reads them."""
+        """The LSG keys of this config as one frozen value (`LSGSettings`): what a model built from it
+        resolves once and hands its LSG layers (`LSGModelMixin.__init__`)."""
         return LSGSettings.of(self)
 
     @property
@@ -216,31 +249,6 @@ class LSGConfigMixin:
         dense causal attention with its KV cache, no global tokens; only its position table grows.
         """
         return bool(getattr(self, "is_decoder", False)) and "pass_global_tokens_to_decoder" in self.lsg_defaults
-
-    @property
-    def _attn_implementation(self) -> str | None:
-        """The backend of the LSG attention: ``"eager"``, ``"sdpa"`` or ``"flex_attention"`` (see
-        `lsg_attention.lsg_backend`), or None until a model is built (transformers then resolves it:
-        sdpa).
-
-        Set it the transformers way, with ``attn_implementation=`` in ``from_pretrained`` or the config,
-        or ``model.set_attn_implementation(...)``; other values raise ValueError. The model's LSG
-        layers read the registered LSG attention of that backend (`AttentionLayerConfig`); its other
-        attention layers (an encoder-decoder model's decoder) run transformers' own implementation of
-        that name. A dense decoder (`lsg_dense_decoder`) takes every value transformers takes.
-        (The attribute is not serialised by transformers, so it cannot be stored in config.json.)
-        """
-        return stored_attn_implementation(self)
-
-    @_attn_implementation.setter
-    def _attn_implementation(self, value: str | dict | None) -> None:
-        if isinstance(value, dict):  # transformers' per-sub-config form; LSG configs have no sub-configs
-            value = value.get("")
-        if value == "flex_attention" and getattr(self, "is_decoder", False) and not self.lsg_decoder_runs_flex:
-            value = "sdpa"
-        if value is not None and not self.lsg_dense_decoder:
-            value = lsg_backend(value)
-        store_attn_implementation(self, value)
 
 
 def is_reference_config(values: dict[str, Any]) -> bool:
@@ -377,18 +385,10 @@ class LSGModelMixin:
         holds_pooler = getattr(config, POOLER_KEY, None)
         if holds_pooler is False and POOLER_KEY in inspect.signature(super().__init__).parameters:
             kwargs.setdefault(POOLER_KEY, False)
-        backend = None if config.lsg_dense_decoder else lsg_backend(attn_implementation(config))
-        if backend is not None:
-            store_attn_implementation(config, self.lsg_attention.implementation_at_init(backend))
-        super().__init__(config, *args, **kwargs)
+        super().__init__(config, *args, **kwargs)  # names the registered attention (`get_correct_attn_implementation`)
         base = getattr(self, self.base_model_prefix, self)
         if holds_pooler:
             self._add_missing_pooler(base)
-        if backend is not None:  # what the source classes were shown while built; the model runs `backend`,
-            store_attn_implementation(config, backend)
-            for module in self.modules():  # as do inner models with a config of their own (T5's stacks) that can
-                if isinstance(module, PreTrainedModel) and module.config is not config and supports_attention(module, backend):
-                    set_attn_implementation(module.config, backend)
         for name, spec in (getattr(config, KEPT_WEIGHTS_KEY, None) or {}).items():
             self._hold_kept_weight(name, spec)
         decoder = dict(base.named_children()).get(self.lsg_layout.decoder)
@@ -399,7 +399,9 @@ class LSGModelMixin:
             return
         encoder = base.get_submodule(self.lsg_layout.encoder)
         recorder = encoder if isinstance(encoder, PreTrainedModel) else base
-        self.lsg_attention.apply(recorder, self.config)  # before from_pretrained loads the weights
+        settings = self.config.lsg_settings  # resolved once, for every LSG layer
+        settings.pattern(causal=bool(getattr(self.config, "is_decoder", False)))  # built now, not in a compiled forward
+        self.lsg_attention.apply(recorder, self.config, settings)  # before from_pretrained loads the weights
         passes_to_decoder = bool(getattr(self.config, "pass_global_tokens_to_decoder", False)) and decoder is not None
         global_tokens = self._adopt_global_token_steps(base, encoder, recorder, passes_to_decoder)
         if passes_to_decoder:
@@ -436,17 +438,16 @@ class LSGModelMixin:
 
     def _pass_global_tokens(self, decoder: nn.Module, global_tokens: GlobalTokens) -> None:
         """Let the decoder's cross-attention see the encoder's global states (``pass_global_tokens_to_decoder``):
-        its encoder mask covers them, its cross-attention layers dispatch to the global-state attention."""
+        its encoder mask covers them, its cross-attention layers run the global-state attention (their
+        `CrossAttentionRole`)."""
         cover = ArgumentRewrite(decoder, "encoder_attention_mask", global_tokens.covered_encoder_mask)
         decoder.register_forward_pre_hook(cover, with_kwargs=True)
-        # the decoder's own config where it has one (T5 builds its stacks with copies, see LSGT5Config)
-        decoder_config = decoder.config if isinstance(decoder, PreTrainedModel) else self.config
-        cross_attention_config = AttentionLayerConfig(decoder_config, registered_cross_attention)
+        role = CrossAttentionRole(self.config.num_global_tokens)
         # the attention module, or a layer around it (T5's)
         for layer in recorded_modules(decoder, "cross_attentions", self.lsg_recorded_outputs):
             for module in layer.modules():
                 if "config" in vars(module):  # the module that dispatches on its config
-                    module.config = cross_attention_config
+                    module.lsg_role = role
 
     def post_init(self) -> None:
         """Add the table of global tokens before transformers initialises the weights (the Hugging Face
@@ -459,19 +460,21 @@ class LSGModelMixin:
 
     @classmethod
     def _can_set_attn_implementation(cls) -> bool:
-        """Whether ``set_attn_implementation`` may switch the model after loading: always, as LSG attention
-        reads the backend from the config at each call. transformers guesses it from the source of the
+        """Whether ``set_attn_implementation`` may switch the model after loading: always, as every attention
+        layer dispatches on the config's name at each call. transformers guesses it from the source of the
         architecture's file, where a swapped attention module (MPNet, DeBERTa) does not match its
         pattern, and transformers before 5.2x then ignored the switch with a warning."""
         return True
 
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
-        """transformers' check of an ``attn_implementation``: an LSG model takes "eager", "sdpa",
-        "flex_attention" or None (sdpa) and runs its
-        LSG attention with that backend (see `lsg_attention.lsg_backend`)."""
+        """transformers' check of an ``attn_implementation`` (when the model is built, loaded or switched):
+        an LSG model takes "eager", "sdpa", "flex_attention" or None (sdpa), and its config then names the
+        registered attention of that backend (`lsg_attention.registered_attention`; `lsg_attention.lsg_backend`
+        reads the backend back). Inner models with a config of their own (T5's stacks, built from copies of
+        the config) get the same name. A dense decoder-only head takes what transformers takes."""
         if self.config.lsg_dense_decoder:
             return super().get_correct_attn_implementation(requested_attention, is_init_check)
-        return lsg_backend(requested_attention)
+        return registered_attention(lsg_backend(requested_attention))
 
     @property
     def lsg_global_embeddings(self) -> nn.Embedding | None:

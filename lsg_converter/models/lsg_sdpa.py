@@ -269,7 +269,7 @@ def edge_block_attention(job: TokenAttention, chosen: tuple[torch.Tensor, torch.
     """The output (n, b, H, D) of the `chosen` blocks ((batch index, block index), each (n,)), whose local
     window reaches outside the sequence or over padding: only their own queries and windows are gathered
     (rows past the last token read the last one: their keys are masked, their outputs dropped)."""
-    pattern, rows, blocks = job.pattern, *chosen
+    pattern, rows = job.pattern, chosen[0]
     block, num_global = pattern.block_size, pattern.num_global
     mask = additive_mask(block_mask(job)[chosen][..., num_global:], job.token_keys.dtype)  # (n, 1, 1, local)
     table = block_table(pattern, job.num_blocks, job.num_tokens, 0, job.token_keys.device)

@@ -16,18 +16,19 @@ method an LSG class must define), and where a name in the table is gone from the
   ``torch._check`` (`shape_check`), ``torch._inductor.compile_fx.compile_fx`` (`inductor_compile`),
   ``torch._dynamo.exc.TorchDynamoException`` (`compile_error`), the CPU flash kernel
   ``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu`` (`CPU_FLASH_ATTENTION`); a config's
-  ``_attn_implementation`` and ``_attn_implementation_internal`` (`attn_implementation` /
-  `set_attn_implementation`, `stored_attn_implementation` / `store_attn_implementation`), a model's
-  ``_supports_sdpa`` / ``_supports_flex_attn`` (`supports_attention`), ``_init_weights``
-  (`init_weights`) and ``_auto_class`` (`clear_auto_class`); ``_relative_position_bucket`` of T5's,
-  mT5's and UMT5's attention modules (a static method with the bucket settings as arguments in T5
-  and mT5, a method reading them from the module in UMT5), through `relative_position_buckets`.
-* Private names overridden (lsg_model, lsg_attention_layers): ``_attn_implementation`` (the LSG
-  config's), ``_supports_sdpa`` / ``_supports_flex_attn`` / ``_supports_flash_attn`` /
-  ``_supports_attention_backend``, ``_can_set_attn_implementation``.
+  ``_attn_implementation``, ``_attn_implementation_internal`` and ``_output_attentions``
+  (`attn_implementation`, `stored_attn_implementation` / `store_attn_implementation`,
+  `stored_output_attentions`), a model's ``_init_weights`` (`init_weights`) and ``_auto_class``
+  (`clear_auto_class`); ``_relative_position_bucket`` of T5's, mT5's and UMT5's attention modules (a
+  static method with the bucket settings as arguments in T5 and mT5, a method reading them from the
+  module in UMT5), through `relative_position_buckets`.
+* Private names overridden (lsg_model): ``_supports_sdpa`` / ``_supports_flex_attn`` /
+  ``_supports_flash_attn`` / ``_supports_attention_backend``, ``_can_set_attn_implementation``.
 * Public names whose behaviour LSG relies on: ``transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS``
-  (transformers' own attention functions, by name) and ``transformers.utils.is_torch_flex_attn_available``,
-  imported here; ``can_record_outputs`` and ``OutputRecorder.target_class`` / ``layer_name`` (which
+  (transformers' own attention functions, by name), ``transformers.masking_utils.ALL_MASK_ATTENTION_FUNCTIONS``
+  (its mask creations, by name) and ``transformers.utils.is_torch_flex_attn_available``, imported here;
+  the ``eager_attention_forward`` of each modeling file (what transformers runs for "eager"), found by
+  name through `eager_attention_of`; ``can_record_outputs`` and ``OutputRecorder.target_class`` / ``layer_name`` (which
   layers the output recorder hooks); ``get_correct_attn_implementation``, ``post_init`` and
   ``register_for_auto_class``, overridden or called in lsg_model.
 * Module paths: each ``modeling_lsg_<arch>.py`` subclasses the classes of
@@ -45,17 +46,20 @@ from __future__ import annotations
 
 import inspect
 import re
+import sys
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, NamedTuple
 
 import transformers
 import torch
 from transformers import Cache
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import is_torch_flex_attn_available, logging
 
 __all__ = [
     "ALL_ATTENTION_FUNCTIONS",
+    "ALL_MASK_ATTENTION_FUNCTIONS",
     "CPU_FLASH_ATTENTION",
     "LSG_CODE_VERSION",
     "PRIVATE_NAMES",
@@ -63,17 +67,16 @@ __all__ = [
     "attn_implementation",
     "clear_auto_class",
     "compile_error",
+    "eager_attention_of",
     "forward_cache",
     "inductor_compile",
     "init_weights",
     "is_torch_flex_attn_available",
     "past_length",
     "relative_position_buckets",
-    "set_attn_implementation",
     "shape_check",
     "store_attn_implementation",
     "stored_attn_implementation",
-    "supports_attention",
     "transformers_names",
     "warn_if_untested_transformers",
     "with_past_length",
@@ -117,24 +120,29 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     ),
     PrivateName(
         "transformers.PretrainedConfig._attn_implementation",
-        "attn_implementation / set_attn_implementation: the attention implementation transformers' layers "
-        "dispatch on; overridden by LSGConfigMixin (the LSG backend) and AttentionLayerConfig (the registered "
-        "LSG attention)",
-        overridden=True,
+        "attn_implementation: the attention implementation transformers' layers dispatch on, the registered "
+        "LSG attention of the model's backend (lsg_model refuses another when a config is made; "
+        "lsg_attention_layers reads a swapped layer's backend from it)",
     ),
     PrivateName(
         "transformers.PretrainedConfig._attn_implementation_internal",
         "stored_attn_implementation / store_attn_implementation: the value behind a config's "
-        "_attn_implementation, set without its setter (lsg_model: the source classes' view while built)",
+        "_attn_implementation, named as the backend for the time of transformers' checks that compare it "
+        "with \"eager\" (LSGConfigMixin.backend_named)",
+    ),
+    PrivateName(
+        "transformers.PretrainedConfig._output_attentions",
+        "stored_output_attentions: the value behind a config's output_attentions, which LSGConfigMixin "
+        "overrides to check the backend its registered attention runs, not the name",
     ),
     PrivateName(
         "transformers.PreTrainedModel._supports_sdpa",
-        "overridden by LSGModelMixin (LSG attention has an sdpa backend); read by supports_attention",
+        "overridden by LSGModelMixin: LSG attention has an sdpa backend",
         overridden=True,
     ),
     PrivateName(
         "transformers.PreTrainedModel._supports_flex_attn",
-        "overridden by LSGModelMixin (LSG attention has a flex_attention backend); read by supports_attention",
+        "overridden by LSGModelMixin: LSG attention has a flex_attention backend",
         overridden=True,
     ),
     PrivateName(
@@ -176,8 +184,6 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
 
 # The CPU flash kernel, which also returns each query's log-sum-exp (absent from older torch builds)
 CPU_FLASH_ATTENTION = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-# The flags of transformers' models that say which attention implementations they have ("eager": all)
-ATTENTION_SUPPORT_FLAGS = {"sdpa": "_supports_sdpa", "flex_attention": "_supports_flex_attn"}
 
 RESAVE_ADVICE = (
     "re-save it with the newest lsg-converter (`pip install -U lsg-converter`, then "
@@ -302,11 +308,6 @@ def attn_implementation(config: Any) -> str | None:
     return config._attn_implementation
 
 
-def set_attn_implementation(config: Any, value: str | None) -> None:
-    """Set a config's ``_attn_implementation`` through its setter, as transformers does."""
-    config._attn_implementation = value
-
-
 def stored_attn_implementation(config: Any) -> str | None:
     """The value behind a config's ``_attn_implementation`` (``_attn_implementation_internal``); None before
     transformers' ``__init__`` of the config set it."""
@@ -318,12 +319,10 @@ def store_attn_implementation(config: Any, value: str | None) -> None:
     config._attn_implementation_internal = value
 
 
-def supports_attention(model: Any, implementation: str) -> bool:
-    """Whether the transformers `model` has an implementation of attention `implementation` (its
-    ``_supports_sdpa`` / ``_supports_flex_attn``; T5 before transformers 5.2x writes its attention by
-    hand: eager only)."""
-    flag = ATTENTION_SUPPORT_FLAGS.get(implementation)
-    return flag is None or bool(getattr(model, flag, False))
+def stored_output_attentions(config: Any) -> bool:
+    """The value behind a config's ``output_attentions`` (``_output_attentions``), read without transformers'
+    check of the implementation (an LSG config names its registered attention, not "eager")."""
+    return config._output_attentions
 
 
 def init_weights(model: Any, module: torch.nn.Module) -> None:
@@ -335,3 +334,10 @@ def clear_auto_class(cls: type) -> None:
     """Leave the model class `cls` unregistered for remote-code saving, where it would inherit the Auto class
     of a registered parent (``_auto_class``)."""
     cls._auto_class = None
+
+
+def eager_attention_of(attention: Any) -> Any:
+    """The attention transformers runs for "eager" in the attention module `attention` (its default in
+    ``ALL_ATTENTION_FUNCTIONS.get_interface``): the ``eager_attention_forward`` of the modeling file that
+    defines its class (BART's, T5's, each with its own terms)."""
+    return sys.modules[type(attention).__module__].eager_attention_forward
