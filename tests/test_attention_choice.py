@@ -9,6 +9,8 @@ is read per call), and transformers' own attention in an encoder-decoder model's
 holds a view of the config.
 """
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import transformers
@@ -16,7 +18,10 @@ import transformers
 from helpers import TINY_CONFIGS, save_tiny_source
 from lsg_converter import ARCHITECTURES, LSGConverter
 from lsg_converter.models import lsg_attention
-from lsg_converter.models.lsg_attention import lsg_backend, registered_attention
+from lsg_converter.models.configuration_lsg_mt5 import LSGMT5Config
+from lsg_converter.models.configuration_lsg_t5 import LSGT5Config
+from lsg_converter.models.configuration_lsg_umt5 import LSGUMT5Config
+from lsg_converter.models.lsg_attention import dense_backend, lsg_backend, registered_attention
 from lsg_converter.models.lsg_settings import LSGSettings
 from test_conventions import LENGTH, batch, tiny_lsg
 
@@ -147,3 +152,26 @@ def test_an_eager_model_asked_for_its_attentions_saves_and_turns_them_on_through
 
     with torch.no_grad():
         assert len(other(**batch("bert")).attentions) == other.config.num_hidden_layers
+
+
+@pytest.mark.parametrize(
+    "implementations, asked, runs",
+    [
+        (("eager", "sdpa"), "flex_attention", "sdpa"),  # T5's decoder: its flex attention fails at batch 2
+        (("eager",), "sdpa", "eager"),  # T5's before transformers 5.2x: attention by hand
+        (("eager", "sdpa"), "sdpa", "sdpa"),
+        (None, "flex_attention", "flex_attention"),
+    ],
+)
+def test_dense_layers_run_the_backend_asked_where_their_architecture_has_it_else_sdpa_or_eager(implementations, asked, runs):
+    config = SimpleNamespace(lsg_dense_implementations=implementations)
+
+    assert dense_backend(config, asked) == runs
+
+
+def test_the_t5_family_dense_layers_run_what_the_installed_transformers_has_but_flex():
+    from transformers.models.t5.modeling_t5 import T5PreTrainedModel
+
+    expected = ("eager", "sdpa") if T5PreTrainedModel._supports_sdpa else ("eager",)
+    for config_class in (LSGT5Config, LSGMT5Config, LSGUMT5Config):
+        assert config_class.lsg_dense_implementations == expected

@@ -2,8 +2,12 @@
 
 from transformers import MT5Config
 
-from .configuration_lsg_t5 import T5_DEFAULTS, T5_HEADS
+from .configuration_lsg_t5 import T5_DEFAULTS, T5_HEADS, t5_dense_implementations
 from .lsg_model import LSGConfigMixin
+from .lsg_transformers import transformers_names
+
+with transformers_names():
+    from transformers.models.mt5.modeling_mt5 import MT5PreTrainedModel
 
 
 class LSGMT5Config(LSGConfigMixin, MT5Config):
@@ -12,5 +16,5 @@ class LSGMT5Config(LSGConfigMixin, MT5Config):
     model_type = "lsg-mt5"
     lsg_heads = T5_HEADS
     lsg_defaults = T5_DEFAULTS
-    lsg_decoder_runs_flex = False
+    lsg_dense_implementations = t5_dense_implementations(MT5PreTrainedModel)
     lsg_borrowed_files = ("configuration_lsg_t5.py", "modeling_lsg_t5.py", "lsg_t5_bias.py")

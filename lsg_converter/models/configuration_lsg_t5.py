@@ -14,6 +14,10 @@ from transformers import T5Config
 from .lsg_defaults import SEQ2SEQ_DEFAULTS
 from .lsg_layout import LSGLayout
 from .lsg_model import LSGConfigMixin
+from .lsg_transformers import dense_implementations, transformers_names
+
+with transformers_names():
+    from transformers.models.t5.modeling_t5 import T5PreTrainedModel
 
 # The heads of T5, mT5 and UMT5.
 T5_HEADS = (
@@ -33,11 +37,19 @@ T5_DEFAULTS: dict[str, Any] = {**SEQ2SEQ_DEFAULTS, "pool_with_global": False, "g
 T5_LAYOUT = LSGLayout(embeddings="encoder", prepend_before=("encoder.block.0",), position_tables=(), pretrained_length=512)
 
 
+
+def t5_dense_implementations(model_class: type) -> tuple[str, ...]:
+    """What the dense decoder of a T5-family model (`model_class`, transformers' PreTrainedModel of the
+    family) runs of transformers' attention: not flex_attention, whose T5 indexes its (1, H, q, k) position
+    bias by batch and fails on a batch of 2 or more (5.24); eager only before transformers 5.2x."""
+    return tuple(name for name in dense_implementations(model_class) if name != "flex_attention")
+
+
 class LSGT5Config(LSGConfigMixin, T5Config):
     """T5Config with the LSG keys."""
 
     model_type = "lsg-t5"
     lsg_heads = T5_HEADS
     lsg_defaults = T5_DEFAULTS
-    lsg_decoder_runs_flex = False
+    lsg_dense_implementations = t5_dense_implementations(T5PreTrainedModel)
     lsg_borrowed_files = ("lsg_t5_bias.py",)

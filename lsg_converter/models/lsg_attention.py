@@ -565,11 +565,12 @@ def registered_attention_forward(
 
 def dense_backend(config: Any, backend: str) -> str:
     """transformers' implementation that the dense attention layers (and their masks) of a model running
-    `backend` use, `config` being theirs: `backend`, except that a decoder whose architecture's flex
-    attention fails (``lsg_decoder_runs_flex`` False: T5's) runs sdpa where flex_attention is asked."""
-    if backend == "flex_attention" and getattr(config, "is_decoder", False) and not getattr(config, "lsg_decoder_runs_flex", True):
-        return "sdpa"
-    return backend
+    `backend` use, `config` being theirs: `backend`, where the architecture's dense layers run it (its
+    config's ``lsg_dense_implementations``), else sdpa, or eager where they do not run sdpa either."""
+    supported = getattr(config, "lsg_dense_implementations", None)
+    if supported is None or backend in supported:
+        return backend
+    return "sdpa" if "sdpa" in supported else "eager"
 
 
 def registered_mask(backend: str, config: Any, **kwargs: Any) -> Any:

@@ -145,11 +145,10 @@ class LSGConfigMixin:
 
     lsg_heads: tuple[str, ...] = ()
     lsg_defaults: dict[str, Any] = LSG_DEFAULTS
-    # False where transformers' flex attention fails for the architecture's dense decoder: a decoder config
-    # (a copy of the model's, as T5 builds its stacks) then runs "sdpa" where "flex_attention" is asked
-    # (lsg_attention.dense_backend). T5's flex attention indexes its (1, H, q, k) position bias by batch
-    # and fails on a batch of 2 or more (5.24).
-    lsg_decoder_runs_flex = True
+    # The implementations transformers' own attention runs in the architecture's dense layers (a decoder),
+    # where that is not every one LSG has (None): another asked for runs sdpa there, or eager where sdpa is
+    # not among them (lsg_attention.dense_backend). The T5 family's (configuration_lsg_t5.py).
+    lsg_dense_implementations: tuple[str, ...] | None = None
     # the files of this folder beyond the shared ones that this one's pair imports (T5's bias; mT5 adopts
     # T5's attention)
     lsg_borrowed_files: tuple[str, ...] = ()

@@ -19,7 +19,8 @@ method an LSG class must define), and where a name in the table is gone from the
   ``_attn_implementation``, ``_attn_implementation_internal`` and ``_output_attentions``
   (`attn_implementation`, `stored_attn_implementation` / `store_attn_implementation`,
   `stored_output_attentions`), a model's ``_init_weights`` (`init_weights`) and ``_auto_class``
-  (`clear_auto_class`); ``_relative_position_bucket`` of T5's, mT5's and UMT5's attention modules (a
+  (`clear_auto_class`), a model class's ``_supports_sdpa`` / ``_supports_flex_attn``
+  (`dense_implementations`); ``_relative_position_bucket`` of T5's, mT5's and UMT5's attention modules (a
   static method with the bucket settings as arguments in T5 and mT5, a method reading them from the
   module in UMT5), through `relative_position_buckets`.
 * Private names overridden (lsg_model): ``_supports_sdpa`` / ``_supports_flex_attn`` /
@@ -67,6 +68,7 @@ __all__ = [
     "attn_implementation",
     "clear_auto_class",
     "compile_error",
+    "dense_implementations",
     "eager_attention_of",
     "forward_cache",
     "inductor_compile",
@@ -137,12 +139,12 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     ),
     PrivateName(
         "transformers.PreTrainedModel._supports_sdpa",
-        "overridden by LSGModelMixin: LSG attention has an sdpa backend",
+        "overridden by LSGModelMixin (LSG attention has an sdpa backend); read by dense_implementations",
         overridden=True,
     ),
     PrivateName(
         "transformers.PreTrainedModel._supports_flex_attn",
-        "overridden by LSGModelMixin: LSG attention has a flex_attention backend",
+        "overridden by LSGModelMixin (LSG attention has a flex_attention backend); read by dense_implementations",
         overridden=True,
     ),
     PrivateName(
@@ -323,6 +325,14 @@ def stored_output_attentions(config: Any) -> bool:
     """The value behind a config's ``output_attentions`` (``_output_attentions``), read without transformers'
     check of the implementation (an LSG config names its registered attention, not "eager")."""
     return config._output_attentions
+
+
+def dense_implementations(model_class: type) -> tuple[str, ...]:
+    """The attention implementations transformers' `model_class` runs: eager, and sdpa and flex_attention
+    where its ``_supports_sdpa`` / ``_supports_flex_attn`` say so (T5 before transformers 5.2x writes its
+    attention by hand: eager only)."""
+    flags = {"sdpa": "_supports_sdpa", "flex_attention": "_supports_flex_attn"}
+    return ("eager", *(name for name, flag in flags.items() if getattr(model_class, flag, False)))
 
 
 def init_weights(model: Any, module: torch.nn.Module) -> None:
