@@ -14,6 +14,9 @@ this module (ARCHITECTURE.md lists them).
   and mT5, a method reading them from the module in UMT5), through `relative_position_buckets`.
 * Private helpers imported: ``transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS`` (transformers'
   own attention functions, by name), ``transformers.utils.is_torch_flex_attn_available``.
+* Private registry written: ``transformers.utils.output_capturing._CAN_RECORD_REGISTRY``, where
+  ``capture_outputs`` looks up which layers a model records by the name of the class it was built as;
+  `record_outputs_like_source` enters an LSG step class made from a built model (lsg_global_tokens).
 * Private class attributes and methods LSG models read or override (lsg_model, lsg_attention_layers):
   ``can_record_outputs`` / ``_can_record_outputs`` and ``OutputRecorder.target_class`` /
   ``layer_name`` (which layers the output recorder hooks), ``_attn_implementation_internal``,
@@ -44,6 +47,7 @@ import torch
 from transformers import Cache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import is_torch_flex_attn_available, logging
+from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
 
 __all__ = [
     "ALL_ATTENTION_FUNCTIONS",
@@ -52,6 +56,7 @@ __all__ = [
     "forward_cache",
     "is_torch_flex_attn_available",
     "past_length",
+    "record_outputs_like_source",
     "relative_position_buckets",
     "transformers_names",
     "warn_if_untested_transformers",
@@ -162,3 +167,11 @@ def relative_position_buckets(attention: Any, relative_position: torch.Tensor) -
             max_distance=attention.relative_attention_max_distance,
         )
     return bucket(relative_position)  # UMT5: bidirectional in an encoder module
+
+
+def record_outputs_like_source(model_class: type) -> None:
+    """Have transformers' output recorder (``capture_outputs``) record, for a model whose class LSG made
+    after it was built (a step class adopting it, lsg_global_tokens), the outputs its class's
+    ``_can_record_outputs`` names: transformers looks them up under the name of the model's class
+    (``str(type(model))``), entered when a model is built, in 5.13 as in 5.24."""
+    dict.__setitem__(_CAN_RECORD_REGISTRY, str(model_class), model_class._can_record_outputs)
