@@ -220,7 +220,8 @@ class RecorderForward:
     Trainer, sentence-transformers) then reads the parameters of that forward (a method of the mixin
     would show ``*args, **kwargs``), and torch.export reads the code of a function, or a partial of one.
     A model whose recorder is a module inside it (a head) has no steps of its own: its forward is the
-    Hugging Face one.
+    Hugging Face one, and the recorder runs the steps through this same ``forward`` of its step class
+    (`CarriesGlobalTokens`).
     """
 
     def __set_name__(self, owner: type, name: str) -> None:
@@ -235,7 +236,6 @@ class RecorderForward:
         if not torch.compiler.is_compiling():  # dynamo cannot set a partial's attributes; nothing reads them there
             run.__wrapped__ = forward  # what inspect.signature reads
         return run
-
 
 
 class CarriesGlobalTokens(GlobalTokenStep):
