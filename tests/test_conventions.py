@@ -325,6 +325,23 @@ def test_the_padding_mask_gains_the_global_tokens_columns_where_they_join():
     assert rows[:, :num_global].all() and torch.equal(rows[:, num_global:], inputs["attention_mask"].bool())
 
 
+@pytest.mark.parametrize("form", ["bool", "additive"])
+def test_a_padding_mask_given_with_unit_dimensions_reads_as_its_rows(form):
+    model = tiny_lsg("bert")
+    inputs = batch("bert")
+    mask = inputs["attention_mask"][:, None, None, :]
+    if form == "additive":
+        mask = (1.0 - mask.float()) * torch.finfo(torch.float32).min
+    else:
+        mask = mask.bool()
+
+    with torch.no_grad():
+        expected = model(**inputs).last_hidden_state
+        output = model(input_ids=inputs["input_ids"], attention_mask=mask).last_hidden_state
+
+    torch.testing.assert_close(output, expected, atol=0, rtol=0)
+
+
 def test_a_mask_of_every_query_and_key_is_refused_with_what_to_pass():
     model = tiny_lsg("bert")
     inputs = batch("bert")
