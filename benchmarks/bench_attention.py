@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from lsg_converter.models.lsg_attention import lsg_self_attention
-from lsg_converter.models.lsg_model import LSG_DEFAULTS
+from lsg_converter.models.lsg_defaults import LSG_DEFAULTS
 
 
 def median_seconds(step, repeats: int) -> float:

@@ -216,15 +216,15 @@ def _check_output_folder(args: argparse.Namespace, save_path: str, lsg_kwargs: d
 
 def _check_settings(args: argparse.Namespace, lsg_kwargs: dict[str, Any]) -> None:
     """The checks of the settings that need no weights (the source's config only): an unknown head
-    (UnsupportedModelError), settings that cannot work (InvalidSettingsError)."""
+    (UnsupportedModelError), settings that cannot work at --max-len (InvalidSettingsError)."""
     from .architectures import find_architecture
-    from .lsg_config import build_lsg_config, check_setting_names
+    from .lsg_config import check_setting_names, resolve_settings
     from .sources import load_source_config
 
     source_config = load_source_config(args.source, args.token)
     arch = find_architecture(source_config.model_type)
     check_setting_names(arch, source_config, lsg_kwargs)
-    build_lsg_config(arch, source_config, arch.lsg_class(args.architecture or arch.base_head), lsg_kwargs)
+    resolve_settings(arch, source_config, lsg_kwargs, args.max_sequence_length, args.architecture)
 
 
 def flag_spelling(parser: argparse.ArgumentParser, message: str) -> str:

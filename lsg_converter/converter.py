@@ -18,7 +18,8 @@ from .head_choice import choose_head
 from .loading import drop_source_lengths, kept_weights, load_model, load_tokenizer, new_weights, report_loading
 from .lsg_config import check_setting_names, is_lsg_config, pooler_setting, resolve_settings, unknown_setting_error
 from .memory import check_conversion_memory, running_out_of_memory_refused
-from .models.lsg_model import KEPT_WEIGHTS_KEY, MAX_GLOBAL_TOKENS, SEQ2SEQ_DEFAULTS
+from .models.lsg_defaults import MAX_GLOBAL_TOKENS, SEQ2SEQ_DEFAULTS
+from .models.lsg_model import KEPT_WEIGHTS_KEY
 from .positions import (
     POSITION_TILINGS,
     PRETRAINED_POSITIONS_KEY,
@@ -36,11 +37,11 @@ class LSGConverter:
     into an LSG model reading `max_sequence_length` tokens.
 
     Default settings (chosen on all-MiniLM-L6-v2 and Shakespeare, see docs/benchmarks.md, "Extrapolation
-    quality"): local attention only (``sparsity_type="none"``), one global token ([CLS] at position 0),
-    ``block_size`` = a third of the source's body positions (170 for a 512-position model) and
-    ``position_tiling="body"``. Each block then sees its previous, own and next block: 510 tokens,
-    exactly the body of one training window, with the positions that window had, plus the global
-    [CLS]. Any LSG setting passed to `convert_from_pretrained` replaces these.
+    quality"): those of `lsg_defaults.CONVERSION_DEFAULTS` (local attention only, one global token: [CLS]
+    at position 0), ``block_size`` from `lsg_defaults.conversion_block_size` (a third of the source's body
+    positions) and ``position_tiling="body"``. Each block then sees its previous, own and next block:
+    exactly the body of one training window, with the positions that window had, plus the global [CLS].
+    Any LSG setting passed to `convert_from_pretrained` replaces these.
 
     Args:
         max_sequence_length: length the converted model accepts; learned position embeddings are
@@ -165,7 +166,7 @@ class LSGConverter:
         arch = find_architecture(source_config.model_type)
         is_lsg = is_lsg_config(source_config)
         check_setting_names(arch, source_config, lsg_kwargs)
-        lsg_kwargs = resolve_settings(arch, source_config, lsg_kwargs, self.max_sequence_length)
+        lsg_kwargs = resolve_settings(arch, source_config, lsg_kwargs, self.max_sequence_length, architecture)
         files = weight_files(source, token, record)
         settings = {**pooler_setting(arch, tensor_names(files)), **lsg_kwargs}
         run = choose_head(arch, source, source_config, settings, architecture, token)

@@ -9,7 +9,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging
 
 from .architectures import Architecture
-from .models.lsg_model import MAX_GLOBAL_TOKENS
+from .models.lsg_defaults import MAX_GLOBAL_TOKENS
 
 logger = logging.get_logger(__name__)
 

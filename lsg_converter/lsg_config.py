@@ -1,5 +1,6 @@
 """The LSG config of a conversion: the source's keys, the LSG defaults and the settings asked for,
-with every setting name checked (a misspelling is named with the closest valid one)."""
+with every setting name checked (a misspelling is named with the closest valid one) and the settings
+validated once (`resolve_settings`)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,9 @@ from transformers import PretrainedConfig
 
 from .architectures import Architecture
 from .errors import InvalidSettingsError, UnknownSettingError
+from .models.lsg_defaults import CONVERSION_DEFAULTS
 from .models.lsg_model import POOLER_KEY, is_reference_config, validate_lsg_settings
 from .positions import window_block_size
-
-# LSG settings a conversion uses unless told otherwise; block_size is derived from the source (see
-# `positions.window_block_size`), the other keys keep the config defaults (those of the 2023 reference).
-CONVERSION_DEFAULTS: dict[str, Any] = {"sparsity_type": "none", "num_global_tokens": 1}
 
 
 def pooler_setting(arch: Architecture, names: set[str]) -> dict[str, bool]:
@@ -60,8 +58,10 @@ def is_lsg_config(config: Any) -> bool:
 
 
 def build_lsg_config(arch: Architecture, source_config: Any, lsg_class: type, settings: dict[str, Any]) -> Any:
-    """The LSG config of `lsg_class`: the source's keys, the LSG defaults (unless the source is LSG
-    already), then `settings`. InvalidSettingsError if they cannot work (see validate_lsg_settings)."""
+    """The LSG config of `lsg_class`: the source's keys, the defaults of a conversion (the config's
+    ``lsg_defaults``, then `lsg_defaults.CONVERSION_DEFAULTS`; unless the source is LSG already), then
+    `settings`. Its LSG settings are not validated here: `resolve_settings` validates them, once per
+    conversion; InvalidSettingsError if the config class refuses the values (Pegasus' encoder_layerdrop)."""
     head_name = lsg_class.__name__
     values = source_config.to_dict()
     for key in ("transformers_version", "_name_or_path"):  # model_type and auto_map: the LSG config resets them
@@ -76,7 +76,7 @@ def build_lsg_config(arch: Architecture, source_config: Any, lsg_class: type, se
     values.update(settings)
     values["architectures"] = [head_name]
     try:
-        return config_class(**values)
+        return config_class(**values, validate_settings=False)
     except (ValueError, TypeError) as error:
         raise InvalidSettingsError(str(error)) from error
 
@@ -92,18 +92,24 @@ def _labels_of(values: dict[str, Any], settings: dict[str, Any]) -> dict[str, An
     return {"id2label": id2label, "label2id": {label: index for index, label in id2label.items()}}
 
 
-def resolve_settings(arch: Architecture, source_config: Any, lsg_kwargs: dict[str, Any], max_length: int) -> dict[str, Any]:
-    """The LSG settings of a conversion, resolved and validated once, before anything is loaded: the
-    settings asked for, plus block_size's default where the source is not LSG and none was asked for
-    (a third of the source's positions, `positions.window_block_size`). InvalidSettingsError if they
-    cannot work at `max_length` tokens, or if `max_length` is below the positions the source reads."""
+def resolve_settings(
+    arch: Architecture, source_config: Any, lsg_kwargs: dict[str, Any], max_length: int, architecture: str | None = None
+) -> dict[str, Any]:
+    """The LSG settings of a conversion, resolved and validated once, before anything is loaded (the
+    configs the conversion builds after, with these settings, are not validated again): the settings
+    asked for, plus block_size's default where the source is not LSG and none was asked for
+    (`positions.window_block_size`). InvalidSettingsError if they cannot work at `max_length` tokens in
+    the head built (`architecture`, else the one the source's config names: a causal one refuses what
+    a decoder cannot run), or if `max_length` is below the positions the source reads."""
     positions = arch.layout.max_input_length(source_config)
     if max_length < positions:
         raise InvalidSettingsError(
             f"max_sequence_length={max_length} is below the {positions} positions the source "
             f"already reads: use max_sequence_length= of at least {positions}."
         )
-    config = build_lsg_config(arch, source_config, arch.lsg_class(arch.base_head), lsg_kwargs)
+    named = (source_config.architectures or [None])[0]
+    head = architecture or (named if named in arch.heads or named in arch.heads.values() else arch.base_head)
+    config = build_lsg_config(arch, source_config, arch.lsg_class(head), lsg_kwargs)
     settings = dict(lsg_kwargs)
     if not is_lsg_config(source_config) and "block_size" not in lsg_kwargs:
         settings["block_size"] = config.block_size = window_block_size(positions, config)

@@ -11,6 +11,7 @@ from torch import nn
 from transformers.utils import logging
 
 from .architectures import Architecture, max_length_of
+from .models.lsg_defaults import conversion_block_size
 from .models.lsg_pattern import uses_sparse_keys
 
 logger = logging.get_logger(__name__)
@@ -25,11 +26,10 @@ PRETRAINED_POSITIONS_KEY = "pretrained_positions"
 
 
 def window_block_size(source_positions: int, config: Any) -> int:
-    """Default block size: a third of the source's body positions, so that a block's local window
-    (previous, own and next block) spans one training window's body (170 for 512 positions).
-
-    Rounded down to a multiple of ``sparsity_factor`` when the setting uses sparse keys."""
-    block_size = max((source_positions - 2) // 3, 1)
+    """The block size of a conversion that asks for none: `lsg_defaults.conversion_block_size` (a third
+    of the source's body positions), rounded down to a multiple of ``sparsity_factor`` when the setting
+    uses sparse keys."""
+    block_size = conversion_block_size(source_positions)
     if uses_sparse_keys(config) and block_size > config.sparsity_factor:
         block_size -= block_size % config.sparsity_factor
     return block_size

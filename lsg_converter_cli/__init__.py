@@ -16,7 +16,7 @@ import signal
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from types import FrameType
+from types import FrameType, ModuleType
 from typing import Any, Iterator, NoReturn, Sequence
 
 EXAMPLES = """\
@@ -111,13 +111,29 @@ def _source_share(text: str) -> float:
     return value
 
 
-def package_version() -> str:
-    """lsg_converter's version, read from its _version.py without importing the package."""
+def _package_file(path: str) -> ModuleType:
+    """A module of lsg_converter that imports nothing (`path` in the package), read from its file without
+    importing the package."""
     package = importlib.util.find_spec("lsg_converter")
-    spec = importlib.util.spec_from_file_location("lsg_converter_version", Path(package.origin).with_name("_version.py"))
+    name = "lsg_converter_" + Path(path).stem
+    spec = importlib.util.spec_from_file_location(name, Path(package.origin).parent / path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.__version__
+    return module
+
+
+def package_version() -> str:
+    """lsg_converter's version, read from its _version.py without importing the package."""
+    return _package_file("_version.py").__version__
+
+
+def library_defaults() -> ModuleType:
+    """The defaults of the LSG settings (lsg_converter/models/lsg_defaults.py), which the help names."""
+    return _package_file("models/lsg_defaults.py")
+
+
+def _on_off(value: object) -> str:
+    return "on" if value else "off"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -152,22 +168,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="output folder (default: <source name>-lsg-<max-len>; none when only pushing)",
     )
     parser.add_argument("--architecture", help="head to build, e.g. BertForMaskedLM (default: the source's)")
+    defaults = library_defaults()
+    lsg, conversion = defaults.LSG_DEFAULTS, defaults.CONVERSION_DEFAULTS
     settings = parser.add_argument_group("LSG settings")
     settings.add_argument(
-        "--block-size", type=int, help="local block size (default: a third of the source's body positions, 170 for 512)"
+        "--block-size", type=int,
+        help="local block size (default: a third of the source's body positions, "
+        f"{defaults.conversion_block_size(512)} for 512)",
     )
     settings.add_argument(
-        "--sparsity-type", choices=SPARSITY_TYPES, help="sparse selection (default none: local + global only)"
+        "--sparsity-type", choices=SPARSITY_TYPES,
+        help=f"sparse selection (default {conversion['sparsity_type']}: local + global only)",
     )
     settings.add_argument(
         "--sparse-block-size", type=int,
-        help="sparse keys on each side of a block, with a --sparsity-type other than none (default 128)",
+        help=f"sparse keys on each side of a block, with a --sparsity-type other than none (default {lsg['sparse_block_size']})",
     )
     settings.add_argument(
         "--sparsity-factor", type=int,
-        help="tokens compressed into one sparse key, with a --sparsity-type other than none (default 2)",
+        help=f"tokens compressed into one sparse key, with a --sparsity-type other than none (default {lsg['sparsity_factor']})",
     )
-    settings.add_argument("--num-global-tokens", type=int, help="global tokens, 0 to 512 (default 1)")
+    settings.add_argument(
+        "--num-global-tokens", type=int,
+        help=f"global tokens, 0 to {defaults.MAX_GLOBAL_TOKENS} (default {conversion['num_global_tokens']})",
+    )
     settings.add_argument(
         "--position-tiling",
         choices=POSITION_TILINGS,
@@ -177,23 +201,26 @@ def build_parser() -> argparse.ArgumentParser:
     settings.add_argument(
         "--pass-global-tokens-to-decoder",
         action=argparse.BooleanOptionalAction,
-        help="encoder-decoder models (BART, mBART, Pegasus, T5, mT5, UMT5): the decoder attends to the encoder's global tokens (default on)",
+        help="encoder-decoder models (BART, mBART, Pegasus, T5, mT5, UMT5): the decoder attends to the encoder's "
+        f"global tokens (default {_on_off(defaults.SEQ2SEQ_DEFAULTS['pass_global_tokens_to_decoder'])})",
     )
     settings.add_argument(
         "--pool-with-global",
         action=argparse.BooleanOptionalAction,
-        help="the first token's output is global token 0's (default on; off for T5, mT5, UMT5)",
+        help=f"the first token's output is global token 0's (default {_on_off(lsg['pool_with_global'])}; off for "
+        "T5, mT5, UMT5)",
     )
     settings.add_argument(
         "--mask-first-token",
         action=argparse.BooleanOptionalAction,
-        help="hide the first token as a key: it duplicates global token 0 (default off)",
+        help=f"hide the first token as a key: it duplicates global token 0 (default {_on_off(lsg['mask_first_token'])})",
     )
     settings.add_argument(
         "--global-token-position",
         type=int,
         metavar="P",
-        help="MPNet, DeBERTa, T5, mT5, UMT5: the position the global tokens have in the relative position terms (default 0)",
+        help="MPNet, DeBERTa, T5, mT5, UMT5: the position the global tokens have in the relative position terms "
+        f"(default {defaults.RELATIVE_POSITION_DEFAULTS['global_token_position']})",
     )
     settings.add_argument(
         "--num-labels", type=int, metavar="N", help="labels of a classification head built by --architecture"

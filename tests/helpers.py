@@ -18,7 +18,7 @@ import transformers
 from safetensors.torch import load_file
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from lsg_converter.models.lsg_model import LSG_DEFAULTS
+from lsg_converter.models.lsg_defaults import LSG_DEFAULTS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Checkpoints the 2023 reference converted, with its outputs (see fixtures/README.md); part of the repository.

@@ -12,7 +12,7 @@ import pytest
 import torch
 import transformers
 
-from helpers import TINY_CONFIGS, block_local_mask, padded_batch, save_tiny_source
+from helpers import TINY_CONFIGS, block_local_mask, padded_batch, padding_mask, save_tiny_source
 from lsg_converter import LSGConverter
 from lsg_converter.models.lsg_sparse import SPARSITY_TYPES
 
@@ -162,3 +162,19 @@ def test_beam_search_on_16384_tokens_is_the_same_with_and_without_cache(tmp_path
 
     assert torch.equal(cached.sequences, uncached.sequences)
     torch.testing.assert_close(torch.stack(cached.scores), torch.stack(uncached.scores), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("lengths", [[LENGTH, 70], [LENGTH, LENGTH]], ids=["padded", "unpadded"])
+def test_umt5_attention_reads_the_additive_mask_of_transformers_before_5_2x_as_the_padding_it_came_from(lengths, tmp_path):
+    sharp_source(tmp_path / "source", "umt5", "UMT5ForConditionalGeneration")
+    model = converted(tmp_path / "source", block_size=BLOCK, sparse_block_size=BLOCK, sparsity_type="norm", num_global_tokens=2)
+    attention = model.encoder.block[0].layer[0].SelfAttention
+    hidden_states = torch.randn(2, 2 + LENGTH, model.config.d_model, generator=torch.Generator().manual_seed(0))
+    view = padding_mask(lengths, LENGTH)[:, None, None, :]  # (B, 1, 1, t): what the LSG model hands UMT5's stack
+    # what UMT5's stack made of it before transformers 5.2x: (B, 1, 1, 1, 1, t), 0 (-0.0) where seen
+    additive = (1.0 - view[:, None, None, :].float()) * torch.finfo(torch.float32).min
+
+    with torch.no_grad():
+        from_additive, from_view = attention(hidden_states, attention_mask=additive)[0], attention(hidden_states, attention_mask=view)[0]
+
+    torch.testing.assert_close(from_additive, from_view, atol=0, rtol=0)

@@ -1,12 +1,13 @@
 """Configuration of LSG-BART: BartConfig plus the LSG keys (see lsg_model.LSGConfigMixin).
 
-Only the encoder's self-attention is LSG; ``pass_global_tokens_to_decoder`` (default True) lets the
-decoder's cross-attention see the encoder's global tokens.
+Only the encoder's self-attention is LSG; ``pass_global_tokens_to_decoder`` (default:
+`lsg_defaults.SEQ2SEQ_DEFAULTS`) lets the decoder's cross-attention see the encoder's global tokens.
 """
 
 from transformers import BartConfig
 
-from .lsg_model import SEQ2SEQ_DEFAULTS, LSGConfigMixin
+from .lsg_defaults import SEQ2SEQ_DEFAULTS
+from .lsg_model import LSGConfigMixin
 
 
 class LSGBartConfig(LSGConfigMixin, BartConfig):

@@ -6,7 +6,8 @@ from typing import Any
 
 from transformers import DebertaV2Config
 
-from .lsg_model import ENCODER_HEADS, RELATIVE_POSITION_DEFAULTS, LSGConfigMixin
+from .lsg_defaults import RELATIVE_POSITION_DEFAULTS
+from .lsg_model import ENCODER_HEADS, LSGConfigMixin
 
 
 class LSGDebertaV2Config(LSGConfigMixin, DebertaV2Config):

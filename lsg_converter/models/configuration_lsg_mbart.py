@@ -1,13 +1,14 @@
 """Configuration of LSG-mBART: MBartConfig plus the LSG keys (see lsg_model.LSGConfigMixin).
 
 BARThez checkpoints are mBART ones (model_type "mbart") and convert with this class too. Only the
-encoder's self-attention is LSG; ``pass_global_tokens_to_decoder`` (default True) lets the decoder's
-cross-attention see the encoder's global tokens.
+encoder's self-attention is LSG; ``pass_global_tokens_to_decoder`` (default: `lsg_defaults.SEQ2SEQ_DEFAULTS`)
+lets the decoder's cross-attention see the encoder's global tokens.
 """
 
 from transformers import MBartConfig
 
-from .lsg_model import SEQ2SEQ_DEFAULTS, LSGConfigMixin
+from .lsg_defaults import SEQ2SEQ_DEFAULTS
+from .lsg_model import LSGConfigMixin
 
 
 class LSGMBartConfig(LSGConfigMixin, MBartConfig):

@@ -3,7 +3,8 @@
 
 from transformers import MPNetConfig
 
-from .lsg_model import ENCODER_HEADS, RELATIVE_POSITION_DEFAULTS, LSGConfigMixin
+from .lsg_defaults import RELATIVE_POSITION_DEFAULTS
+from .lsg_model import ENCODER_HEADS, LSGConfigMixin
 
 
 class LSGMPNetConfig(LSGConfigMixin, MPNetConfig):

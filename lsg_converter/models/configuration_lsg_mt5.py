@@ -2,7 +2,8 @@
 
 from transformers import MT5Config
 
-from .lsg_model import T5_DEFAULTS, T5_HEADS, LSGConfigMixin
+from .configuration_lsg_t5 import T5_DEFAULTS, T5_HEADS
+from .lsg_model import LSGConfigMixin
 
 
 class LSGMT5Config(LSGConfigMixin, MT5Config):

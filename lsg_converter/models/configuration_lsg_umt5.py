@@ -2,7 +2,8 @@
 
 from transformers import UMT5Config
 
-from .lsg_model import T5_DEFAULTS, T5_HEADS, LSGConfigMixin
+from .configuration_lsg_t5 import T5_DEFAULTS, T5_HEADS
+from .lsg_model import LSGConfigMixin
 
 
 class LSGUMT5Config(LSGConfigMixin, UMT5Config):
@@ -12,4 +13,4 @@ class LSGUMT5Config(LSGConfigMixin, UMT5Config):
     lsg_heads = T5_HEADS
     lsg_defaults = T5_DEFAULTS
     lsg_decoder_runs_flex = False
-    lsg_borrowed_files = ("lsg_t5_bias.py",)
+    lsg_borrowed_files = ("configuration_lsg_t5.py", "lsg_t5_bias.py")

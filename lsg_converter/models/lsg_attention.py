@@ -68,7 +68,7 @@ from .lsg_pattern import (
 from .lsg_sdpa import SdpaBackend
 from .lsg_settings import LSGSettings
 from .lsg_sparse import sparse_context
-from .lsg_transformers import ALL_ATTENTION_FUNCTIONS
+from .lsg_transformers import ALL_ATTENTION_FUNCTIONS, shape_check
 
 logger = logging.get_logger(__name__)
 
@@ -212,7 +212,7 @@ def lsg_attention(
             f"Input length {num_tokens} is not a multiple of block_size {block}: pad it, or set adaptive=True."
         )
     if exporting:
-        torch._check((num_tokens + padding) // block >= 2)
+        shape_check((num_tokens + padding) // block >= 2)
     if not kernel.runs(query, key, value):
         kernel = BACKENDS["sdpa"]
     pattern = settings.pattern(causal)
@@ -476,7 +476,7 @@ def key_padding_mask(attention_mask: torch.Tensor | None, num_keys: int, config:
 
     It arrives as the (B, 1, 1, g + t) view the recorder made, the global tokens' columns included, and
     transformers' mask creation passed through (see lsg_recorder.padding_mask_view), or as that view
-    made additive with more unit dimensions (UMT5 before transformers 5.2x).
+    with more unit dimensions.
     None where no key is masked: no mask, or one True broadcast to every column (stride 0 wherever the
     size is not 1: the recorder's stand-in for a call without a mask), so the core knows it without
     reading the mask.
@@ -485,8 +485,6 @@ def key_padding_mask(attention_mask: torch.Tensor | None, num_keys: int, config:
         return None
     if attention_mask.dim() > 2 and all(size == 1 for size in attention_mask.shape[1:-1]):
         attention_mask = attention_mask.reshape(attention_mask.shape[0], attention_mask.shape[-1])
-    if attention_mask.is_floating_point() and bool((attention_mask < 0).any()):
-        attention_mask = attention_mask == 0  # additive (UMT5 before transformers 5.2x turns the view into one)
     if attention_mask.dim() != 2:
         raise ValueError(
             f"LSG attention takes a (batch, length) padding mask, got one of shape {tuple(attention_mask.shape)}: "

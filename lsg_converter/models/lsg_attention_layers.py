@@ -23,6 +23,7 @@ from torch import nn
 
 from .lsg_attention import lsg_attention_forward, lsg_backend, registered_attention
 from .lsg_layout import adopt
+from .lsg_transformers import attn_implementation
 
 
 class AttentionReach(Protocol):
@@ -113,7 +114,7 @@ def swapped_attention_forward(
         attention_mask,
         dropout=getattr(module.dropout, "p", module.dropout) if module.training else 0.0,  # a module or a rate (T5)
         scaling=scaling,
-        backend=lsg_backend(module.config._attn_implementation),
+        backend=lsg_backend(attn_implementation(module.config)),
         **kwargs,
     )
 
@@ -155,7 +156,7 @@ class AttentionLayerConfig:
 
     @property
     def _attn_implementation(self) -> str:
-        return self.registered(lsg_backend(self.config._attn_implementation))
+        return self.registered(lsg_backend(attn_implementation(self.config)))
 
 
 def recorded_modules(recorder: nn.Module, output: str, declared: dict[str, Any] | None = None) -> list[nn.Module]:

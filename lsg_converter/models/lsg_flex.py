@@ -66,7 +66,7 @@ from .lsg_pattern import (
     shape_cached,
     tracing,
 )
-from .lsg_transformers import is_torch_flex_attn_available
+from .lsg_transformers import compile_error, inductor_compile, is_torch_flex_attn_available
 
 logger = logging.get_logger(__name__)
 
@@ -374,17 +374,15 @@ class CompiledFlexAttention:
         self._kernel = torch.compile(_flex_entry_point(name), backend=self._counted_inductor, fullgraph=True)
 
     def _counted_inductor(self, graph: torch.fx.GraphModule, example_inputs: list) -> Callable:
-        from torch._inductor.compile_fx import compile_fx
-
         self.compiles_left -= 1
-        return compile_fx(graph, example_inputs)
+        return inductor_compile(graph, example_inputs)
 
     def __call__(self, *args, **kwargs) -> torch.Tensor:
         budget_spent = self.compiles_left <= 0
         try:
             with torch.compiler.set_stance("fail_on_recompile" if budget_spent else "default"):
                 return self._kernel(*args, **kwargs)
-        except torch._dynamo.exc.TorchDynamoException as error:  # inductor's errors derive from it too
+        except compile_error() as error:  # inductor's errors derive from it too
             self.compiles_left = 0  # the graphs compiled so far still serve their shapes
             raise _unavailable(f"{self.name} could not be compiled", error) from error
         except RuntimeError as error:

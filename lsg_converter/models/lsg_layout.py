@@ -83,10 +83,6 @@ class LSGLayout:
 
 # The layout of the encoder-decoder models (BART, mBART, Pegasus): the global tokens live in the encoder.
 ENCODER_DECODER_POSITIONS = ("encoder.embed_positions", "decoder.embed_positions")
-# Where the encoder of T5 (mT5, UMT5) is: the global tokens live in the stack and join before its first
-# block (the stack applies its one dropout module to the embeddings and again to its output, so that is no
-# place to join); no position table, and a config that names no length reads the 512 tokens T5 was trained on.
-T5_LAYOUT = LSGLayout(embeddings="encoder", prepend_before=("encoder.block.0",), position_tables=(), pretrained_length=512)
 
 
 def adopt(module: nn.Module, new_class: type[nn.Module]) -> nn.Module:

@@ -24,7 +24,8 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from .lsg_attention import lsg_backend, registered_cross_attention
-from .lsg_settings import LSG_DEFAULTS, MAX_GLOBAL_TOKENS, LSGSettings
+from .lsg_defaults import LSG_DEFAULTS, MAX_GLOBAL_TOKENS
+from .lsg_settings import LSGSettings
 from .lsg_attention_layers import AttentionLayerConfig, AttentionReach, DispatchedAttention, recorded_modules
 from .lsg_global_tokens import (
     DropsGlobalTokens,
@@ -43,7 +44,17 @@ from .lsg_recorder import (
     RecorderSteps,
     SeesGlobalStates,
 )
-from .lsg_transformers import past_length, warn_if_untested_transformers
+from .lsg_transformers import (
+    attn_implementation,
+    clear_auto_class,
+    init_weights,
+    past_length,
+    set_attn_implementation,
+    store_attn_implementation,
+    stored_attn_implementation,
+    supports_attention,
+    warn_if_untested_transformers,
+)
 
 # The files a saved model carries as remote code ("{stem}": its model_type with "_" for "-", as
 # "lsg_bert"): the architecture's pair and every file of this folder they import (see `remote_code_files`).
@@ -58,6 +69,7 @@ REMOTE_CODE_FILES = (
     "lsg_attention.py",
     "lsg_pattern.py",
     "lsg_settings.py",
+    "lsg_defaults.py",
     "lsg_sparse.py",
     "lsg_sdpa.py",
     "lsg_eager.py",
@@ -67,15 +79,6 @@ REMOTE_CODE_FILES = (
 POOLER_KEY = "add_pooling_layer"  # config key: whether the base model holds a pooler (see LSGModelMixin)
 KEPT_WEIGHTS_KEY = "kept_source_weights"  # config key: source tensors held under their own names
 
-# Extra key of models with relative position terms (MPNet): the position of the global tokens in those
-# terms. 0, the first token's: global 0 is made from the [CLS] / <s> embedding at position 0, so every
-# query sees it with the term it gave that token, and the global queries see the text as that token did.
-RELATIVE_POSITION_DEFAULTS: dict[str, Any] = {**LSG_DEFAULTS, "global_token_position": 0}
-# Extra key of encoder-decoder models: the decoder also attends to the encoder's global tokens.
-SEQ2SEQ_DEFAULTS: dict[str, Any] = {**LSG_DEFAULTS, "pass_global_tokens_to_decoder": True}
-# T5 (mT5, UMT5) reads its first token as a word (it has no [CLS] or <s>): the first token keeps its own
-# output (pool_with_global off); the global tokens sit at position 0 of the relative bias, where that token is.
-T5_DEFAULTS: dict[str, Any] = {**SEQ2SEQ_DEFAULTS, "pool_with_global": False, "global_token_position": 0}
 # Keys the 2023 reference wrote into its configs that mean nothing here.
 LEGACY_CONFIG_KEYS = ("base_model_prefix",)
 # LSG keys whose presence, under a plain model_type ("bert", ...), marks a config of the 2023 reference.
@@ -95,15 +98,6 @@ ENCODER_HEADS = (
     "ForQuestionAnswering",
     "ForMultipleChoice",
 )
-# The heads of T5, mT5 and UMT5.
-T5_HEADS = (
-    "Model",
-    "ForConditionalGeneration",
-    "EncoderModel",
-    "ForSequenceClassification",
-    "ForTokenClassification",
-    "ForQuestionAnswering",
-)
 # Head suffix -> transformers Auto class; every other "For..." suffix maps to "AutoModel" + suffix.
 AUTO_CLASS_OF_HEAD = {
     "Model": "AutoModel",
@@ -121,29 +115,37 @@ AUTO_CLASS_OF_HEAD = {
 class LSGConfigMixin:
     """Adds the LSG keys to a Hugging Face configuration class.
 
-    Keys (defaults of the 2023 reference):
-        block_size (128): local block size ``b``; each block sees its previous, own and next block.
-        sparse_block_size (128): ``s``, sparse keys taken on each side of the local window.
-        sparsity_factor (2): ``f``, compression of the sparse context (``f`` tokens -> 1 key).
-        sparsity_type ("norm"): one of `SPARSITY_TYPES`.
-        num_global_tokens (1): ``g`` global tokens prepended to the sequence (0 to 512).
-        pool_with_global (True): output of the first real token := output of global token 0.
-        mask_first_token (False): hide the first real token as a key (it duplicates global 0).
-        adaptive (True): pad inputs to a multiple of ``block_size`` instead of refusing them.
-        lsh_num_pre_rounds (1): hashing rounds before the final one for ``sparsity_type="lsh"``.
-        lsh_seed (0): seed of the random hyperplanes of ``sparsity_type="lsh"``.
-        legacy_sparse_window (False; True when the config was written by the 2023 reference, see
+    Keys (their defaults: the class's ``lsg_defaults``, a table of lsg_defaults.py, `LSG_DEFAULTS` unless
+    the family adds keys or states values of its own):
+        block_size: local block size ``b``; each block sees its previous, own and next block.
+        sparse_block_size: ``s``, sparse keys taken on each side of the local window.
+        sparsity_factor: ``f``, compression of the sparse context (``f`` tokens -> 1 key).
+        sparsity_type: one of `SPARSITY_TYPES`.
+        num_global_tokens: ``g`` global tokens prepended to the sequence (0 to `MAX_GLOBAL_TOKENS`).
+        pool_with_global: output of the first real token := output of global token 0.
+        mask_first_token: hide the first real token as a key (it duplicates global 0).
+        adaptive: pad inputs to a multiple of ``block_size`` instead of refusing them.
+        lsh_num_pre_rounds: hashing rounds before the final one for ``sparsity_type="lsh"``.
+        lsh_seed: seed of the random hyperplanes of ``sparsity_type="lsh"``.
+        legacy_sparse_window (on when the config was written by the 2023 reference, see
             `is_reference_config`): reproduce the reference's right sparse window, which starts two
             compressed tokens early when ``block_size == sparsity_factor`` (see
             `lsg_attention.right_sparse_window_shift`); models trained with the reference learned it.
-        pass_global_tokens_to_decoder (True, encoder-decoder models only): the encoder output keeps
-            the global tokens in front and the decoder attends to them.
+        global_token_position (models with relative position terms only): where the global tokens sit
+            in those terms.
+        pass_global_tokens_to_decoder (encoder-decoder models only): the encoder output keeps the
+            global tokens in front and the decoder attends to them.
+
+    The config validates its LSG keys when built (`validate_lsg_settings`), unless built with
+    ``validate_settings=False`` by a caller that validates them itself, once (the converter, which
+    also knows the length the model will read).
 
     In an encoder-decoder architecture only the encoder is LSG: its decoder-only head (ForCausalLM)
     is the pretrained decoder, dense, without global tokens (see `lsg_dense_decoder`).
 
     Subclasses set ``model_type`` (``"lsg-<base>"``), ``lsg_heads`` (head suffixes: ``"Model"``,
-    ``"ForMaskedLM"``, ...) and, for encoder-decoder models, ``lsg_defaults = SEQ2SEQ_DEFAULTS``.
+    ``"ForMaskedLM"``, ...) and, for encoder-decoder models, ``lsg_defaults = SEQ2SEQ_DEFAULTS``
+    (lsg_defaults.py).
     The class is named ``LSG<Base>Config`` and lives in ``configuration_lsg_<base>.py``, its heads
     ``LSG<Base><suffix>`` in ``modeling_lsg_<base>.py``: the ``auto_map`` is derived from that.
     """
@@ -166,7 +168,7 @@ class LSGConfigMixin:
         super().__init_subclass__(**kwargs)
         cls.register_for_auto_class()  # save_pretrained copies its file beside the weights
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, validate_settings: bool = True, **kwargs: Any) -> None:
         defaults = {**self.lsg_defaults, "legacy_sparse_window": is_reference_config(kwargs)}
         lsg_values = {key: kwargs.pop(key, default) for key, default in defaults.items()}
         for key in LEGACY_CONFIG_KEYS:
@@ -179,7 +181,8 @@ class LSGConfigMixin:
             lsg_values["sparsity_type"] = "none"
         for key, value in lsg_values.items():
             setattr(self, key, value)
-        validate_lsg_settings(self)
+        if validate_settings:
+            validate_lsg_settings(self)
 
     @classmethod
     def lsg_base_name(cls) -> str:
@@ -234,7 +237,7 @@ class LSGConfigMixin:
         that name. A dense decoder (`lsg_dense_decoder`) takes every value transformers takes.
         (The attribute is not serialised by transformers, so it cannot be stored in config.json.)
         """
-        return getattr(self, "_attn_implementation_internal", None)
+        return stored_attn_implementation(self)
 
     @_attn_implementation.setter
     def _attn_implementation(self, value: str | dict | None) -> None:
@@ -244,7 +247,7 @@ class LSGConfigMixin:
             value = "sdpa"
         if value is not None and not self.lsg_dense_decoder:
             value = lsg_backend(value)
-        self._attn_implementation_internal = value
+        store_attn_implementation(self, value)
 
 
 def is_reference_config(values: dict[str, Any]) -> bool:
@@ -373,7 +376,7 @@ class LSGModelMixin:
             return
         auto_class = {name: auto_class for auto_class, name in lsg_auto_classes(cls.config_class).items()}.get(cls.__name__)
         if auto_class is None:
-            cls._auto_class = None
+            clear_auto_class(cls)
         else:
             cls.register_for_auto_class(auto_class)
 
@@ -382,18 +385,18 @@ class LSGModelMixin:
         holds_pooler = getattr(config, POOLER_KEY, None)
         if holds_pooler is False and POOLER_KEY in inspect.signature(super().__init__).parameters:
             kwargs.setdefault(POOLER_KEY, False)
-        backend = None if config.lsg_dense_decoder else lsg_backend(config._attn_implementation)
+        backend = None if config.lsg_dense_decoder else lsg_backend(attn_implementation(config))
         if backend is not None:
-            config._attn_implementation_internal = self.lsg_attention.implementation_at_init(backend)
+            store_attn_implementation(config, self.lsg_attention.implementation_at_init(backend))
         super().__init__(config, *args, **kwargs)
         base = getattr(self, self.base_model_prefix, self)
         if holds_pooler:
             self._add_missing_pooler(base)
         if backend is not None:  # what the source classes were shown while built; the model runs `backend`,
-            config._attn_implementation_internal = backend
+            store_attn_implementation(config, backend)
             for module in self.modules():  # as do inner models with a config of their own (T5's stacks) that can
-                if isinstance(module, PreTrainedModel) and module.config is not config and _runs(module, backend):
-                    module.config._attn_implementation = backend
+                if isinstance(module, PreTrainedModel) and module.config is not config and supports_attention(module, backend):
+                    set_attn_implementation(module.config, backend)
         for name, spec in (getattr(config, KEPT_WEIGHTS_KEY, None) or {}).items():
             self._hold_kept_weight(name, spec)
         decoder = dict(base.named_children()).get(self.lsg_layout.decoder)
@@ -502,7 +505,7 @@ class LSGModelMixin:
             if name in vars(base) and vars(base)[name] is None:  # pooler (ALBERT: also pooler_activation)
                 module = module.to_empty(device=reference.device).to(reference.dtype)
                 for submodule in module.modules():
-                    self._init_weights(submodule)
+                    init_weights(self, submodule)
                 setattr(base, name, module)
 
     def _hold_kept_weight(self, name: str, spec: dict[str, Any]) -> None:
@@ -510,7 +513,7 @@ class LSGModelMixin:
         *path, leaf = name.split(".")
         owner: nn.Module = self
         for part in path:
-            child = owner._modules.get(part)
+            child = dict(owner.named_children()).get(part)
             if child is None:
                 if hasattr(owner, part):
                     raise ValueError(f"Cannot keep the source tensor {name}: {part} is something else in {type(self).__name__}.")
@@ -534,13 +537,6 @@ def lsg_auto_classes(config_class: type) -> dict[str, str]:
         for auto_class, path in config_class.lsg_auto_map().items()
         if auto_class != "AutoConfig"
     }
-
-
-def _runs(model: PreTrainedModel, backend: str) -> bool:
-    """Whether the transformers `model` has an implementation of attention `backend` (T5 before transformers
-    5.2x writes its attention by hand: eager only)."""
-    flag = {"sdpa": "_supports_sdpa", "flex_attention": "_supports_flex_attn"}.get(backend)
-    return flag is None or bool(getattr(model, flag, False))
 
 
 def module_name(root: nn.Module, module: nn.Module) -> str:

@@ -21,7 +21,7 @@ queries run as 192 rows, the kernel's wider tiles (`window_view_attention`, `ker
 few others (at the edges, beside padding) gather their own window only (`edge_block_attention`). The
 global keys join through the log-sum-exp of each part (`local_then_global`).
 
-This file travels with saved models as remote code: it imports torch only.
+This file travels with saved models as remote code: it imports torch and lsg_transformers only.
 """
 
 from __future__ import annotations
@@ -47,10 +47,10 @@ from .lsg_pattern import (
     sdpa_dense_attention,
     tracing,
 )
+from .lsg_transformers import CPU_FLASH_ATTENTION
 
-# The CPU flash kernel, which also returns each query's log-sum-exp (absent from older torch builds)
-CPU_FLASH_ATTENTION = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-# It runs key counts of a multiple of 16 fastest (its vector width: 510 keys take 14% longer than 512):
+# The CPU flash kernel (CPU_FLASH_ATTENTION, absent from older torch builds) runs key counts of a multiple
+# of 16 fastest (its vector width: 510 keys take 14% longer than 512):
 # window views round the local keys up with the rows that follow, masked
 KEY_MULTIPLE = 16
 # It splits a call's queries into tiles of 32 rows below 192 of them and of 64 from 192 on, and each tile

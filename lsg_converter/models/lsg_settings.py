@@ -1,54 +1,55 @@
 """The LSG settings of a model: one frozen value, read from its config once and validated in one place.
 
 The attention core, the sparse compressors and the key pattern read an `LSGSettings`, never the
-Hugging Face config: `LSGSettings.of` reads a config's LSG keys and gives the same settings object
-for the same values, which builds its two key patterns once.
+Hugging Face config: `LSGSettings.of` reads a config's LSG keys (the defaults of `lsg_defaults.LSG_DEFAULTS`
+for the missing ones) and gives the same settings object for the same values, which builds its two key
+patterns once.
 
 This file travels with saved models as remote code: it imports torch only.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from dataclasses import dataclass, field
 from typing import Any
 
+from .lsg_defaults import LSG_DEFAULTS, MAX_GLOBAL_TOKENS
 from .lsg_pattern import KeyPattern, uses_sparse_keys
 from .lsg_sparse import SPARSITY_TYPES
 
-MAX_GLOBAL_TOKENS = 512  # rows of the global embedding table, as in the 2023 reference checkpoints
+LSG_KEYS = tuple(LSG_DEFAULTS)  # the LSG keys of a config, `LSGSettings`' fields
 INTEGER_KEYS = ("block_size", "sparse_block_size", "sparsity_factor", "num_global_tokens", "lsh_num_pre_rounds")
 
 
 @dataclass(frozen=True)
 class LSGSettings:
-    """The LSG keys of a model (defaults: the 2023 reference's; see `LSGConfigMixin` for each key's meaning).
-
-    Values are taken as given (`of`); `validate` says, in one line naming the key, what cannot work.
+    """The LSG keys of a model (`LSG_KEYS`; see `LSGConfigMixin` for each key's meaning), every one given:
+    `of` takes a config's values as they are and the defaults (`lsg_defaults.LSG_DEFAULTS`) for the keys
+    it lacks; `validate` says, in one line naming the key, what cannot work.
     """
 
-    block_size: int = 128
-    sparse_block_size: int = 128
-    sparsity_factor: int = 2
-    sparsity_type: str = "norm"
-    num_global_tokens: int = 1
-    pool_with_global: bool = True
-    mask_first_token: bool = False
-    adaptive: bool = True
-    lsh_num_pre_rounds: int = 1
-    lsh_seed: int = 0
-    legacy_sparse_window: bool = False
+    block_size: int
+    sparse_block_size: int
+    sparsity_factor: int
+    sparsity_type: str
+    num_global_tokens: int
+    pool_with_global: bool
+    mask_first_token: bool
+    adaptive: bool
+    lsh_num_pre_rounds: int
+    lsh_seed: int
+    legacy_sparse_window: bool
     _patterns: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def of(cls, config: Any) -> LSGSettings:
         """The settings held by the attributes of `config` (an LSG config, or anything carrying the keys;
-        defaults for the missing ones); `config` itself if it is settings already. Equal values give the
-        same settings object, whose key patterns are then built once."""
+        `LSG_DEFAULTS` for the missing ones); `config` itself if it is settings already. Equal values give
+        the same settings object, whose key patterns are then built once."""
         if isinstance(config, LSGSettings):
             return config
-        values = tuple((name, getattr(config, name)) for name in LSG_KEYS if hasattr(config, name))
+        values = tuple((name, getattr(config, name, default)) for name, default in LSG_DEFAULTS.items())
         try:
             return _settings(values)
         except TypeError:  # a value that cannot be hashed (a list): settings of their own, for `validate` to refuse
@@ -112,11 +113,6 @@ class LSGSettings:
                 "sparsity_type='bos_pooling' needs the first token's query, which a cached causal decoder no longer "
                 "has: use sparsity_type='pooling' for decoder (causal LM) models."
             )
-
-
-# The LSG keys of a config and their defaults (`LSGSettings`'s fields).
-LSG_DEFAULTS: dict[str, Any] = {key.name: key.default for key in dataclasses.fields(LSGSettings) if key.init}
-LSG_KEYS = tuple(LSG_DEFAULTS)
 
 
 @functools.lru_cache(maxsize=64)

@@ -1,29 +1,39 @@
-"""What LSG's remote code relies on in transformers beyond its public API, in one place.
+"""What LSG's remote code relies on in torch and transformers beyond their public API, in one place.
 
 LSG models subclass transformers' modeling classes, so a transformers release can break them the way
-transformers 4.41 broke the 2023 reference. Adapting to a release starts here: every name below is
-one that transformers may rename without notice, and the rest of the remote code reaches it through
-this module (ARCHITECTURE.md lists them).
+transformers 4.41 broke the 2023 reference; torch may rename its private modules and ops as freely.
+Adapting to a release starts here: the rest of the remote code reaches every such name through this
+module, and `PRIVATE_NAMES` lists each private one (a leading underscore) with what LSG does with it.
+tests/test_private_names.py fails where another file of this folder names a private torch or
+transformers name, unless it defines one that the table lists as overridden (a class attribute or
+method an LSG class must define), and where a name in the table is gone from the installed releases.
 
 * Forward arguments read by name. transformers 5.24 renamed ``past_key_values`` to ``cache`` (the
   model's and the layers' forward) and ``past_key_values_length`` to ``cache_length`` (the
   embeddings'): `forward_cache` finds the cache by its type, whatever the argument is called, and
   `past_length` / `with_past_length` know both names of the embeddings' argument.
-* Private methods called: ``_relative_position_bucket`` of T5's, mT5's and UMT5's attention modules
-  (T5's bucket of a relative distance: a static method with the bucket settings as arguments in T5
+* Private names reached (called, read, written or imported), each through one function or name here:
+  ``torch._check`` (`shape_check`), ``torch._inductor.compile_fx.compile_fx`` (`inductor_compile`),
+  ``torch._dynamo.exc.TorchDynamoException`` (`compile_error`), the CPU flash kernel
+  ``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu`` (`CPU_FLASH_ATTENTION`); a config's
+  ``_attn_implementation`` and ``_attn_implementation_internal`` (`attn_implementation` /
+  `set_attn_implementation`, `stored_attn_implementation` / `store_attn_implementation`), a model's
+  ``_supports_sdpa`` / ``_supports_flex_attn`` (`supports_attention`), ``_init_weights``
+  (`init_weights`) and ``_auto_class`` (`clear_auto_class`); ``_relative_position_bucket`` of T5's,
+  mT5's and UMT5's attention modules (a static method with the bucket settings as arguments in T5
   and mT5, a method reading them from the module in UMT5), through `relative_position_buckets`.
-* Private helpers imported: ``transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS`` (transformers'
-  own attention functions, by name), ``transformers.utils.is_torch_flex_attn_available``.
+* Private names overridden (lsg_model, lsg_attention_layers): ``_attn_implementation`` (the LSG
+  config's), ``_supports_sdpa`` / ``_supports_flex_attn`` / ``_supports_flash_attn`` /
+  ``_supports_attention_backend``, ``_can_set_attn_implementation``.
+* Public names whose behaviour LSG relies on: ``transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS``
+  (transformers' own attention functions, by name) and ``transformers.utils.is_torch_flex_attn_available``,
+  imported here; ``can_record_outputs`` and ``OutputRecorder.target_class`` / ``layer_name`` (which
+  layers the output recorder hooks); ``get_correct_attn_implementation``, ``post_init`` and
+  ``register_for_auto_class``, overridden or called in lsg_model.
 * Private registry written: ``transformers.utils.output_capturing._CAN_RECORD_REGISTRY``, where
-  ``capture_outputs`` looks up which layers a model records by the name of the class it was built as;
-  `record_outputs_like_source` enters an LSG step class made from a built model (lsg_global_tokens).
-* Private class attributes and methods LSG models read or override (lsg_model, lsg_attention_layers):
-  ``can_record_outputs`` / ``_can_record_outputs`` and ``OutputRecorder.target_class`` /
-  ``layer_name`` (which layers the output recorder hooks), ``_attn_implementation_internal``,
-  ``get_correct_attn_implementation`` and ``_can_set_attn_implementation`` (how a model's attention
-  implementation is set, checked and switched),
-  ``_supports_sdpa`` / ``_supports_flex_attn`` / ``_supports_flash_attn`` /
-  ``_supports_attention_backend``, ``_init_weights``, ``_auto_class``, ``post_init``.
+  ``capture_outputs`` looks up which layers a model records (its class's ``_can_record_outputs``) by
+  the name of the class it was built as; `record_outputs_like_source` enters an LSG step class made
+  from a built model (lsg_global_tokens).
 * Module paths: each ``modeling_lsg_<arch>.py`` subclasses the classes of
   ``transformers.models.<arch>.modeling_<arch>``; MPNet and DeBERTa-v2 also subclass modules inside
   them (their attention, encoder, layers), whose forward signatures they follow.
@@ -40,7 +50,7 @@ from __future__ import annotations
 import inspect
 import re
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import transformers
 import torch
@@ -51,13 +61,25 @@ from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
 
 __all__ = [
     "ALL_ATTENTION_FUNCTIONS",
+    "CPU_FLASH_ATTENTION",
     "LSG_CODE_VERSION",
+    "PRIVATE_NAMES",
     "TESTED_TRANSFORMERS",
+    "attn_implementation",
+    "clear_auto_class",
+    "compile_error",
     "forward_cache",
+    "inductor_compile",
+    "init_weights",
     "is_torch_flex_attn_available",
     "past_length",
     "record_outputs_like_source",
     "relative_position_buckets",
+    "set_attn_implementation",
+    "shape_check",
+    "store_attn_implementation",
+    "stored_attn_implementation",
+    "supports_attention",
     "transformers_names",
     "warn_if_untested_transformers",
     "with_past_length",
@@ -70,6 +92,107 @@ TESTED_TRANSFORMERS = ("5.13.0", "5.24.0")  # the oldest and the newest transfor
 
 # The embeddings' argument that counts the cached tokens of a decoding step, newest name first.
 PAST_LENGTH_ARGUMENTS = ("cache_length", "past_key_values_length")
+
+
+
+class PrivateName(NamedTuple):
+    """A private torch or transformers name the remote code relies on."""
+
+    path: str  # where it lives, importable: "torch._check", "transformers.PreTrainedModel._init_weights"
+    purpose: str  # what LSG does with it, and through what here
+    overridden: bool = False  # an LSG class defines it (the one way another file of models/ may name it)
+
+
+PRIVATE_NAMES: tuple[PrivateName, ...] = (
+    PrivateName(
+        "torch._check",
+        "shape_check: lsg_attention tells torch.export that an exported input holds at least two blocks",
+    ),
+    PrivateName(
+        "torch._inductor.compile_fx.compile_fx",
+        "inductor_compile: lsg_flex's compiled flex_attention runs inductor through a backend that counts its compiles",
+    ),
+    PrivateName(
+        "torch._dynamo.exc.TorchDynamoException",
+        "compile_error: what a failed compile of lsg_flex's flex_attention raises (inductor's errors derive from it)",
+    ),
+    PrivateName(
+        "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu",
+        "CPU_FLASH_ATTENTION: the CPU flash kernel, which also returns each query's log-sum-exp (lsg_sdpa's "
+        "window views join their local and global keys through it)",
+    ),
+    PrivateName(
+        "transformers.PretrainedConfig._attn_implementation",
+        "attn_implementation / set_attn_implementation: the attention implementation transformers' layers "
+        "dispatch on; overridden by LSGConfigMixin (the LSG backend) and AttentionLayerConfig (the registered "
+        "LSG attention)",
+        overridden=True,
+    ),
+    PrivateName(
+        "transformers.PretrainedConfig._attn_implementation_internal",
+        "stored_attn_implementation / store_attn_implementation: the value behind a config's "
+        "_attn_implementation, set without its setter (lsg_model: the source classes' view while built)",
+    ),
+    PrivateName(
+        "transformers.PreTrainedModel._supports_sdpa",
+        "overridden by LSGModelMixin (LSG attention has an sdpa backend); read by supports_attention",
+        overridden=True,
+    ),
+    PrivateName(
+        "transformers.PreTrainedModel._supports_flex_attn",
+        "overridden by LSGModelMixin (LSG attention has a flex_attention backend); read by supports_attention",
+        overridden=True,
+    ),
+    PrivateName(
+        "transformers.PreTrainedModel._supports_flash_attn",
+        "overridden by LSGModelMixin: LSG attention has no flash-attention backend",
+        overridden=True,
+    ),
+    PrivateName(
+        "transformers.PreTrainedModel._supports_attention_backend",
+        "overridden by LSGModelMixin: LSG attention takes no kernel of transformers' attention backends",
+        overridden=True,
+    ),
+    PrivateName(
+        "transformers.PreTrainedModel._can_set_attn_implementation",
+        "overridden by LSGModelMixin: set_attn_implementation may always switch an LSG model's backend",
+        overridden=True,
+    ),
+    PrivateName(
+        "transformers.PreTrainedModel._init_weights",
+        "init_weights: lsg_model draws a pooler added after the model was built as the model draws its own",
+    ),
+    PrivateName(
+        "transformers.PreTrainedModel._auto_class",
+        "clear_auto_class: a subclass of an LSG head does not inherit the head's remote-code registration",
+    ),
+    PrivateName(
+        "transformers.utils.output_capturing._CAN_RECORD_REGISTRY",
+        "record_outputs_like_source: a step class lsg_global_tokens makes from a built model (a recorder, a "
+        "decoder) is entered under its own name, so that capture_outputs records what its source class records",
+    ),
+    PrivateName(
+        "transformers.PreTrainedModel._can_record_outputs",
+        "record_outputs_like_source: what a step class's source class records, entered under the step class's name",
+    ),
+    PrivateName(
+        "transformers.models.t5.modeling_t5.T5Attention._relative_position_bucket",
+        "relative_position_buckets: T5's bucket of a relative distance (lsg_t5_bias)",
+    ),
+    PrivateName(
+        "transformers.models.mt5.modeling_mt5.MT5Attention._relative_position_bucket",
+        "relative_position_buckets: mT5's bucket of a relative distance (lsg_t5_bias)",
+    ),
+    PrivateName(
+        "transformers.models.umt5.modeling_umt5.UMT5Attention._relative_position_bucket",
+        "relative_position_buckets: UMT5's bucket of a relative distance, a method reading the module's settings",
+    ),
+)
+
+# The CPU flash kernel, which also returns each query's log-sum-exp (absent from older torch builds)
+CPU_FLASH_ATTENTION = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+# The flags of transformers' models that say which attention implementations they have ("eager": all)
+ATTENTION_SUPPORT_FLAGS = {"sdpa": "_supports_sdpa", "flex_attention": "_supports_flex_attn"}
 
 RESAVE_ADVICE = (
     "re-save it with the newest lsg-converter (`pip install -U lsg-converter`, then "
@@ -167,6 +290,66 @@ def relative_position_buckets(attention: Any, relative_position: torch.Tensor) -
             max_distance=attention.relative_attention_max_distance,
         )
     return bucket(relative_position)  # UMT5: bidirectional in an encoder module
+
+
+def shape_check(condition: Any) -> None:
+    """Raise where `condition` is false; under torch.compile and torch.export, a condition on symbolic sizes
+    becomes a fact the compiled graph relies on (``torch._check``; dynamo traces through this function)."""
+    torch._check(condition)
+
+
+def inductor_compile(graph: torch.fx.GraphModule, example_inputs: list) -> Callable:
+    """`graph` compiled by inductor, torch.compile's default backend (``torch._inductor.compile_fx.compile_fx``,
+    imported at the first compile): what a torch.compile backend of its own calls to count its compiles."""
+    from torch._inductor.compile_fx import compile_fx
+
+    return compile_fx(graph, example_inputs)
+
+
+def compile_error() -> type[Exception]:
+    """The class of the errors a failed torch.compile raises, inductor's included
+    (``torch._dynamo.exc.TorchDynamoException``; read when one is caught, as dynamo is loaded by then)."""
+    return torch._dynamo.exc.TorchDynamoException
+
+
+def attn_implementation(config: Any) -> str | None:
+    """The attention implementation transformers' layers dispatch on (a config's ``_attn_implementation``)."""
+    return config._attn_implementation
+
+
+def set_attn_implementation(config: Any, value: str | None) -> None:
+    """Set a config's ``_attn_implementation`` through its setter, as transformers does."""
+    config._attn_implementation = value
+
+
+def stored_attn_implementation(config: Any) -> str | None:
+    """The value behind a config's ``_attn_implementation`` (``_attn_implementation_internal``); None before
+    transformers' ``__init__`` of the config set it."""
+    return getattr(config, "_attn_implementation_internal", None)
+
+
+def store_attn_implementation(config: Any, value: str | None) -> None:
+    """Set the value behind a config's ``_attn_implementation`` without its setter."""
+    config._attn_implementation_internal = value
+
+
+def supports_attention(model: Any, implementation: str) -> bool:
+    """Whether the transformers `model` has an implementation of attention `implementation` (its
+    ``_supports_sdpa`` / ``_supports_flex_attn``; T5 before transformers 5.2x writes its attention by
+    hand: eager only)."""
+    flag = ATTENTION_SUPPORT_FLAGS.get(implementation)
+    return flag is None or bool(getattr(model, flag, False))
+
+
+def init_weights(model: Any, module: torch.nn.Module) -> None:
+    """Draw the weights of `module`, one module of `model`, as `model` draws its own (``_init_weights``)."""
+    model._init_weights(module)
+
+
+def clear_auto_class(cls: type) -> None:
+    """Leave the model class `cls` unregistered for remote-code saving, where it would inherit the Auto class
+    of a registered parent (``_auto_class``)."""
+    cls._auto_class = None
 
 
 def record_outputs_like_source(model_class: type) -> None:

@@ -5,8 +5,8 @@ Each head ``LSGMT5<Head>`` is the mixin below plus ``MT5<Head>``, one class per 
 """
 
 from .configuration_lsg_mt5 import LSGMT5Config
+from .configuration_lsg_t5 import T5_LAYOUT
 from .lsg_attention_layers import SwappedAttention, adopted
-from .lsg_layout import T5_LAYOUT
 from .lsg_model import LSGModelMixin
 from .lsg_transformers import transformers_names
 from .modeling_lsg_t5 import LSGT5Attention

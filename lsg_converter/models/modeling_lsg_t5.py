@@ -7,13 +7,13 @@ transformers builds the bias as a (1, H, L, L) tensor (12 GiB for a T5-base-size
 tokens). Here the first layer of the encoder (`LSGT5Attention`) turns T5's table into a bias per head
 and distance, once per forward (`lsg_t5_bias.t5_position_terms`), and hands it to the next layers as
 `lsg_pattern.PositionTerms`, which LSG attention looks up for the pairs it computes, block by block;
-the global tokens sit at ``config.global_token_position`` (0).
+the global tokens sit at ``config.global_token_position`` (`configuration_lsg_t5.T5_DEFAULTS`).
 
-The global tokens join before the first block (`lsg_layout.T5_LAYOUT`) and leave at the encoder output; the
-decoder's self- and cross-attention stay dense with the KV cache (as in LSG-BART), and with
-``pass_global_tokens_to_decoder`` the cross-attention sees the global states. The fp16 clamp of the
-hidden states is transformers' own. mT5 is the same model in classes of its own (modeling_lsg_mt5.py
-adopts this file's attention), UMT5 has a table in every layer (modeling_lsg_umt5.py).
+The global tokens join before the first block (`configuration_lsg_t5.T5_LAYOUT`) and leave at the
+encoder output; the decoder's self- and cross-attention stay dense with the KV cache (as in LSG-BART),
+and with ``pass_global_tokens_to_decoder`` the cross-attention sees the global states. The fp16 clamp
+of the hidden states is transformers' own. mT5 is the same model in classes of its own
+(modeling_lsg_mt5.py adopts this file's attention), UMT5 has a table in every layer (modeling_lsg_umt5.py).
 
 Each head ``LSGT5<Head>`` is the mixin below plus ``T5<Head>``, one class per head listed in LSGT5Config.
 """
@@ -24,9 +24,8 @@ from typing import Any
 
 import torch
 
-from .configuration_lsg_t5 import LSGT5Config
+from .configuration_lsg_t5 import T5_LAYOUT, LSGT5Config
 from .lsg_attention_layers import SwappedAttention, adopted, projected_self_attention
-from .lsg_layout import T5_LAYOUT
 from .lsg_model import LSGModelMixin
 from .lsg_pattern import PositionTerms
 from .lsg_t5_bias import t5_position_terms

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
+from .configuration_lsg_t5 import T5_LAYOUT
 from .configuration_lsg_umt5 import LSGUMT5Config
 from .lsg_attention_layers import SwappedAttention, adopted, projected_self_attention
-from .lsg_layout import T5_LAYOUT
 from .lsg_model import LSGModelMixin
 from .lsg_t5_bias import t5_position_terms
 from .lsg_transformers import transformers_names
@@ -34,11 +34,17 @@ with transformers_names():  # one line naming both versions if a release removed
 
 
 class LSGUMT5Attention(UMT5Attention):
-    """UMT5Attention of the encoder through LSG attention, with the layer's own relative bias as `PositionTerms`."""
+    """UMT5Attention of the encoder through LSG attention, with the layer's own relative bias as `PositionTerms`.
+
+    It hands LSG attention the bool padding mask: UMT5's stack before transformers 5.2x turns the
+    (B, 1, 1, t) bool view it receives into an additive one, (1 - mask) * min, with two more unit dimensions.
+    """
 
     def forward(
         self, hidden_states: torch.Tensor, encoder_hidden_states: Any = None, cache: Any = None, attention_mask: Any = None, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if attention_mask is not None and attention_mask.is_floating_point():  # additive: 0 (or -0.0) where seen
+            attention_mask = attention_mask == 0
         return projected_self_attention(
             self,
             hidden_states,
