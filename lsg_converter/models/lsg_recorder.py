@@ -37,9 +37,6 @@ def bound_arguments(signature: inspect.Signature, args: tuple, kwargs: dict[str,
     return arguments
 
 
-MASK_ADVICE = "pass attention_mask as a 2D tensor of 1s (tokens) and 0s (padding)"
-
-
 def padding_rows(mask: torch.Tensor) -> torch.Tensor:
     """The user's ``attention_mask`` -> (B, t): a padding mask given with unit dimensions between its
     rows and columns, (B, 1, 1, t), or additive (0 and negative), is read as the (B, t) one it stands
@@ -49,7 +46,10 @@ def padding_rows(mask: torch.Tensor) -> torch.Tensor:
         if mask.is_floating_point() and bool((mask < 0).any()):
             mask = mask == 0
     if mask.dim() != 2:
-        raise ValueError(f"LSG attention takes a (batch, length) padding mask, got one of shape {tuple(mask.shape)}: {MASK_ADVICE}.")
+        raise ValueError(
+            f"LSG attention takes a (batch, length) padding mask, got one of shape {tuple(mask.shape)}: "
+            "pass attention_mask as a 2D tensor of 1s (tokens) and 0s (padding)."
+        )
     return mask
 
 
