@@ -306,7 +306,41 @@ def test_the_lsg_layers_receive_a_padding_mask_of_one_row_whatever_the_implement
     with torch.no_grad():
         model(**batch("bert"))
 
-    assert [tuple(mask.shape) for mask in masks] == [(2, 1, 1, LENGTH)] * 2
+    num_global = model.config.num_global_tokens
+    assert [tuple(mask.shape) for mask in masks] == [(2, 1, 1, num_global + LENGTH)] * 2
+
+
+def test_the_padding_mask_gains_the_global_tokens_columns_where_they_join():
+    model = tiny_lsg("bert")
+    masks = []
+    model.encoder.layer[0].attention.self.register_forward_pre_hook(
+        lambda module, args, kwargs: masks.append(kwargs["attention_mask"]), with_kwargs=True
+    )
+    inputs = batch("bert")
+
+    with torch.no_grad():
+        model(**inputs)
+
+    num_global = model.config.num_global_tokens
+    rows = masks[0][:, 0, 0]
+    assert rows[:, :num_global].all() and torch.equal(rows[:, num_global:], inputs["attention_mask"].bool())
+
+
+@pytest.mark.parametrize("form", ["bool", "additive"])
+def test_a_padding_mask_given_with_unit_dimensions_reads_as_its_rows(form):
+    model = tiny_lsg("bert")
+    inputs = batch("bert")
+    mask = inputs["attention_mask"][:, None, None, :]
+    if form == "additive":
+        mask = (1.0 - mask.float()) * torch.finfo(torch.float32).min
+    else:
+        mask = mask.bool()
+
+    with torch.no_grad():
+        expected = model(**inputs).last_hidden_state
+        output = model(input_ids=inputs["input_ids"], attention_mask=mask).last_hidden_state
+
+    torch.testing.assert_close(output, expected, atol=0, rtol=0)
 
 
 def test_a_mask_of_every_query_and_key_is_refused_with_what_to_pass():
@@ -448,7 +482,7 @@ def test_a_forward_pass_that_raised_leaves_no_call_open():
     with pytest.raises(ValueError, match="more than"), torch.no_grad():
         model(input_ids=long_input, output_hidden_states=True)
 
-    assert model.lsg_forward_steps.global_tokens.calls == []
+    assert model.lsg_forward_steps.global_tokens.call is None
 
 
 def test_an_input_refused_by_the_encoder_leaves_the_next_forward_pass_as_it_was():

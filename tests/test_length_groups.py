@@ -14,9 +14,9 @@ LENGTHS, TOTAL = [400, 60, 150, 50], 400  # groups: [400], [150], [60, 50]
 GROUP_TOKENS = [(1, 400), (1, 150), (2, 60)]  # (rows, length) of each group
 
 
-def base_model(arch, tmp_path, **settings):
-    """The tiny `arch` source's base model converted (block 16, 2 global tokens unless `settings` say)."""
-    head = next(head for head in ARCHITECTURES[arch].heads if head.endswith("Model") and "LMHead" not in head)
+def base_model(arch, tmp_path, head=None, **settings):
+    """The tiny `arch` source's base model (or `head`) converted (block 16, 2 global tokens unless `settings` say)."""
+    head = head or next(head for head in ARCHITECTURES[arch].heads if head.endswith("Model") and "LMHead" not in head)
     source = save_tiny_source(tmp_path / arch, arch, head)
     settings = {"block_size": 16, "sparse_block_size": 16, "num_global_tokens": 2, **settings}
     model, _ = LSGConverter(max_sequence_length=512).convert_from_pretrained(source, **settings)
@@ -114,3 +114,17 @@ def test_a_batch_runs_in_one_pass_where_groups_could_differ(case, tmp_path):
         _, shapes = layer_inputs(model, inputs)
 
     assert set(shapes) == {(len(LENGTHS), TOTAL + model.config.num_global_tokens)}
+
+
+def test_a_head_runs_a_batch_of_very_different_lengths_as_groups_too(tmp_path):
+    """The recorder inside a head (its bert) runs the same steps as the bare model, LengthGroups included."""
+    model = base_model("bert", tmp_path, head="BertForMaskedLM")
+    input_ids, attention_mask = padded_batch(LENGTHS, TOTAL)
+
+    with torch.no_grad():
+        output, shapes = layer_inputs(model, dict(input_ids=input_ids, attention_mask=attention_mask))
+        for row, length in enumerate(LENGTHS):
+            alone = model(input_ids=input_ids[row : row + 1, :length]).logits[0]
+            torch.testing.assert_close(output.logits[row, :length], alone, atol=1e-5, rtol=1e-5)
+
+    assert set(shapes) == {(rows, length + model.config.num_global_tokens) for rows, length in GROUP_TOKENS}

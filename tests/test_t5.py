@@ -170,8 +170,10 @@ def test_umt5_attention_reads_the_additive_mask_of_transformers_before_5_2x_as_t
     model = converted(tmp_path / "source", block_size=BLOCK, sparse_block_size=BLOCK, sparsity_type="norm", num_global_tokens=2)
     attention = model.encoder.block[0].layer[0].SelfAttention
     hidden_states = torch.randn(2, 2 + LENGTH, model.config.d_model, generator=torch.Generator().manual_seed(0))
-    view = padding_mask(lengths, LENGTH)[:, None, None, :]  # (B, 1, 1, t): what the LSG model hands UMT5's stack
-    # what UMT5's stack made of it before transformers 5.2x: (B, 1, 1, 1, 1, t), 0 (-0.0) where seen
+    global_columns = torch.ones(2, 2, dtype=torch.bool)
+    view = torch.cat([global_columns, padding_mask(lengths, LENGTH)], dim=1)[:, None, None, :]
+    # (B, 1, 1, g + t): what the LSG model hands UMT5's stack; what the stack made of it before transformers 5.2x:
+    # (B, 1, 1, 1, 1, g + t), 0 (-0.0) where seen
     additive = (1.0 - view[:, None, None, :].float()) * torch.finfo(torch.float32).min
 
     with torch.no_grad():

@@ -490,10 +490,9 @@ def _cached_causal_attention(query, key, value, key_mask, settings, dropout, sca
 def key_padding_mask(attention_mask: torch.Tensor | None, num_keys: int, config: Any) -> torch.Tensor | None:
     """The mask a model hands its LSG layers -> (B, g + t) bool, True for the keys that may be attended.
 
-    It arrives as the user's (B, t) mask, 2D or as the (B, 1, 1, t) view the model passes through
-    transformers' mask creation (see lsg_recorder.padding_mask_view), or as that view with more
-    unit dimensions; the model prepended g global tokens
-    after it was made. A cached decoding step's mask already counts the global tokens (t = g + past + q).
+    It arrives as the (B, 1, 1, g + t) view the recorder made, the global tokens' columns included, and
+    transformers' mask creation passed through (see lsg_recorder.padding_mask_view), or as that view
+    with more unit dimensions.
     None where no key is masked: no mask, or one True broadcast to every column (stride 0 wherever the
     size is not 1: the recorder's stand-in for a call without a mask), so the core knows it without
     reading the mask.
@@ -507,17 +506,17 @@ def key_padding_mask(attention_mask: torch.Tensor | None, num_keys: int, config:
             f"LSG attention takes a (batch, length) padding mask, got one of shape {tuple(attention_mask.shape)}: "
             "pass attention_mask as a 2D tensor of 1s (tokens) and 0s (padding)."
         )
-    missing = num_keys - attention_mask.shape[-1]
-    if missing not in (0, config.num_global_tokens):
+    if attention_mask.shape[-1] != num_keys:
+        num_global = config.num_global_tokens
         raise ValueError(
-            f"attention_mask has {attention_mask.shape[-1]} columns for {num_keys - config.num_global_tokens} tokens: "
+            f"attention_mask has {attention_mask.shape[-1] - num_global} columns for {num_keys - num_global} tokens: "
             "give exactly one column per input token."
         )
     if attention_mask.dtype == torch.bool and all(
         stride == 0 for size, stride in zip(attention_mask.shape, attention_mask.stride()) if size > 1
     ) and attention_mask.shape[-1] > 1:
         return None
-    return F.pad(attention_mask.bool(), (missing, 0), value=True)
+    return attention_mask.bool()
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,9 @@
 `GlobalTokens` does it, in steps that modules of the model run inside their own forward: the model's
 modules at those places are adopted into classes that add the step (`adopt_step`), so ``print(model)``
 shows where the tokens join (`PrependsGlobalTokens`), where the layers record their token rows
-(`RecordsTokenStates`) and where they leave (`DropsGlobalTokens`). What one forward pass decided lives
-in a `ForwardCall`, opened by the recorder's steps (lsg_recorder.RecorderSteps) and read by those modules.
+(`RecordsTokenStates`) and where they leave (`DropsGlobalTokens`). What one forward pass decided is one
+`ForwardCall`, made by the recorder's step (lsg_recorder.RecorderSteps) and held, for the length of
+that pass, as the model's `GlobalTokens.call`, where those modules read it.
 
 This file travels with saved models as remote code: it imports torch and transformers only.
 """
@@ -17,9 +18,10 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+from transformers import PreTrainedModel
 
 from .lsg_layout import adopt
-from .lsg_transformers import past_length, with_past_length
+from .lsg_transformers import past_length, record_outputs_like_source, with_past_length
 
 
 @dataclass
@@ -35,7 +37,7 @@ class ForwardCall:
 
     recording: bool
     returns_tuple: bool
-    prepended: bool = True
+    prepended: bool
     token_states: list[torch.Tensor] = field(default_factory=list)
 
 
@@ -60,10 +62,10 @@ class GlobalTokens:
     rows returned lie on the autograd path (``hidden_states[i].retain_grad()`` gets a gradient); at
     the end they replace the recorded states, which still hold the global tokens.
 
-    Each forward pass of the recorder opens a `ForwardCall` (`open`) and closes it when it returns or
-    raises (`close`); the steps read the innermost open one (`current`), so a forward pass run from
-    inside another (a hook calling the model) keeps its own. Outside a forward pass of the recorder (a
-    module called on its own) the steps leave the calls as they are.
+    Each forward pass of the recorder makes its `ForwardCall` (`open`) and holds it as `call` while it
+    runs (lsg_recorder.RecorderSteps), the enclosing pass's call given back when it returns or raises: a
+    forward pass run from inside another (a hook calling the model) has its own. Outside a forward pass
+    of the recorder (a module called on its own) `call` is None and the steps leave their inputs as they are.
 
     A causal decoder that continues from its cache (a past length > 0, see lsg_transformers.past_length)
     already holds the global tokens there: that forward pass prepends nothing, drops nothing, and counts
@@ -81,12 +83,7 @@ class GlobalTokens:
         self.config = config
         self.passes_to_decoder = passes_to_decoder  # the encoder output keeps the global states for a decoder
         self.output_tuple = output_tuple  # the recorder's tuple of its ModelOutput (None: ModelOutput.to_tuple)
-        self.calls: list[ForwardCall] = []  # the forward passes under way, innermost last
-
-    @property
-    def current(self) -> ForwardCall | None:
-        """The innermost forward pass under way, or None outside any."""
-        return self.calls[-1] if self.calls else None
+        self.call: ForwardCall | None = None  # the forward pass under way (set by the recorder's step)
 
     @property
     def pools(self) -> bool:
@@ -120,34 +117,30 @@ class GlobalTokens:
             rebuilt = torch.cat([states[:, :num_global], rows], dim=1)
         return rows, rebuilt
 
-    def open(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """Before the recorder's forward: open its `ForwardCall` and have it return a ModelOutput (turned
-        into a tuple in `finish`); -> the forward's keyword arguments."""
+    def open(self, arguments: dict[str, Any]) -> ForwardCall:
+        """The `ForwardCall` of a forward pass of the recorder, made from its arguments (a dict by name): a
+        pass that continues from a cache (a causal decoder's decoding step) prepends nothing."""
         def asked(name: str, default: bool) -> bool:  # a head passes its own argument on, None included
-            value = kwargs.get(name)
+            value = arguments.get(name)
             return bool(getattr(self.config, name, default) if value is None else value)
 
-        recording, returns_tuple = asked("output_hidden_states", False), not asked("return_dict", True)
-        self.calls.append(ForwardCall(recording=recording, returns_tuple=returns_tuple))
-        return {**kwargs, "return_dict": True}
-
-    def close(self) -> None:
-        """After the recorder's forward, returned or raised: close its `ForwardCall`."""
-        self.calls.pop()
+        return ForwardCall(
+            recording=asked("output_hidden_states", False),
+            returns_tuple=not asked("return_dict", True),
+            prepended=not past_length(arguments),
+        )
 
     def embeddings_arguments(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """The keyword arguments of a causal decoder's embeddings (`ShiftsPastLength`): a step that
-        continues from the cache prepends nothing, and its positions count from the first real token."""
-        call = self.current
-        cached = past_length(kwargs)
-        if call is None or not cached:
+        continues from the cache (which holds the global tokens) counts its positions from the first real token."""
+        call = self.call
+        if call is None or call.prepended:
             return kwargs
-        call.prepended = False
-        return with_past_length(kwargs, cached - self.config.num_global_tokens)
+        return with_past_length(kwargs, past_length(kwargs) - self.config.num_global_tokens)
 
     def prepend(self, embeddings: torch.Tensor) -> torch.Tensor:
         """(B, t, E) -> (B, g + t, E): the summed embeddings with the global tokens in front (`PrependsGlobalTokens`)."""
-        call = self.current
+        call = self.call
         if call is None or not call.prepended:
             return embeddings
         global_tokens = self.table.weight[: self.config.num_global_tokens].to(embeddings.dtype)
@@ -156,7 +149,7 @@ class GlobalTokens:
 
     def layer_input(self, states: torch.Tensor) -> torch.Tensor:
         """The input of a recorded layer (`RecordsTokenStates`): the first layer's is hidden state 0."""
-        call = self.current
+        call = self.call
         if not self.splits_states(call) or call.token_states:
             return states
         rows, states = self.split_states(states)
@@ -165,7 +158,7 @@ class GlobalTokens:
 
     def layer_output(self, output: Any) -> Any:
         """The output of a recorded layer (`RecordsTokenStates`): the next hidden state."""
-        call = self.current
+        call = self.call
         if not self.splits_states(call):
             return output
         if isinstance(output, tuple):
@@ -177,13 +170,13 @@ class GlobalTokens:
         return output
 
     def drop(self, output: Any) -> Any:
-        """The encoder's output (`DropsGlobalTokens`, or the recorder's steps where the encoder is the
-        recorder): (B, g + t, E) -> (B, t, E), after pool_with_global (see `pools`).
+        """The encoder's output (`DropsGlobalTokens`): (B, g + t, E) -> (B, t, E), after pool_with_global
+        (see `pools`).
 
         Encoder-decoder models with ``pass_global_tokens_to_decoder`` keep the global states: the
         decoder attends to them. The last hidden state recorded is the encoder output's token rows.
         """
-        call = self.current
+        call = self.call
         if call is None or not call.prepended or not self.config.num_global_tokens:
             return output
         if self.passes_to_decoder:
@@ -200,7 +193,7 @@ class GlobalTokens:
 
     def covered_encoder_mask(self, arguments: dict[str, Any]) -> torch.Tensor | None:
         """The decoder's ``encoder_attention_mask`` (``pass_global_tokens_to_decoder``, see
-        lsg_recorder.ArgumentRewrite): the encoder output it attends to holds the g global states in
+        lsg_recorder.SeesGlobalStates): the encoder output it attends to holds the g global states in
         front, so a (B, t) mask gets g columns of 1s in front; None where there is nothing to cover."""
         mask, states = arguments.get("encoder_attention_mask"), arguments.get("encoder_hidden_states")
         num_global = self.config.num_global_tokens
@@ -211,7 +204,7 @@ class GlobalTokens:
     def finish(self, output: Any) -> Any:
         """After the recorder's forward: its hidden_states become the token rows (None stays None:
         ``output_hidden_states`` may select some layers only)."""
-        call = self.current
+        call = self.call
         if self.splits_states(call) and output.hidden_states is not None:
             output.hidden_states = tuple(
                 None if recorded is None else rows for recorded, rows in zip(output.hidden_states, call.token_states)
@@ -236,6 +229,13 @@ class GlobalTokenStep:
 
     label: str
     lsg_global_tokens: GlobalTokens
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A step class of a Hugging Face model (a recorder, a decoder) records the outputs its source class
+        records: transformers looks them up by the name of a model's class (lsg_transformers)."""
+        super().__init_subclass__(**kwargs)
+        if issubclass(cls, PreTrainedModel):
+            record_outputs_like_source(cls)
 
     def __reduce_ex__(self, protocol: int) -> tuple:
         """Pickled and copied as (steps, source class, state): the class is made anew where it is loaded

@@ -37,7 +37,14 @@ from .lsg_global_tokens import (
     adopt_step,
 )
 from .lsg_layout import LSGLayout
-from .lsg_recorder import ArgumentRewrite, RecorderForward, RecorderSteps
+from .lsg_recorder import (
+    ArgumentRewrite,
+    CarriesAndDropsGlobalTokens,
+    CarriesGlobalTokens,
+    RecorderForward,
+    RecorderSteps,
+    SeesGlobalStates,
+)
 from .lsg_transformers import (
     attn_implementation,
     clear_auto_class,
@@ -335,8 +342,9 @@ class LSGModelMixin:
             ``ModelOutput.to_tuple()``: MPNet's keeps a None pooler output, whose place its heads count on.
     The hidden states are recorded (see `GlobalTokens`) by the encoder if it is a Hugging Face model
     of its own (BART's), otherwise by the base model, on the layers its ``_can_record_outputs`` names.
-    The LSG steps around the recorder's forward (`RecorderSteps`) run in the model's `forward` where
-    the model is its own recorder (LSGBertModel), as hooks of the recorder where it is a module inside.
+    The LSG steps around the recorder's forward (`RecorderSteps`) run in its ``forward``
+    (`RecorderForward`): the model's own where the model is its own recorder (LSGBertModel), that of
+    the step class the recorder is adopted into where it is a module inside (`CarriesGlobalTokens`).
 
     The decoder-only head of an encoder-decoder architecture (`LSGConfigMixin.lsg_dense_decoder`)
     has no encoder: it gets no global tokens and stays the dense source model.
@@ -404,21 +412,17 @@ class LSGModelMixin:
         passes_to_decoder = bool(getattr(self.config, "pass_global_tokens_to_decoder", False)) and decoder is not None
         global_tokens = self._adopt_global_token_steps(base, encoder, recorder, passes_to_decoder)
         if passes_to_decoder:
-            self._pass_global_tokens(decoder, global_tokens)
-        steps = RecorderSteps(recorder, global_tokens, is_encoder=encoder is recorder)
-        if recorder is self:
-            self.lsg_forward_steps = steps
-        else:
-            steps.hook_into(recorder)
+            self._pass_global_tokens(base, global_tokens)
 
     def _adopt_global_token_steps(
         self, base: nn.Module, encoder: nn.Module, recorder: nn.Module, passes_to_decoder: bool
     ) -> GlobalTokens:
         """The modules that carry the global tokens (see `GlobalTokens`), each adopted into a class that
         adds its step (lsg_global_tokens.adopt_step): the recorded layers split their token rows out,
-        the encoder drops the global tokens, the prepend point puts them in front, and a causal
-        decoder's embeddings count a cached step's positions without them. The input length is
-        checked by a hook of the embeddings."""
+        the encoder drops the global tokens, the prepend point puts them in front, a causal decoder's
+        embeddings count a cached step's positions without them, and the recorder runs its forward
+        inside the `RecorderSteps` (the model's own forward where the model is the recorder; an encoder
+        that is the recorder also drops the tokens). The input length is checked by a hook of the embeddings."""
         layout = self.lsg_layout
         embeddings = base.get_submodule(layout.embeddings)
         global_tokens = GlobalTokens(embeddings.global_embeddings, self.config, self.lsg_output_tuple, passes_to_decoder)
@@ -433,14 +437,22 @@ class LSGModelMixin:
             embeddings = base.get_submodule(layout.embeddings)
         check = InputLengthCheck(self.config, layout, "input", cached_global_tokens=self.config.num_global_tokens)
         embeddings.register_forward_pre_hook(check, with_kwargs=True)
+        steps = RecorderSteps(recorder, global_tokens)
+        if recorder is self:
+            self.lsg_forward_steps = steps
+        else:
+            step = CarriesAndDropsGlobalTokens if encoder is recorder else CarriesGlobalTokens
+            adopt_step(self, module_name(self, recorder), step, global_tokens).lsg_forward_steps = steps
         return global_tokens
 
-    def _pass_global_tokens(self, decoder: nn.Module, global_tokens: GlobalTokens) -> None:
+    def _pass_global_tokens(self, base: nn.Module, global_tokens: GlobalTokens) -> None:
         """Let the decoder's cross-attention see the encoder's global states (``pass_global_tokens_to_decoder``):
-        its encoder mask covers them, its cross-attention layers run the global-state attention (their
-        `CrossAttentionRole`)."""
-        cover = ArgumentRewrite(decoder, "encoder_attention_mask", global_tokens.covered_encoder_mask)
-        decoder.register_forward_pre_hook(cover, with_kwargs=True)
+        the decoder, adopted into `SeesGlobalStates`, widens its encoder mask over them; its cross-attention
+        layers run the global-state attention (their `CrossAttentionRole`)."""
+        name = self.lsg_layout.decoder
+        cover = ArgumentRewrite(base.get_submodule(name), "encoder_attention_mask", global_tokens.covered_encoder_mask)
+        decoder = adopt_step(base, name, SeesGlobalStates, global_tokens)
+        decoder.lsg_encoder_mask = cover
         role = CrossAttentionRole(self.config.num_global_tokens)
         # the attention module, or a layer around it (T5's)
         for layer in recorded_modules(decoder, "cross_attentions", self.lsg_recorded_outputs):

@@ -1,11 +1,14 @@
-"""The LSG steps around each forward pass of a model's recorder, and the rewrites of forward arguments.
+"""The LSG steps around each forward pass of a model's recorder, and the rewrite of a decoder's encoder mask.
 
 The recorder is the model whose forward transformers' ``capture_outputs`` decorates: the base model
 (LSGBertModel, the ``bert`` of LSGBertForMaskedLM), or the encoder of an encoder-decoder model. Its
 forward builds the attention masks and records the hidden states, so LSG steps in around it
-(`RecorderSteps`): the O(n) padding mask in (`padding_mask_view`), the `ForwardCall` of the global
-tokens opened and closed, their rows taken out of what it returns. An encoder base model reading a
-padded batch of very different lengths without gradients runs it as groups of rows (`LengthGroups`).
+(`RecorderSteps`): the `ForwardCall` of the global tokens made and held for the pass, the O(n) padding
+mask with the global tokens' columns in (`padding_mask_view`), their rows taken out of what it
+returns. The bare model runs them in its own ``forward`` (`RecorderForward`); a recorder inside the
+model is adopted into a step class with that same ``forward`` (`CarriesGlobalTokens`, and
+`CarriesAndDropsGlobalTokens` for an encoder that is its own recorder). An encoder base model reading
+a padded batch of very different lengths without gradients runs it as groups of rows (`LengthGroups`).
 
 This file travels with saved models as remote code: it imports torch and transformers only.
 """
@@ -17,112 +20,97 @@ import inspect
 from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from .lsg_global_tokens import GlobalTokens
+from .lsg_global_tokens import DropsGlobalTokens, GlobalTokens, GlobalTokenStep
 from .lsg_pattern import tracing
 from .lsg_transformers import past_length
 
 
-class ArgumentRewrite:
-    """Forward pre-hook (or step before a forward) that replaces the argument `name` of a module's
-    forward by what `rewrite` makes of the call's arguments (a dict by name); None leaves the call as
-    it is. The value goes where the caller put the argument (or in as a keyword); the forward's
-    signature is read once."""
-
-    def __init__(self, module: nn.Module, name: str, rewrite: Callable[[dict[str, Any]], Any]) -> None:
-        self.signature = inspect.signature(module.forward)
-        self.name, self.rewrite = name, rewrite
-        self.position = list(self.signature.parameters).index(name)
-
-    def __call__(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict] | None:
-        value = self.rewrite(self.signature.bind_partial(*args, **kwargs).arguments)
-        if value is None:
-            return None
-        if self.position < len(args):
-            return (*args[: self.position], value, *args[self.position + 1 :]), kwargs
-        return args, {**kwargs, self.name: value}
+def bound_arguments(signature: inspect.Signature, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A call's arguments by name, those its ``**kwargs`` catch included, as keywords of the forward."""
+    arguments = signature.bind_partial(*args, **kwargs).arguments
+    for name, parameter in signature.parameters.items():
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD and name in arguments:
+            arguments = {**arguments, **arguments.pop(name)}
+    return arguments
 
 
-def padding_mask_view(arguments: dict[str, Any]) -> torch.Tensor | None:
+def padding_rows(mask: torch.Tensor) -> torch.Tensor:
+    """The user's ``attention_mask`` -> (B, t): a padding mask given with unit dimensions between its
+    rows and columns, (B, 1, 1, t), or additive (0 and negative), is read as the (B, t) one it stands
+    for; any other shape (a mask of every query and key) raises ValueError, saying what to pass."""
+    if mask.dim() > 2 and all(size == 1 for size in mask.shape[1:-1]):
+        mask = mask.reshape(mask.shape[0], mask.shape[-1])
+        if mask.is_floating_point() and bool((mask < 0).any()):
+            mask = mask == 0
+    if mask.dim() != 2:
+        raise ValueError(
+            f"LSG attention takes a (batch, length) padding mask, got one of shape {tuple(mask.shape)}: "
+            "pass attention_mask as a 2D tensor of 1s (tokens) and 0s (padding)."
+        )
+    return mask
+
+
+def padding_mask_view(arguments: dict[str, Any], num_global: int) -> torch.Tensor | None:
     """The ``attention_mask`` of the module that builds a model's attention masks (its recorder, see
-    `RecorderSteps`): the padding mask as a (B, 1, 1, t) bool view, which transformers' mask
-    creation passes through as it is, so the LSG layers get an O(n) mask whatever the backend (for
-    "sdpa" or "eager" transformers would build a (B, 1, t, t) matrix). Without a mask, one True
-    broadcast to every token (counting the cache of a decoding step) stands for it: the LSG layers then
-    know without reading it that no key is masked (`lsg_attention.key_padding_mask`). None (the call
-    unchanged) for a mask of the user's own making, which the LSG layers accept or refuse saying why,
-    or without any input."""
+    `RecorderSteps`): the padding mask as a (B, 1, 1, g + t) bool view, with True columns in front for
+    the g global tokens the layers' keys hold (put in front by this pass, or held by the cache of a
+    decoding step, whose mask counts the past tokens after them). transformers' mask creation passes it
+    through as it is, so the LSG layers get an O(n) mask whatever the backend (for "sdpa" or "eager"
+    transformers would build a (B, 1, t, t) matrix). Without a mask, one True broadcast to every key
+    stands for it: the LSG layers then know without reading it that no key is masked
+    (`lsg_attention.key_padding_mask`). None (the call unchanged) without any input."""
     mask = arguments.get("attention_mask")
+    cached = past_length(arguments)  # a decoding step's cache holds the global tokens in front
     if mask is None:
         tokens = next((arguments[name] for name in ("input_ids", "inputs_embeds") if arguments.get(name) is not None), None)
         if tokens is None:
             return None
-        length = tokens.shape[1] + past_length(arguments)
-        mask = torch.ones((), dtype=torch.bool, device=tokens.device).expand(tokens.shape[0], length)
-    elif mask.dim() != 2:
-        return None
-    return mask.bool()[:, None, None, :]
+        keys = tokens.shape[1] + (cached if cached else num_global)
+        return torch.ones((), dtype=torch.bool, device=tokens.device).expand(tokens.shape[0], 1, 1, keys)
+    return F.pad(padding_rows(mask).bool(), (num_global, 0), value=True)[:, None, None, :]
 
 
 class RecorderSteps:
-    """The LSG steps around a forward pass of a model's recorder: the `ForwardCall` of the global tokens
-    opened (`GlobalTokens.open`, first, so that every call opened is closed), the O(n) padding mask
-    (`padding_mask_view`); after the forward, where the recorder is the encoder (BART's), the global
-    tokens dropped from its output (`GlobalTokens.drop`), the recorded hidden states replaced by the
-    token rows (`GlobalTokens.finish`); the call closed whether the forward returned or raised.
+    """The LSG steps around a forward pass of a model's recorder: its `ForwardCall` made
+    (`GlobalTokens.open`) and held as the model's `GlobalTokens.call` while the forward runs (the
+    enclosing pass's given back after it, returned or raised), the O(n) padding mask with the global
+    tokens' columns (`padding_mask_view`); after the forward, the recorded hidden states replaced by
+    the token rows and a tuple made if the caller asked for one (`GlobalTokens.finish`).
 
-    Where the recorder is the model itself (LSGBertModel), the model's `RecorderForward` runs its
-    forward inside the steps (`run`). Where it is a module inside the model (the ``bert`` of
-    LSGBertForMaskedLM, BART's encoder) they run as its hooks (`hook_into`).
+    The model's ``forward`` runs them (`RecorderForward`), where the model is its own recorder
+    (LSGBertModel) as where the recorder is a module inside it, adopted into a step class
+    (`CarriesGlobalTokens`: the ``bert`` of LSGBertForMaskedLM, BART's encoder).
     """
 
-    def __init__(self, recorder: nn.Module, global_tokens: GlobalTokens, is_encoder: bool) -> None:
-        self.padding_mask = ArgumentRewrite(recorder, "attention_mask", padding_mask_view)
+    def __init__(self, recorder: nn.Module, global_tokens: GlobalTokens) -> None:
+        self.signature = inspect.signature(recorder.forward)
         self.global_tokens = global_tokens
-        self.is_encoder = is_encoder
-
-    def enter(self, recorder: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:
-        """Before the recorder's forward: -> the arguments it runs with."""
-        kwargs = self.global_tokens.open(kwargs)
-        return self.padding_mask(recorder, args, kwargs) or (args, kwargs)
-
-    def leave(self, recorder: nn.Module, args: tuple, output: Any) -> Any:
-        """After the recorder's forward returned: -> what the model returns from it."""
-        if self.is_encoder:
-            output = self.global_tokens.drop(output)
-        return self.global_tokens.finish(output)
 
     def run(self, recorder: nn.Module, forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """`forward` (the recorder's own, bound) called inside the steps: once, or once per group of rows
         of a batch whose lengths differ widely (`LengthGroups`)."""
-        groups = None if args else LengthGroups.of(recorder, kwargs)
+        kwargs = bound_arguments(self.signature, args, kwargs)
+        groups = LengthGroups.of(recorder, kwargs)
         if groups is not None:
-            return groups.merge([self._run_once(recorder, forward, (), groups.inputs(kwargs, group)) for group in groups.rows])
-        return self._run_once(recorder, forward, args, kwargs)
+            return groups.merge([self._run_once(forward, groups.inputs(kwargs, group)) for group in groups.rows])
+        return self._run_once(forward, kwargs)
 
-    def _run_once(self, recorder: nn.Module, forward: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
-        """`forward` called once inside the steps."""
-        args, kwargs = self.enter(recorder, args, kwargs)
+    def _run_once(self, forward: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+        """`forward` called once inside the steps, with the keyword arguments `kwargs`."""
+        global_tokens = self.global_tokens
+        call = global_tokens.open(kwargs)
+        mask = padding_mask_view(kwargs, global_tokens.config.num_global_tokens)
+        kwargs = {**kwargs, "return_dict": True}  # a ModelOutput, turned into a tuple by `finish`
+        if mask is not None:
+            kwargs["attention_mask"] = mask
+        enclosing, global_tokens.call = global_tokens.call, call
         try:
-            return self.leave(recorder, args, forward(*args, **kwargs))
+            return global_tokens.finish(forward(**kwargs))
         finally:
-            self.global_tokens.close()
-
-    def after(self, recorder: nn.Module, args: tuple, output: Any) -> Any:
-        """Forward hook of the recorder, also called when its forward raised (``output`` None then)."""
-        try:
-            return None if output is None else self.leave(recorder, args, output)
-        finally:
-            self.global_tokens.close()
-
-    def hook_into(self, recorder: nn.Module) -> None:
-        """Run the steps as hooks of `recorder` (a module inside the model: the model calls it through
-        ``__call__``, so they always run): `enter` before every other pre-hook, `after` even when the
-        forward raises. (Adopting it into a class of its own would hide it from transformers' output
-        recording, which knows a model's layers by the class it was built as.)"""
-        recorder.register_forward_pre_hook(self.enter, with_kwargs=True, prepend=True)
-        recorder.register_forward_hook(self.after, always_call=True)
+            global_tokens.call = enclosing
 
 
 class LengthGroups:
@@ -221,8 +209,9 @@ class LengthGroups:
 
 
 class RecorderForward:
-    """``forward`` of every LSG model (`lsg_model.LSGModelMixin`): the Hugging Face class's own forward,
-    run inside the model's `RecorderSteps` where the model is its own recorder (its ``lsg_forward_steps``).
+    """``forward`` of every LSG model (`lsg_model.LSGModelMixin`) and of the recorder inside one
+    (`CarriesGlobalTokens`): the Hugging Face class's own forward, run inside the `RecorderSteps` of a
+    module that is its model's recorder (its ``lsg_forward_steps``).
 
     The steps must run when code calls ``model.forward(...)`` directly, skipping the call hooks
     (sentence-transformers does), so they cannot be hooks of the model itself. A class attribute that
@@ -231,11 +220,12 @@ class RecorderForward:
     Trainer, sentence-transformers) then reads the parameters of that forward (a method of the mixin
     would show ``*args, **kwargs``), and torch.export reads the code of a function, or a partial of one.
     A model whose recorder is a module inside it (a head) has no steps of its own: its forward is the
-    Hugging Face one.
+    Hugging Face one, and the recorder runs the steps through this same ``forward`` of its step class
+    (`CarriesGlobalTokens`).
     """
 
     def __set_name__(self, owner: type, name: str) -> None:
-        self.owner = owner  # the mixin: the forward below it in a model's MRO is the Hugging Face one
+        self.owner = owner  # the mixin or step class: the forward below it in the MRO is the Hugging Face one
 
     def __get__(self, model: nn.Module | None, model_class: type | None = None) -> Callable[..., Any]:
         forward = super(self.owner, model if model is not None else model_class).forward
@@ -247,3 +237,55 @@ class RecorderForward:
             run.__wrapped__ = forward  # what inspect.signature reads
         return run
 
+
+class CarriesGlobalTokens(GlobalTokenStep):
+    """The recorder where it is a module inside the model (the ``bert`` of LSGBertForMaskedLM): its forward
+    runs inside its `RecorderSteps` (``lsg_forward_steps``), as the bare model's own forward does.
+
+    transformers' output recorder finds the layers a model records by the class it was built as: the
+    step class is entered under its own name with what its source class records
+    (`GlobalTokenStep.__init_subclass__`)."""
+
+    label = "{}WithGlobalTokens"
+    forward = RecorderForward()
+    lsg_forward_steps: RecorderSteps
+
+
+class CarriesAndDropsGlobalTokens(CarriesGlobalTokens, DropsGlobalTokens):
+    """The encoder where it is the recorder (BART's, T5's): its forward runs inside its `RecorderSteps`,
+    and its output drops the global tokens inside them (`DropsGlobalTokens`), before the hidden states
+    are finished."""
+
+    label = "{}DroppingGlobalTokens"
+
+
+class SeesGlobalStates(GlobalTokenStep):
+    """The decoder of an encoder-decoder model with ``pass_global_tokens_to_decoder``: the encoder output it
+    attends to holds the g global states in front, so its ``encoder_attention_mask`` gets their columns
+    (`GlobalTokens.covered_encoder_mask`), wherever the caller put it."""
+
+    label = "{}SeeingGlobalTokens"
+    lsg_encoder_mask: ArgumentRewrite
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        args, kwargs = self.lsg_encoder_mask(args, kwargs)
+        return super().forward(*args, **kwargs)
+
+
+class ArgumentRewrite:
+    """The arguments of a module's forward with the argument `name` replaced by what `rewrite` makes of
+    the call's arguments (a dict by name); None leaves the call as it is. The value goes where the
+    caller put the argument (or in as a keyword); the forward's signature is read once."""
+
+    def __init__(self, module: nn.Module, name: str, rewrite: Callable[[dict[str, Any]], Any]) -> None:
+        self.signature = inspect.signature(module.forward)
+        self.name, self.rewrite = name, rewrite
+        self.position = list(self.signature.parameters).index(name)
+
+    def __call__(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:
+        value = self.rewrite(self.signature.bind_partial(*args, **kwargs).arguments)
+        if value is None:
+            return args, kwargs
+        if self.position < len(args):
+            return (*args[: self.position], value, *args[self.position + 1 :]), kwargs
+        return args, {**kwargs, self.name: value}

@@ -32,6 +32,10 @@ method an LSG class must define), and where a name in the table is gone from the
   name through `eager_attention_of`; ``can_record_outputs`` and ``OutputRecorder.target_class`` / ``layer_name`` (which
   layers the output recorder hooks); ``get_correct_attn_implementation``, ``post_init`` and
   ``register_for_auto_class``, overridden or called in lsg_model.
+* Private registry written: ``transformers.utils.output_capturing._CAN_RECORD_REGISTRY``, where
+  ``capture_outputs`` looks up which layers a model records (its class's ``_can_record_outputs``) by
+  the name of the class it was built as; `record_outputs_like_source` enters an LSG step class made
+  from a built model (lsg_global_tokens).
 * Module paths: each ``modeling_lsg_<arch>.py`` subclasses the classes of
   ``transformers.models.<arch>.modeling_<arch>``; MPNet and DeBERTa-v2 also subclass modules inside
   them (their attention, encoder, layers), whose forward signatures they follow.
@@ -57,6 +61,7 @@ from transformers import Cache
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import is_torch_flex_attn_available, logging
+from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
 
 __all__ = [
     "ALL_ATTENTION_FUNCTIONS",
@@ -75,6 +80,7 @@ __all__ = [
     "init_weights",
     "is_torch_flex_attn_available",
     "past_length",
+    "record_outputs_like_source",
     "relative_position_buckets",
     "shape_check",
     "store_attn_implementation",
@@ -169,6 +175,15 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     PrivateName(
         "transformers.PreTrainedModel._auto_class",
         "clear_auto_class: a subclass of an LSG head does not inherit the head's remote-code registration",
+    ),
+    PrivateName(
+        "transformers.utils.output_capturing._CAN_RECORD_REGISTRY",
+        "record_outputs_like_source: a step class lsg_global_tokens makes from a built model (a recorder, a "
+        "decoder) is entered under its own name, so that capture_outputs records what its source class records",
+    ),
+    PrivateName(
+        "transformers.PreTrainedModel._can_record_outputs",
+        "record_outputs_like_source: what a step class's source class records, entered under the step class's name",
     ),
     PrivateName(
         "transformers.models.t5.modeling_t5.T5Attention._relative_position_bucket",
@@ -351,3 +366,11 @@ def eager_attention_of(attention: Any) -> Any:
     ``ALL_ATTENTION_FUNCTIONS.get_interface``): the ``eager_attention_forward`` of the modeling file that
     defines its class (BART's, T5's, each with its own terms)."""
     return sys.modules[type(attention).__module__].eager_attention_forward
+
+
+def record_outputs_like_source(model_class: type) -> None:
+    """Have transformers' output recorder (``capture_outputs``) record, for a model whose class LSG made
+    after it was built (a step class adopting it, lsg_global_tokens), the outputs its class's
+    ``_can_record_outputs`` names: transformers looks them up under the name of the model's class
+    (``str(type(model))``), entered when a model is built, in 5.13 as in 5.24."""
+    dict.__setitem__(_CAN_RECORD_REGISTRY, str(model_class), model_class._can_record_outputs)

@@ -37,7 +37,7 @@ class LSGUMT5Attention(UMT5Attention):
     """UMT5Attention of the encoder through LSG attention, with the layer's own relative bias as `PositionTerms`.
 
     It hands LSG attention the bool padding mask: UMT5's stack before transformers 5.2x turns the
-    (B, 1, 1, t) bool view it receives into an additive one, (1 - mask) * min, with two more unit dimensions.
+    (B, 1, 1, g + t) bool view it receives into an additive one, (1 - mask) * min, with two more unit dimensions.
     """
 
     def forward(
