@@ -136,7 +136,7 @@ def recorded_modules(recorder: nn.Module, output: str, declared: dict[str, Any] 
     the model whose forward transformers' ``capture_outputs`` decorates (the base model, or the encoder
     of an encoder-decoder model) records them with hooks on the modules its ``_can_record_outputs`` names;
     a model that builds its outputs by hand (MPNet) has them `declared` by its LSG mixin instead."""
-    recorded = (declared or recorder.can_record_outputs)[output]  # a module class, or an OutputRecorder naming one
+    recorded = (declared or recorder.can_record_outputs)[output]  # a module class, or transformers' recorder spec naming one
     module_class = getattr(recorded, "target_class", recorded)
     name_part = getattr(recorded, "layer_name", None) or ""
     return [module for name, module in recorder.named_modules() if isinstance(module, module_class) and name_part in name]
