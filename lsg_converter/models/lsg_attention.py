@@ -487,27 +487,34 @@ def _cached_causal_attention(query, key, value, key_mask, settings, dropout, sca
 # --------------------------------------------------------------------------------------------------
 
 
-def key_padding_mask(attention_mask: torch.Tensor | None, num_keys: int, config: Any) -> torch.Tensor | None:
+def padding_rows(mask: torch.Tensor) -> torch.Tensor:
+    """A padding mask -> (B, L): one given with unit dimensions between its rows and columns, (B, 1, 1, L),
+    is read as the (B, L) one it stands for; any other shape (a mask of every query and key) raises
+    ValueError, saying what to pass."""
+    if mask.dim() > 2 and all(size == 1 for size in mask.shape[1:-1]):
+        mask = mask.reshape(mask.shape[0], mask.shape[-1])
+    if mask.dim() != 2:
+        raise ValueError(
+            f"LSG attention takes a (batch, length) padding mask, got one of shape {tuple(mask.shape)}: "
+            "pass attention_mask as a 2D tensor of 1s (tokens) and 0s (padding)."
+        )
+    return mask
+
+
+def key_padding_mask(attention_mask: torch.Tensor | None, num_keys: int, num_global: int) -> torch.Tensor | None:
     """The mask a model hands its LSG layers -> (B, g + t) bool, True for the keys that may be attended.
 
     It arrives as the (B, 1, 1, g + t) view the recorder made, the global tokens' columns included, and
     transformers' mask creation passed through (see lsg_recorder.padding_mask_view), or as that view
-    with more unit dimensions.
+    with more unit dimensions (`padding_rows`); `num_keys` = g + t, `num_global` = g.
     None where no key is masked: no mask, or one True broadcast to every column (stride 0 wherever the
     size is not 1: the recorder's stand-in for a call without a mask), so the core knows it without
     reading the mask.
     """
     if attention_mask is None:
         return None
-    if attention_mask.dim() > 2 and all(size == 1 for size in attention_mask.shape[1:-1]):
-        attention_mask = attention_mask.reshape(attention_mask.shape[0], attention_mask.shape[-1])
-    if attention_mask.dim() != 2:
-        raise ValueError(
-            f"LSG attention takes a (batch, length) padding mask, got one of shape {tuple(attention_mask.shape)}: "
-            "pass attention_mask as a 2D tensor of 1s (tokens) and 0s (padding)."
-        )
+    attention_mask = padding_rows(attention_mask)
     if attention_mask.shape[-1] != num_keys:
-        num_global = config.num_global_tokens
         raise ValueError(
             f"attention_mask has {attention_mask.shape[-1] - num_global} columns for {num_keys - num_global} tokens: "
             "give exactly one column per input token."
@@ -598,7 +605,7 @@ def lsg_attention_forward(
     models (e.g. BertLMHeadModel). Returns (output (B, N, H, D), weights): the token weights (B, H, q, t)
     with the "eager" backend, None with the others.
     """
-    padding_mask = key_padding_mask(attention_mask, key.shape[2], settings)
+    padding_mask = key_padding_mask(attention_mask, key.shape[2], settings.num_global_tokens)
     if backend != "eager" and kwargs.get("output_attentions"):
         logger.warning_once(
             f"LSG attention returns no attention weights with attn_implementation={backend!r}: call "

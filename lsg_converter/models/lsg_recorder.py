@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .lsg_attention import padding_rows
 from .lsg_global_tokens import DropsGlobalTokens, GlobalTokens, GlobalTokenStep
 from .lsg_pattern import tracing
 from .lsg_transformers import past_length
@@ -37,20 +38,13 @@ def bound_arguments(signature: inspect.Signature, args: tuple, kwargs: dict[str,
     return arguments
 
 
-def padding_rows(mask: torch.Tensor) -> torch.Tensor:
-    """The user's ``attention_mask`` -> (B, t): a padding mask given with unit dimensions between its
-    rows and columns, (B, 1, 1, t), or additive (0 and negative), is read as the (B, t) one it stands
-    for; any other shape (a mask of every query and key) raises ValueError, saying what to pass."""
-    if mask.dim() > 2 and all(size == 1 for size in mask.shape[1:-1]):
-        mask = mask.reshape(mask.shape[0], mask.shape[-1])
-        if mask.is_floating_point() and bool((mask < 0).any()):
-            mask = mask == 0
-    if mask.dim() != 2:
-        raise ValueError(
-            f"LSG attention takes a (batch, length) padding mask, got one of shape {tuple(mask.shape)}: "
-            "pass attention_mask as a 2D tensor of 1s (tokens) and 0s (padding)."
-        )
-    return mask
+def user_padding_rows(mask: torch.Tensor) -> torch.Tensor:
+    """The user's ``attention_mask`` -> (B, t) (`lsg_attention.padding_rows`), one given as (B, 1, 1, t)
+    additive (0 and negative) read as the 1s and 0s it stands for."""
+    rows = padding_rows(mask)
+    if mask.dim() > 2 and rows.is_floating_point() and bool((rows < 0).any()):
+        rows = rows == 0
+    return rows
 
 
 def padding_mask_view(arguments: dict[str, Any], num_global: int) -> torch.Tensor | None:
@@ -70,7 +64,7 @@ def padding_mask_view(arguments: dict[str, Any], num_global: int) -> torch.Tenso
             return None
         keys = tokens.shape[1] + (cached if cached else num_global)
         return torch.ones((), dtype=torch.bool, device=tokens.device).expand(tokens.shape[0], 1, 1, keys)
-    return F.pad(padding_rows(mask).bool(), (num_global, 0), value=True)[:, None, None, :]
+    return F.pad(user_padding_rows(mask).bool(), (num_global, 0), value=True)[:, None, None, :]
 
 
 class RecorderSteps:

@@ -91,7 +91,7 @@ class LSGDebertaV2Embeddings(DebertaV2Embeddings):
     def forward(self, input_ids=None, token_type_ids=None, position_ids=None, mask=None, inputs_embeds=None):
         # the source's dropout after its mask product: the same as the product after the dropout
         embeddings = super().forward(input_ids, token_type_ids, position_ids, None, inputs_embeds)  # (B, g + t, E)
-        covered = None if mask is None else key_padding_mask(mask, embeddings.shape[1], self.config)  # (B, g + t) bool
+        covered = None if mask is None else key_padding_mask(mask, embeddings.shape[1], self.config.num_global_tokens)  # (B, g + t) bool
         if covered is None:  # no token masked
             return embeddings
         return embeddings * covered[..., None].to(embeddings.dtype)
@@ -180,7 +180,7 @@ class LSGDebertaV2Layer(DebertaV2Layer):
         if conv is None:
             return output, weights
         num_global = self.config.num_global_tokens
-        token_mask = key_padding_mask(attention_mask, hidden_states.shape[1], self.config)
+        token_mask = key_padding_mask(attention_mask, hidden_states.shape[1], num_global)
         if token_mask is None:
             token_mask = torch.ones(hidden_states.shape[:2], dtype=torch.bool, device=hidden_states.device)
         tokens = conv(hidden_states[:, num_global:], output[:, num_global:], token_mask[:, num_global:].long())
