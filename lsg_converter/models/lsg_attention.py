@@ -60,6 +60,8 @@ from .lsg_pattern import (
     drop_keys,
     explicit_softmax,
     is_exporting,
+    made_once,
+    pass_padding_memo,
     relative_scores,
     sdpa_dense_attention,
     sequence_positions,
@@ -156,6 +158,7 @@ def lsg_attention(
     causal: bool = False,
     backend: str = "sdpa",
     position_terms: PositionTerms | None = None,
+    padding_memo: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """LSG attention over ``g`` global tokens followed by ``t`` tokens.
 
@@ -173,6 +176,8 @@ def lsg_attention(
             steps; flex_attention runs sdpa where it cannot (gradients on the CPU, a call its compiled
             kernel cannot take: see `lsg_flex.CompiledFlexAttention`).
         position_terms: relative position score terms (see `lsg_pattern.PositionTerms`), or None.
+        padding_memo: where the layers of a forward pass keep what they make from its `padding_mask`
+            alone, made by the first and shared by the next ones (`lsg_pattern.pass_padding_memo`), or None.
     Returns:
         The output (B, H, q, D), a transposed view of a contiguous (B, q, H, D) tensor, and, with the
         "eager" backend, the weights of the token queries over the tokens, (B, H, q', t) with q' = q - g
@@ -191,13 +196,12 @@ def lsg_attention(
     if exporting:  # one more block of padding: the traced graph then never holds a single block (a size-1
         # dimension, which torch specialises), so it serves every length from 1 token on
         padding = padding + block
-    key_mask, token_mask = _padded_masks(padding_mask, batch, num_global, num_tokens, padding, key.device)
+    # what this call makes from the padding alone, shared with the layers of its pass that run the same
+    memo = None if padding_memo is None else padding_memo.setdefault((settings, causal, length), {})
+    key_mask, token_mask = made_once(
+        memo, "masks", lambda: _padded_masks(padding_mask, batch, num_global, num_tokens, padding, key.device, settings.mask_first_token)
+    )
     no_masked_keys = padding_mask is None and not settings.mask_first_token
-    if settings.mask_first_token and length > num_global:
-        key_mask = key_mask.clone()
-        key_mask[:, num_global] = False
-        token_mask = token_mask.clone()
-        token_mask[:, 0] = False
     num_queries = query.shape[2]
 
     # Short input: the local window already covers everything, plain attention is exact. (A program
@@ -217,7 +221,9 @@ def lsg_attention(
             *(x.transpose(1, 2) for x in (query, key, value)), key_mask, settings, dropout, scaling, position_terms
         )  # (B, q, H, D)
         first = (num_tokens - num_queries) // block * block  # the first block of the step's queries
-        real_blocks = _real_blocks(padding_mask, num_global, first, -num_tokens % block, block)
+        real_blocks = made_once(
+            memo, ("real blocks", first), lambda: _real_blocks(padding_mask, num_global, first, -num_tokens % block, block)
+        )
         if real_blocks is not None:  # a query in a block of padding only (so far) gets zeros, as in a whole pass
             step_blocks = (torch.arange(num_tokens - num_queries, num_tokens, device=query.device) - first) // block
             step = torch.where(real_blocks[:, step_blocks, None, None], step, 0)
@@ -251,9 +257,10 @@ def lsg_attention(
         scaling=scaling,
         num_tokens=num_tokens,
         positions=position_terms,
-        real_blocks=_real_blocks(padding_mask, num_global, 0, padding, block),
+        real_blocks=made_once(memo, ("real blocks", 0), lambda: _real_blocks(padding_mask, num_global, 0, padding, block)),
         sequence=(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)),
         no_masked_keys=no_masked_keys,
+        padding_memo=memo,
     )
     if pattern.sparse_starts:
         job.sparse = sparse_context(
@@ -270,13 +277,11 @@ def lsg_attention(
     tokens = _token_attention(kernel, job)
     pieces = list(tokens.output) if isinstance(tokens.output, tuple) else [tokens.output]  # (B, t_i, H, D)
     if job.real_rows is not None:  # the rows of blocks of padding only are zero, as the sdpa backend leaves them
-        pieces = [torch.where(job.real_rows[:, :, None, None], torch.cat(pieces, dim=1), 0)]
+        token_output = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
+        pieces = [torch.where(job.real_rows[:, :, None, None], token_output, 0)]
     if num_global:
         every_key = no_masked_keys and tokens.global_context is None and not causal and not dropout
-        if every_key:
-            context = KeySequence(key, value, None)
-        else:
-            context = tokens.global_context or KeySequence(key, value, torch.arange(length, device=key.device))
+        context = tokens.global_context or KeySequence(key, value, None)
         global_output = _global_attention(
             kernel, global_queries, None if every_key else key_mask, context, causal, dropout, scaling, position_terms
         )  # (B, g, H, D)
@@ -291,14 +296,24 @@ def _unpadded_masks(batch: int, num_global: int, num_tokens: int, padding: int, 
     return key_mask, F.pad(key_mask[:, num_global:], (0, padding), value=False)
 
 
-def _padded_masks(padding_mask, batch: int, num_global: int, num_tokens: int, padding: int, device: torch.device):
+def _padded_masks(
+    padding_mask, batch: int, num_global: int, num_tokens: int, padding: int, device: torch.device, mask_first_token: bool
+):
     """The key mask (B, g + t) bool (every key where `padding_mask` is None) and the tokens' mask padded at
-    the end to whole blocks, (B, t + padding). Without a padding mask they depend on the shape only:
-    made once per shape (outside compiled graphs) and shared by the layers."""
+    the end to whole blocks, (B, t + padding), the first token masked in both with `mask_first_token`.
+    Without a padding mask or a masked first token they depend on the shape only: made once per shape
+    (outside compiled graphs) and shared by the layers."""
     if padding_mask is None:
-        return _unpadded_masks(batch, num_global, num_tokens, padding, device)
-    token_mask = padding_mask[:, num_global:]
-    return padding_mask, F.pad(token_mask, (0, padding), value=False) if padding or is_exporting() else token_mask
+        key_mask, token_mask = _unpadded_masks(batch, num_global, num_tokens, padding, device)
+    else:
+        token_mask = padding_mask[:, num_global:]
+        key_mask, token_mask = padding_mask, F.pad(token_mask, (0, padding), value=False) if padding or is_exporting() else token_mask
+    if mask_first_token and num_tokens > 0:
+        key_mask = key_mask.clone()
+        key_mask[:, num_global] = False
+        token_mask = token_mask.clone()
+        token_mask[:, 0] = False
+    return key_mask, token_mask
 
 
 def _real_blocks(padding_mask: torch.Tensor | None, num_global: int, first: int, padding: int, block: int):
@@ -348,7 +363,8 @@ def _global_attention(kernel, global_queries, key_mask, context: KeySequence, ca
     every key, causal: the global tokens before them. Returns (B, g, H, D).
 
     key_mask: (B, g + t) bool, or None where every key of `context` (the layer's keys in their order, not
-    causal, no dropout) is seen: no mask then. Dropout is drawn on the g + t keys whatever the layout, so
+    causal, no dropout) is seen: no mask then. A `context` without an index holds the layer's keys in
+    their order: the mask is read as it is. Dropout is drawn on the g + t keys whatever the layout, so
     every backend hides the same keys.
     """
     batch, num_global, heads, _ = global_queries.shape
@@ -361,7 +377,8 @@ def _global_attention(kernel, global_queries, key_mask, context: KeySequence, ca
         output, _ = kernel.dense_attention(global_queries.transpose(1, 2), keys, values, None, scaling, scores)
         return output.transpose(1, 2)
     if causal:  # the global tokens are a prefix: each sees the ones before it (the first g rows of every layout)
-        keys, values, index = keys[:, :, :num_global], values[:, :, :num_global], index[:num_global]
+        keys, values = keys[:, :, :num_global], values[:, :, :num_global]
+        index = None if index is None else index[:num_global]
         allowed = key_mask[:, None, None, :num_global] & causal_mask(num_global, num_global, key_mask.device)
     else:
         allowed = key_mask[:, None, None, :]  # (B, 1, 1, g + t)
@@ -373,10 +390,11 @@ def _global_attention(kernel, global_queries, key_mask, context: KeySequence, ca
         scores = dense_position_scores(
             terms, torch.arange(num_global, device=keys.device), torch.arange(length, device=keys.device), num_global, length
         )  # (B or 1, H, g, g + t)
-    rows = index.clamp(min=0)  # the layout's rows in the canonical order, padding rows hidden
-    allowed = allowed[..., rows] & (index >= 0)
-    if scores is not None:
-        scores = scores[..., rows]
+    if index is not None:  # the layout's rows in the canonical order, padding rows hidden
+        rows = index.clamp(min=0)
+        allowed = allowed[..., rows] & (index >= 0)
+        if scores is not None:
+            scores = scores[..., rows]
     output, _ = kernel.dense_attention(global_queries.transpose(1, 2), keys, values, allowed, scaling, scores)
     return output.transpose(1, 2)
 
@@ -606,13 +624,14 @@ def lsg_attention_forward(
     with the "eager" backend, None with the others.
     """
     padding_mask = key_padding_mask(attention_mask, key.shape[2], settings.num_global_tokens)
+    memo = pass_padding_memo(attention_mask)  # this forward pass's, shared by its layers
     if backend != "eager" and kwargs.get("output_attentions"):
         logger.warning_once(
             f"LSG attention returns no attention weights with attn_implementation={backend!r}: call "
             "model.set_attn_implementation('eager') for output_attentions=True (O(n^2) memory)."
         )
     output, weights = lsg_attention(
-        query, key, value, padding_mask, settings, dropout, scaling, causal, backend, position_terms
+        query, key, value, padding_mask, settings, dropout, scaling, causal, backend, position_terms, memo
     )
     return output.transpose(1, 2).contiguous(), weights
 

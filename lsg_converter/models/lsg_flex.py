@@ -190,28 +190,34 @@ def whole_sequence_bounds(job: TokenAttention) -> tuple[bool, RowBounds | None]:
 
     It does where there is no DropKey, every global key is valid, and each row's valid tokens (and, per
     head, its valid compressed keys) are one run. Known without reading the mask where the core knows
-    no key is masked (`TokenAttention.no_masked_keys`) and there are no sparse keys; else one check on the
-    host (never inside a compiled graph, which then takes the gathered layout)."""
+    no key is masked (`TokenAttention.no_masked_keys`) and there are no sparse keys; else checked on the
+    host, the tokens once per forward pass (`token_bounds`), the compressed keys of each layer in that
+    layer (never inside a compiled graph, which then takes the gathered layout)."""
     if job.kept is not None:
         return False, None
     if job.sparse is None and job.no_masked_keys:
         return True, None
     if tracing():
         return False, None
-    token_bounds, token_run = _one_run(job.token_mask)
-    every_token = (token_bounds[:, 0] == 0) & (token_bounds[:, 1] == job.num_tokens)
-    checks = [job.global_mask.all(), token_run.all(), every_token.all()]
-    sparse_bounds = None
-    if job.sparse is not None:
-        sparse_bounds, sparse_run = _one_run(job.sparse.mask)  # (B, 1 or H, 2)
-        checks.append(sparse_run.all())
-    globals_valid, tokens_run, every_token_valid, *sparse_runs = torch.stack(checks).tolist()
-    if not (globals_valid and tokens_run and all(sparse_runs)):
+    token_bounds, one_run, every_token_valid = job.made_once("flex token bounds", lambda: _token_bounds(job))
+    if not one_run:
         return False, None
-    if sparse_bounds is None:
+    if job.sparse is None:
         return True, None if every_token_valid else RowBounds(token_bounds, None)
+    sparse_bounds, sparse_run = _one_run(job.sparse.mask)  # (B, 1 or H, 2)
+    if not bool(sparse_run.all()):
+        return False, None
     heads = job.token_keys.shape[2]
     return True, RowBounds(token_bounds, sparse_bounds.expand(-1, heads, -1).contiguous())
+
+
+def _token_bounds(job: TokenAttention) -> tuple[torch.Tensor, bool, bool]:
+    """[first, end) of each row's valid tokens, (B, 2) int64; whether the keys of the padding are one run
+    per row, every global key valid; whether every token is valid. One check on the host."""
+    token_bounds, token_run = _one_run(job.token_mask)
+    every_token = (token_bounds[:, 0] == 0) & (token_bounds[:, 1] == job.num_tokens)
+    globals_valid, tokens_run, every_token_valid = torch.stack([job.global_mask.all(), token_run.all(), every_token.all()]).tolist()
+    return token_bounds, globals_valid and tokens_run, every_token_valid
 
 
 def whole_sequence_mask_mod(pattern: KeyPattern, layout: KeyLayout | None = None, bounds: RowBounds | None = None) -> Callable:

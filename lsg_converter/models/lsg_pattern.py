@@ -20,14 +20,17 @@ This file travels with saved models as remote code: it imports torch only.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import operator
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple, Protocol
+from typing import Any, Callable, Hashable, NamedTuple, Protocol, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+Made = TypeVar("Made")  # what a memo holds (`made_once`)
 
 
 def uses_sparse_keys(config: Any) -> bool:
@@ -355,7 +358,9 @@ class TokenAttention:
     tensors above are the two parts (which the block backends gather from with `block_table` and
     flex_attention reads where they lie);
     no_masked_keys: True where the core knows, without reading a mask, that no key is masked (no
-    padding mask, no masked first token).
+    padding mask, no masked first token);
+    padding_memo: what the layers of this forward pass made before from its padding (`pass_padding_memo`,
+    through `made_once`), or None (each call makes its own).
     """
 
     token_queries: torch.Tensor
@@ -374,6 +379,7 @@ class TokenAttention:
     positions: PositionTerms | None = None
     real_blocks: torch.Tensor | None = None
     no_masked_keys: bool = False
+    padding_memo: dict | None = None
     _token_key_rows: torch.Tensor | None = field(default=None, init=False, repr=False)
     _padded: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = field(default=None, init=False, repr=False)
 
@@ -403,18 +409,35 @@ class TokenAttention:
     def values(self) -> torch.Tensor:
         return self._padded_tokens()[2]
 
+    def made_once(self, key: Hashable, make: Callable[[], Made]) -> Made:
+        """`make()`, of this job's padding alone (`token_mask`, `global_mask`, `real_blocks`, and what `key`
+        names besides: a name, a dtype; not the sparse keys, DropKey or the position terms, which each layer
+        has its own of): made by the first layer of the forward pass and shared by the next ones
+        (`pass_padding_memo`), made at every call where there is no memo."""
+        return made_once(self.padding_memo, key, make)
+
+    @property
+    def masks_of_padding_alone(self) -> bool:
+        """Whether the blocks' masks depend on the padding alone (no sparse keys, DropKey or position terms):
+        what is made from them is then made once per forward pass (`made_once`)."""
+        return self.sparse is None and self.kept is None and self.positions is None
+
     @property
     def real_rows(self) -> torch.Tensor | None:
         """(B, t) bool: the token queries in a block that holds a real token; None: every query."""
         if self.real_blocks is None:
             return None
-        return self.real_blocks.repeat_interleave(self.pattern.block_size, dim=1)[:, : self.num_tokens]
+        return self.made_once(
+            "real rows", lambda: self.real_blocks.repeat_interleave(self.pattern.block_size, dim=1)[:, : self.num_tokens]
+        )
 
     @property
     def query_blocks(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(batch index, block index) of the blocks that hold a real token, each (n,) int64; None: every
         block, or while compiling (a compiled graph computes every block, the core zeroes the rows)."""
-        return None if self.real_blocks is None or tracing() else self.real_blocks.nonzero(as_tuple=True)
+        if self.real_blocks is None or tracing():
+            return None
+        return self.made_once("query blocks", lambda: self.real_blocks.nonzero(as_tuple=True))
 
     @property
     def token_key_rows(self) -> torch.Tensor | None:
@@ -432,7 +455,7 @@ class TokenAttention:
 class KeySequence:
     """A backend's keys and values as one sequence, (B, H, n, D) each, with `index` (n,) int64: the
     position of each row in the layer's sequence of g + t (-1 for a row of padding); None where the rows
-    are the layer's sequence itself and every key is seen (no mask to place)."""
+    are the layer's sequence itself, in its order."""
 
     keys: torch.Tensor
     values: torch.Tensor
@@ -706,6 +729,45 @@ def shape_cached(function: Callable[..., Any]) -> Callable[..., Any]:
     return made
 
 
+# The padding mask of the forward pass running and what its layers made from it (`share_padding`)
+PASS_PADDING: contextvars.ContextVar[tuple[torch.Tensor, dict] | None] = contextvars.ContextVar("lsg_pass_padding", default=None)
+
+
+def share_padding(mask: torch.Tensor | None) -> contextvars.Token | None:
+    """Open a forward pass whose layers all get `mask` (the padding mask a model's recorder makes for the
+    pass, one tensor that transformers hands every layer): what they make from it alone is then made
+    once, by the first layer, and shared (`pass_padding_memo`) until `unshare_padding` closes the pass, when it
+    goes with it. Nothing is opened while tracing: a compiled graph or an export makes it in every layer,
+    with no host-side state."""
+    if tracing() or mask is None:
+        return None
+    return PASS_PADDING.set((mask, {}))
+
+
+def unshare_padding(opened: contextvars.Token | None) -> None:
+    """Close the pass `share_padding` opened: the enclosing pass's memo, if any, is the one in use again."""
+    if opened is not None:
+        PASS_PADDING.reset(opened)
+
+
+def pass_padding_memo(mask: Any) -> dict | None:
+    """What the layers of the pass running made from `mask` so far, where `mask` is the one that pass hands
+    them (`share_padding`); None elsewhere (no pass, another mask, tracing): each call then makes its own."""
+    if tracing():
+        return None
+    opened = PASS_PADDING.get()
+    return opened[1] if opened is not None and opened[0] is mask else None
+
+
+def made_once(memo: dict | None, key: Hashable, make: Callable[[], Made]) -> Made:
+    """`memo[key]`, made by `make()` the first time it is asked for; `make()` at every call without a memo."""
+    if memo is None:
+        return make()
+    if key not in memo:
+        memo[key] = make()
+    return memo[key]
+
+
 def is_exporting() -> bool:
     """Whether torch.export is tracing the model (torch >= 2.7; False before, where it is not checked)."""
     check = getattr(torch.compiler, "is_exporting", None)
@@ -731,7 +793,7 @@ def block_additive_mask(job: TokenAttention) -> torch.Tensor:
     Without gradients, the terms are written piece by piece into the mask (one pass over it); with
     them, joined first, then masked."""
     allowed = block_mask(job) if job.kept is None else job.kept  # (B, nb, 1 or H, 1 or b, K)
-    dtype = job.queries.dtype
+    dtype = job.token_queries.dtype
     if job.positions is None:
         return additive_mask(allowed, dtype)
     pieces = block_position_scores(job)
@@ -758,8 +820,13 @@ def cached_block_mask(job: TokenAttention, chosen: tuple[torch.Tensor, torch.Ten
     (n, 1 or H, 1 or b, K). Made once per forward where every layer would make the same one: position
     terms without query or key rows (MPNet's and T5's bias: one table for all layers, one `PositionTerms`
     per forward), no gradients, no dropout. It is kept in the terms for the next layer and reused when
-    that layer's padding (and sparse keys) are equal, which also makes the chosen blocks the same."""
-    terms, batch = job.positions, job.keys.shape[0]
+    that layer's padding (and sparse keys) are equal, which also makes the chosen blocks the same. Where
+    the masks depend on the padding alone, made once per forward pass (`TokenAttention.made_once`)."""
+    terms, batch = job.positions, job.token_keys.shape[0]
+    if job.masks_of_padding_alone:
+        return job.made_once(
+            ("block mask", job.token_queries.dtype, chosen is None), lambda: folded_blocks(block_additive_mask(job), batch, chosen)
+        )
     if (
         terms is None
         or terms.query_rows is not None
@@ -774,7 +841,7 @@ def cached_block_mask(job: TokenAttention, chosen: tuple[torch.Tensor, torch.Ten
         made_for += [job.sparse.mask, job.sparse.positions]
     if job.real_blocks is not None:
         made_for.append(job.real_blocks)
-    key = (job.pattern, job.queries.dtype, job.queries.device, job.num_tokens, chosen is None, len(made_for))
+    key = (job.pattern, job.token_queries.dtype, job.token_queries.device, job.num_tokens, chosen is None, len(made_for))
     kept = terms.block_masks.get(key)
     if kept is not None and all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(kept[0], made_for)):
         return kept[1]

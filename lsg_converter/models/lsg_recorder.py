@@ -25,7 +25,7 @@ from torch import nn
 
 from .lsg_attention import padding_rows
 from .lsg_global_tokens import DropsGlobalTokens, GlobalTokens, GlobalTokenStep
-from .lsg_pattern import tracing
+from .lsg_pattern import share_padding, tracing, unshare_padding
 from .lsg_transformers import past_length
 
 
@@ -71,7 +71,8 @@ class RecorderSteps:
     """The LSG steps around a forward pass of a model's recorder: its `ForwardCall` made
     (`GlobalTokens.open`) and held as the model's `GlobalTokens.call` while the forward runs (the
     enclosing pass's given back after it, returned or raised), the O(n) padding mask with the global
-    tokens' columns (`padding_mask_view`); after the forward, the recorded hidden states replaced by
+    tokens' columns (`padding_mask_view`), shared by the layers for the pass: what they make from it
+    alone is made once (`lsg_pattern.share_padding`); after the forward, the recorded hidden states replaced by
     the token rows and a tuple made if the caller asked for one (`GlobalTokens.finish`).
 
     The model's ``forward`` runs them (`RecorderForward`), where the model is its own recorder
@@ -101,10 +102,12 @@ class RecorderSteps:
         if mask is not None:
             kwargs["attention_mask"] = mask
         enclosing, global_tokens.call = global_tokens.call, call
+        shared = share_padding(mask)  # what the layers make from the mask alone: made once in the pass
         try:
             return global_tokens.finish(forward(**kwargs))
         finally:
             global_tokens.call = enclosing
+            unshare_padding(shared)
 
 
 class LengthGroups:

@@ -40,7 +40,6 @@ from .lsg_pattern import (
     TokenAttention,
     TokenOutput,
     additive_mask,
-    block_mask,
     fused_attention,
     is_exporting,
     local_windows,
@@ -73,22 +72,20 @@ class SdpaBackend:
         batch, _, heads, _ = job.token_queries.shape
         padded_tokens = job.token_mask.shape[1]
         shape = (batch, job.num_blocks, job.pattern.block_size, heads, job.token_values.shape[-1])
-        viewed = window_view_blocks(job)
-        if viewed is None and unmasked_input(job):
+        plan = window_view_plan(job)
+        if plan is None and unmasked_input(job):
             return TokenOutput(tuple(unmasked_attention(job)), None, None)
-        if viewed is None:  # every block gathered
+        if plan is None:  # every block gathered
             chosen = job.query_blocks  # None: every block
             output = gathered_attention(job, chosen)
             if chosen is not None:  # the blocks of padding only get zeros
                 output = output.new_zeros(shape).index_put_(chosen, output)
         else:
-            computed = torch.ones_like(viewed) if job.real_blocks is None else job.real_blocks
-            output = job.token_queries.new_empty(shape) if bool(computed.all()) else job.token_queries.new_zeros(shape)
-            for row, start, end in block_runs(viewed):
+            output = job.token_queries.new_empty(shape) if plan.every_block else job.token_queries.new_zeros(shape)
+            for row, start, end in plan.viewed_runs:
                 window_view_attention(job, row, start, end, out=output[row, start:end])
-            edges = (computed & ~viewed).nonzero(as_tuple=True)
-            if edges[0].numel():
-                output[edges] = edge_block_attention(job, edges)
+            if plan.edges is not None:
+                output[plan.edges] = edge_block_attention(job, plan.edges, plan.edge_mask)
         output = output.reshape(batch, padded_tokens, heads, -1)[:, : job.num_tokens]
         return TokenOutput(output, None, None)
 
@@ -101,7 +98,8 @@ def gathered_attention(job: TokenAttention, chosen: tuple[torch.Tensor, torch.Te
     blocks = BlockKeys.of(job, chosen=chosen)
     queries, keys, values, mask = blocks.queries, blocks.keys, blocks.values, blocks.mask
     output = queries.new_empty(queries.shape[0], job.pattern.block_size, queries.shape[1], values.shape[-1])
-    for start, end, masked in mask_runs(mask):
+    runs = mask_runs(mask) if not job.masks_of_padding_alone else job.made_once(("mask runs", chosen is None), lambda: mask_runs(mask))
+    for start, end, masked in runs:
         output[start:end] = fused_attention(
             queries[start:end], keys[start:end], values[start:end], mask[start:end] if masked else None, job.scaling
         ).transpose(1, 2)
@@ -189,11 +187,27 @@ def unmasked_attention(job: TokenAttention) -> list[torch.Tensor]:
     return [before, middle, after]
 
 
-def window_view_blocks(job: TokenAttention) -> torch.Tensor | None:
-    """(B, nb) bool: the blocks whose local window lies inside the sequence and holds real tokens only,
-    whose keys `window_view_attention` reads as views; None where that path does not apply (not on the
-    CPU, gradients, tracing, sparse keys, position terms, DropKey, a causal mask, a padded global token,
-    half precision, values of another size than the keys): every block's keys are then gathered."""
+@dataclass(frozen=True)
+class WindowViewPlan:
+    """How the blocks of a call on the window-view path run (`window_view_plan`). viewed_runs: (row, start,
+    end) of each run of blocks whose local window lies inside the sequence and holds real tokens only,
+    whose keys `window_view_attention` reads as views; edges: (batch index, block index) of the other
+    blocks that hold a real token (`edge_block_attention`), each (e,), or None; edge_mask: their additive
+    mask over their local keys, (e, 1, 1, local), or None; every_block: whether every block is computed
+    (else the output starts as zeros, those of the blocks of padding only)."""
+
+    viewed_runs: list[tuple[int, int, int]]
+    edges: tuple[torch.Tensor, torch.Tensor] | None
+    edge_mask: torch.Tensor | None
+    every_block: bool
+
+
+def window_view_plan(job: TokenAttention) -> WindowViewPlan | None:
+    """How the blocks of `job` run on the window-view path, made from its padding alone: once per forward
+    pass (`TokenAttention.made_once`), and once per shape where no key is masked; None where that path does
+    not apply (not on the CPU, gradients, tracing, sparse keys, position terms, DropKey, a causal mask, a
+    padded global token, half precision, values of another size than the keys): every block's keys are
+    then gathered."""
     pattern, keys = job.pattern, job.token_keys
     applies = (
         CPU_FLASH_ATTENTION is not None
@@ -206,13 +220,46 @@ def window_view_blocks(job: TokenAttention) -> torch.Tensor | None:
         and not pattern.causal
         and not tracing()
         and not (torch.is_grad_enabled() and any(x.requires_grad for x in (job.token_queries, keys, job.token_values, job.global_keys, job.global_values)))
-        and bool(job.global_mask.all())
     )
     if not applies:
         return None
-    real_windows = torch.cat(local_windows(pattern, job.token_mask, job.num_blocks, False), dim=2).all(dim=-1)  # (B, nb)
-    rounded_ends = pattern.local_end(torch.arange(job.num_blocks, device=keys.device)) + extra_keys(pattern)
-    return real_windows & (rounded_ends <= job.num_tokens)
+    if job.no_masked_keys:
+        return unmasked_window_view_plan(pattern, keys.shape[0], job.num_blocks, job.num_tokens, keys.dtype, keys.device)
+    return job.made_once(("window view plan", keys.dtype), lambda: padded_window_view_plan(job))
+
+
+def padded_window_view_plan(job: TokenAttention) -> WindowViewPlan | None:
+    """The `WindowViewPlan` of `job`'s padding (None where a global key is masked)."""
+    if not bool(job.global_mask.all()):
+        return None
+    return window_view_plan_of(job.pattern, job.token_mask, job.real_blocks, job.num_tokens, job.token_keys.dtype)
+
+
+@shape_cached
+def unmasked_window_view_plan(
+    pattern: KeyPattern, batch: int, num_blocks: int, num_tokens: int, dtype: torch.dtype, device: torch.device
+) -> WindowViewPlan:
+    """The `WindowViewPlan` of an input of `batch` rows of `num_tokens` tokens whose every key may be seen:
+    made once per shape and shared by the layers and the forwards that follow."""
+    token_mask = (torch.arange(num_blocks * pattern.block_size, device=device) < num_tokens).expand(batch, -1)  # (B, T)
+    return window_view_plan_of(pattern, token_mask, None, num_tokens, dtype)
+
+
+def window_view_plan_of(
+    pattern: KeyPattern, token_mask: torch.Tensor, real_blocks: torch.Tensor | None, num_tokens: int, dtype: torch.dtype
+) -> WindowViewPlan:
+    """The `WindowViewPlan` of tokens whose mask, padded to whole blocks, is `token_mask` (B, T) bool, every
+    global key valid, `real_blocks` (B, nb) bool the blocks that hold a real token (None: every block)."""
+    num_blocks = token_mask.shape[1] // pattern.block_size
+    local_mask = torch.cat(local_windows(pattern, token_mask, num_blocks, False), dim=2)  # (B, nb, local)
+    rounded_ends = pattern.local_end(torch.arange(num_blocks, device=token_mask.device)) + extra_keys(pattern)
+    viewed = local_mask.all(dim=-1) & (rounded_ends <= num_tokens)
+    computed = torch.ones_like(viewed) if real_blocks is None else real_blocks
+    edges = (computed & ~viewed).nonzero(as_tuple=True)
+    if not edges[0].numel():
+        return WindowViewPlan(block_runs(viewed), None, None, bool(computed.all()))
+    edge_mask = additive_mask(local_mask[edges][:, None, None, :], dtype)  # (e, 1, 1, local)
+    return WindowViewPlan(block_runs(viewed), edges, edge_mask, bool(computed.all()))
 
 
 def kernel_query_rows(block: int) -> int:
@@ -244,7 +291,7 @@ def block_runs(blocks: torch.Tensor) -> list[tuple[int, int, int]]:
 
 def window_view_attention(job: TokenAttention, row: int, start: int, end: int, out: torch.Tensor) -> None:
     """The output of blocks [start, end) of batch row `row` into `out` (n, b, H, D), n = end - start,
-    blocks whose local keys are all real (`window_view_blocks`): each block's local keys and values are
+    blocks whose local keys are all real (`window_view_plan`): each block's local keys and values are
     an overlapping view of the layer's, no copy, with the `extra_keys` rows after it masked."""
     pattern, dtype = job.pattern, job.token_keys.dtype
     block, extra = pattern.block_size, extra_keys(pattern)
@@ -265,13 +312,15 @@ def window_view_attention(job: TokenAttention, row: int, start: int, end: int, o
     local_then_global(job, queries, keys, values, mask, job.global_keys[row : row + 1], job.global_values[row : row + 1], out)
 
 
-def edge_block_attention(job: TokenAttention, chosen: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+def edge_block_attention(
+    job: TokenAttention, chosen: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor
+) -> torch.Tensor:
     """The output (n, b, H, D) of the `chosen` blocks ((batch index, block index), each (n,)), whose local
-    window reaches outside the sequence or over padding: only their own queries and windows are gathered
-    (rows past the last token read the last one: their keys are masked, their outputs dropped)."""
+    window reaches outside the sequence or over padding, `mask` (n, 1, 1, local) their additive mask: only
+    their own queries and windows are gathered (rows past the last token read the last one: their keys
+    are masked, their outputs dropped)."""
     pattern, rows = job.pattern, chosen[0]
     block, num_global = pattern.block_size, pattern.num_global
-    mask = additive_mask(block_mask(job)[chosen][..., num_global:], job.token_keys.dtype)  # (n, 1, 1, local)
     table = block_table(pattern, job.num_blocks, job.num_tokens, 0, job.token_keys.device)
     local_columns = table.columns[:, num_global:]  # (nb, local): the keys outside the sequence read row 0
     queries, keys, values = (gather_block_rows(x, columns, chosen) for x, columns in zip(job.sequence, (table.query_rows, local_columns, local_columns)))
