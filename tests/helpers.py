@@ -195,6 +195,30 @@ class OpRecorder(TorchDispatchMode):
         return [name for name, sizes in self.ops if any(size >= elements for size in sizes)]
 
 
+# aten operations that read a value of a tensor on the host (on a GPU, waiting for the device): item, bool
+# and int of a tensor run `_local_scalar_dense`; nonzero and equal return what they read
+HOST_SYNC_OPS = ("aten::_local_scalar_dense", "aten::nonzero", "aten::equal")
+
+
+def host_syncs(call) -> list[str]:
+    """The host synchronisations `call()` makes, by name: the `HOST_SYNC_OPS` torch's profiler records, and
+    each `Tensor.tolist` call, which on the CPU reads the memory without an operation (Python's profile hook
+    sees it). Neither changes what runs: compiled kernels (flex_attention) run as they are."""
+    listed = []
+
+    def observe(frame, event, function):
+        if event == "c_call" and getattr(function, "__name__", "") == "tolist":
+            listed.append("tolist")
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        sys.setprofile(observe)
+        try:
+            call()
+        finally:
+            sys.setprofile(None)
+    return sorted(listed + [event.name for event in profiler.events() if event.name in HOST_SYNC_OPS])
+
+
 def reference_cases() -> list[str]:
     """Names of the checkpoints the 2023 reference converted, under FIXTURES: all of REFERENCE_CASES,
     or the test collection fails (a missing fixture must not shrink the suite silently)."""

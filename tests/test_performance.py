@@ -195,21 +195,26 @@ def test_cached_decoding_step_work_does_not_grow_with_the_history(sparsity_type)
 LAYER_OPS = {"forward": (20, 12), "forward and backward": (68, 38)}
 
 
-def ops_of_one_layer(model_class, config_class, with_backward: bool, **settings) -> int:
+def ops_of_one_layer(model_class, config_class, with_backward: bool, padded: bool = False, **settings) -> int:
     """Non-view ops of a 2-layer model's step less those of a 1-layer one, each after a first step (what
-    depends on the input's shape only is made once, by the first layer of the first step)."""
+    depends on the input's shape only is made once, by the first layer of the first step). `padded`: a
+    batch of 2 whose second row's last quarter is padding (else 1 row without a mask); `with_backward`
+    None: a forward without gradients."""
     counts = []
     for layers in (1, 2):
         torch.manual_seed(0)
         config = config_class(vocab_size=100, hidden_size=32, num_attention_heads=4, intermediate_size=37,
                               max_position_embeddings=4100, num_hidden_layers=layers, attn_implementation="sdpa", **settings)
         model = model_class(config).eval()
-        input_ids = torch.randint(5, 100, (1, 4096))
-        model(input_ids=input_ids)
-        with OpRecorder() as recorder:
-            logits = model(input_ids=input_ids).logits
-            if with_backward:
-                logits.square().mean().backward()
+        batch = {"input_ids": torch.randint(5, 100, (2 if padded else 1, 4096))}
+        if padded:
+            batch["attention_mask"] = padding_mask([4096, 3072], 4096).long()
+        with torch.set_grad_enabled(with_backward is not None):
+            model(**batch)
+            with OpRecorder() as recorder:
+                logits = model(**batch).logits
+                if with_backward:
+                    logits.square().mean().backward()
         counts.append(sum(1 for name, sizes in recorder.ops if sizes))
     return counts[1] - counts[0]
 
@@ -226,6 +231,21 @@ def test_an_lsg_layer_runs_no_more_ops_than_measured(step):
     most, dense_ops = LAYER_OPS[step]
     assert dense == dense_ops
     assert lsg <= most, f"{lsg} ops per layer ({lsg / dense:.2f}x dense's {dense}), measured {most}"
+
+
+# Non-view aten ops per layer of a padded batch's step (`ops_of_one_layer`), the same LSG-BERT, as measured for
+# issue 48 once what each layer derives from the padding alone was made once per forward: at most this many
+# (before: 91, 62 and 158).
+PADDED_LAYER_OPS = {"inference": 57, "forward": 37, "forward and backward": 133}
+
+
+@pytest.mark.parametrize("step", PADDED_LAYER_OPS)
+def test_an_lsg_layer_of_a_padded_batch_runs_no_more_ops_than_measured(step):
+    with_backward = {"inference": None, "forward": False, "forward and backward": True}[step]
+    lsg = ops_of_one_layer(LSGBertForMaskedLM, LSGBertConfig, with_backward, padded=True, block_size=170,
+                           sparse_block_size=0, sparsity_type="none", num_global_tokens=1)  # fmt: skip
+
+    assert lsg <= PADDED_LAYER_OPS[step], f"{lsg} ops per layer, measured {PADDED_LAYER_OPS[step]}"
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])

@@ -1,0 +1,81 @@
+"""What the layers of a forward pass make from its padding mask alone is made once per pass, not per layer
+(issue 48): the padded masks, the blocks that hold a real token, the backends' plans (sdpa's window views
+and block masks, flex_attention's row bounds). Host synchronisations, which stall a GPU's launch queue,
+then do not grow with the layers; a mask changed between two forwards is read anew.
+"""
+
+import pytest
+import torch
+
+from helpers import host_syncs, padding_mask
+from lsg_converter import LSGBertConfig, LSGBertForMaskedLM
+from lsg_converter.models.lsg_pattern import PASS_PADDING
+
+TOKENS = 1000  # 16 blocks of 64, the last one padded to whole blocks
+BACKEND_CASES = [("sdpa", False), ("sdpa", True), ("flex_attention", False)]  # flex: forward only on the CPU
+BACKEND_IDS = ["sdpa-inference", "sdpa-with-gradients", "flex_attention-inference"]
+
+
+def lsg_bert(layers: int, backend: str) -> LSGBertForMaskedLM:
+    """A tiny LSG-BERT with the conversion's defaults (local and global keys only), in eval mode."""
+    torch.manual_seed(0)
+    config = LSGBertConfig(vocab_size=100, hidden_size=32, num_attention_heads=4, intermediate_size=37,
+                           num_hidden_layers=layers, max_position_embeddings=TOKENS + 100, block_size=64,
+                           sparse_block_size=0, sparsity_type="none", num_global_tokens=1,
+                           attn_implementation=backend)  # fmt: skip
+    return LSGBertForMaskedLM(config).eval()
+
+
+def inputs(padded: bool) -> dict:
+    input_ids = torch.randint(5, 100, (2, TOKENS), generator=torch.Generator().manual_seed(0))
+    if not padded:
+        return {"input_ids": input_ids}
+    return {"input_ids": input_ids, "attention_mask": padding_mask([TOKENS, 3 * TOKENS // 4], TOKENS).long()}
+
+
+def syncs_of_a_forward(layers: int, backend: str, with_gradients: bool, padded: bool = True) -> list[str]:
+    """The host syncs of a forward after a first one (what depends on the shape alone is made once)."""
+    model = lsg_bert(layers, backend)
+    batch = inputs(padded)
+    with torch.set_grad_enabled(with_gradients):
+        model(**batch)
+        return host_syncs(lambda: model(**batch))
+
+
+@pytest.mark.parametrize("backend, with_gradients", BACKEND_CASES, ids=BACKEND_IDS)
+def test_host_syncs_of_a_padded_batch_do_not_grow_with_the_layers(backend, with_gradients):
+    one_layer = syncs_of_a_forward(1, backend, with_gradients)
+    two_layers = syncs_of_a_forward(2, backend, with_gradients)
+
+    assert two_layers == one_layer
+
+
+@pytest.mark.parametrize("backend, with_gradients", BACKEND_CASES, ids=BACKEND_IDS)
+def test_an_unpadded_batch_makes_no_host_sync(backend, with_gradients):
+    assert syncs_of_a_forward(2, backend, with_gradients, padded=False) == []
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flex_attention"])
+def test_a_mask_changed_in_place_between_two_forwards_is_read_anew(backend):
+    model = lsg_bert(2, backend)
+    batch = inputs(padded=True)
+    mask = batch["attention_mask"]
+
+    with torch.no_grad():
+        before = model(**batch).logits
+        mask[1, TOKENS // 2 :] = 0  # the same tensor, fewer real tokens
+        after = model(**batch).logits
+        fresh = model(input_ids=batch["input_ids"], attention_mask=mask.clone()).logits
+
+    torch.testing.assert_close(after, fresh, rtol=0, atol=0)
+    assert not torch.allclose(after[1, : TOKENS // 2], before[1, : TOKENS // 2])
+
+
+def test_nothing_a_pass_made_outlives_it_even_when_it_raised():
+    model = lsg_bert(1, "sdpa")
+    too_long = torch.randint(5, 100, (1, TOKENS + 200))
+
+    with pytest.raises(ValueError):
+        model(input_ids=too_long, attention_mask=torch.ones_like(too_long))
+
+    assert PASS_PADDING.get() is None
