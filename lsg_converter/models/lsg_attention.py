@@ -199,7 +199,9 @@ def lsg_attention(
     # what this call makes from the padding alone, shared with the layers of its pass that run the same
     memo = None if padding_memo is None else padding_memo.setdefault((settings, causal, length), {})
     key_mask, token_mask = made_once(
-        memo, "masks", lambda: _padded_masks(padding_mask, batch, num_global, num_tokens, padding, key.device, settings.mask_first_token)
+        memo,
+        "masks",
+        lambda: _padded_masks(padding_mask, batch, num_global, num_tokens, padding, key.device, settings.mask_first_token),
     )
     no_masked_keys = padding_mask is None and not settings.mask_first_token
     num_queries = query.shape[2]
@@ -306,8 +308,9 @@ def _padded_masks(
     if padding_mask is None:
         key_mask, token_mask = _unpadded_masks(batch, num_global, num_tokens, padding, device)
     else:
-        token_mask = padding_mask[:, num_global:]
-        key_mask, token_mask = padding_mask, F.pad(token_mask, (0, padding), value=False) if padding or is_exporting() else token_mask
+        key_mask, token_mask = padding_mask, padding_mask[:, num_global:]
+        if padding or is_exporting():
+            token_mask = F.pad(token_mask, (0, padding), value=False)
     if mask_first_token and num_tokens > 0:
         key_mask = key_mask.clone()
         key_mask[:, num_global] = False

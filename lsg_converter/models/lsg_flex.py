@@ -216,7 +216,8 @@ def _token_bounds(job: TokenAttention) -> tuple[torch.Tensor, bool, bool]:
     per row, every global key valid; whether every token is valid. One check on the host."""
     token_bounds, token_run = _one_run(job.token_mask)
     every_token = (token_bounds[:, 0] == 0) & (token_bounds[:, 1] == job.num_tokens)
-    globals_valid, tokens_run, every_token_valid = torch.stack([job.global_mask.all(), token_run.all(), every_token.all()]).tolist()
+    checks = torch.stack([job.global_mask.all(), token_run.all(), every_token.all()])
+    globals_valid, tokens_run, every_token_valid = checks.tolist()
     return token_bounds, globals_valid and tokens_run, every_token_valid
 
 

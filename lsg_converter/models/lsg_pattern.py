@@ -655,8 +655,9 @@ def block_mask(job: TokenAttention) -> torch.Tensor:
 
 
 def block_dropout(job: TokenAttention, heads: int, dropout: float) -> torch.Tensor:
-    """The keys DropKey leaves each block: (B, nb, H, 1 or b, K) bool (see `drop_keys`)."""
-    allowed = block_mask(job)
+    """The keys DropKey leaves each block: (B, nb, H, 1 or b, K) bool (see `drop_keys`), drawn in every
+    layer from the keys each block may attend to (made once per forward pass without sparse keys)."""
+    allowed = block_mask(job) if job.sparse is not None else job.made_once("allowed keys", lambda: block_mask(job))
     batch, num_blocks = allowed.shape[:2]
     kept = drop_keys(allowed.flatten(0, 1), (batch * num_blocks, heads), allowed.shape[-1], dropout)
     return kept.unflatten(0, (batch, num_blocks))
@@ -730,7 +731,9 @@ def shape_cached(function: Callable[..., Any]) -> Callable[..., Any]:
 
 
 # The padding mask of the forward pass running and what its layers made from it (`share_padding`)
-PASS_PADDING: contextvars.ContextVar[tuple[torch.Tensor, dict] | None] = contextvars.ContextVar("lsg_pass_padding", default=None)
+PASS_PADDING: contextvars.ContextVar[tuple[torch.Tensor, dict] | None] = contextvars.ContextVar(
+    "lsg_pass_padding", default=None
+)
 
 
 def share_padding(mask: torch.Tensor | None) -> contextvars.Token | None:

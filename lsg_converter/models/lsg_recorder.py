@@ -72,8 +72,8 @@ class RecorderSteps:
     (`GlobalTokens.open`) and held as the model's `GlobalTokens.call` while the forward runs (the
     enclosing pass's given back after it, returned or raised), the O(n) padding mask with the global
     tokens' columns (`padding_mask_view`), shared by the layers for the pass: what they make from it
-    alone is made once (`lsg_pattern.share_padding`); after the forward, the recorded hidden states replaced by
-    the token rows and a tuple made if the caller asked for one (`GlobalTokens.finish`).
+    alone is made once (`lsg_pattern.share_padding`); after the forward, the recorded hidden states
+    replaced by the token rows and a tuple made if the caller asked for one (`GlobalTokens.finish`).
 
     The model's ``forward`` runs them (`RecorderForward`), where the model is its own recorder
     (LSGBertModel) as where the recorder is a module inside it, adopted into a step class

@@ -98,7 +98,10 @@ def gathered_attention(job: TokenAttention, chosen: tuple[torch.Tensor, torch.Te
     blocks = BlockKeys.of(job, chosen=chosen)
     queries, keys, values, mask = blocks.queries, blocks.keys, blocks.values, blocks.mask
     output = queries.new_empty(queries.shape[0], job.pattern.block_size, queries.shape[1], values.shape[-1])
-    runs = mask_runs(mask) if not job.masks_of_padding_alone else job.made_once(("mask runs", chosen is None), lambda: mask_runs(mask))
+    if job.masks_of_padding_alone:
+        runs = job.made_once(("mask runs", chosen is None), lambda: mask_runs(mask))
+    else:
+        runs = mask_runs(mask)
     for start, end, masked in runs:
         output[start:end] = fused_attention(
             queries[start:end], keys[start:end], values[start:end], mask[start:end] if masked else None, job.scaling
