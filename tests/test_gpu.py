@@ -192,7 +192,7 @@ TINY_BERT = dict(
 
 def default_attention_output(mask, dtype):
     """The outputs of one call of the default backend, flex_attention and sdpa, over 4,096 tokens."""
-    config = lsg_config(block_size=BLOCK, sparse_block_size=BLOCK, num_global_tokens=NUM_GLOBAL)
+    config = lsg_config(block_size=BLOCK, sparse_block_size=0, sparsity_type="none", num_global_tokens=NUM_GLOBAL)
     inputs = [x.detach() for x in random_qkv(1 if mask is None else 2, NUM_GLOBAL + 4096, dtype)]
     with torch.no_grad():
         return [lsg_self_attention(*inputs, mask, config, backend=backend) for backend in (DEFAULT_BACKEND, "flex_attention", "sdpa")]
