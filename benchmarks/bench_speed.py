@@ -128,7 +128,7 @@ def build_model(name: str, layers: int, max_length: int) -> torch.nn.Module:
         config = BigBirdConfig(**dims, attention_type="block_sparse", block_size=64, num_random_blocks=3)
         return BigBirdModel(config, add_pooling_layer=False)
     setting, backend = lsg_setting_and_backend(name)
-    config = LSGBertConfig(**dims, **LSG_SETTINGS[setting], attn_implementation=backend)
+    config = LSGBertConfig(**dims, **LSG_SETTINGS[setting], attn_implementation=None if backend == "default" else backend)
     return LSGBertModel(config, add_pooling_layer=False)
 
 
@@ -562,8 +562,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--models", nargs="+", default=[*PEERS, *LSG_SETTINGS], choices=[*PEERS, *LSG_SETTINGS],
                         metavar="MODEL", help=f"subset of: {', '.join([*PEERS, *LSG_SETTINGS])}")
-    parser.add_argument("--backends", nargs="+", choices=["sdpa", "flex_attention"],
-                        help="attention backends of the LSG rows (CPU: sdpa; CUDA: flex_attention sdpa)")
+    parser.add_argument("--backends", nargs="+", choices=["sdpa", "flex_attention", "default"],
+                        help="attention backends of the LSG rows (CPU: sdpa; CUDA: flex_attention sdpa; "
+                        "default: attn_implementation left unset, chosen per call)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="CPU: float32; CUDA: bfloat16")
     parser.add_argument("--skip-attention", action="store_true", help="leave out the attention-only table")

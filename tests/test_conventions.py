@@ -14,7 +14,7 @@ import torch
 
 from helpers import TINY_CONFIGS, padded_batch
 from lsg_converter import ARCHITECTURES
-from lsg_converter.models.lsg_attention import lsg_backend
+from lsg_converter.models.lsg_attention import DEFAULT_BACKEND, lsg_backend
 
 LSG_PATH = dict(block_size=4, sparse_block_size=4, sparsity_factor=2, num_global_tokens=2)
 LENGTH = 19  # > 2 blocks and not a multiple of block_size: blocks, sparse keys and the attention's own padding
@@ -282,11 +282,10 @@ def test_attn_implementation_reads_back_as_chosen_in_the_config_from_pretrained_
     assert lsg_backend(loaded.bert.config._attn_implementation) == other
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the default without CUDA")
-def test_attn_implementation_left_unset_reads_sdpa_without_cuda():
+def test_attn_implementation_left_unset_reads_back_as_the_default_chosen_per_call():
     model = tiny_lsg("bert")
 
-    assert lsg_backend(model.config._attn_implementation) == "sdpa"
+    assert lsg_backend(model.config._attn_implementation) == DEFAULT_BACKEND
 
 
 def test_flash_attention_is_refused_naming_the_valid_implementations():

@@ -18,10 +18,10 @@ from torch.nn.attention.flex_attention import create_mask, flex_attention
 from helpers import lsg_config, padding_mask
 from lsg_converter import LSGBartConfig, LSGBartForConditionalGeneration, LSGBertConfig, LSGBertForMaskedLM
 from lsg_converter.models import lsg_flex
-from lsg_converter.models.lsg_attention import lsg_backend, lsg_self_attention
+from lsg_converter.models.lsg_attention import DEFAULT_BACKEND, lsg_backend, lsg_self_attention, prefers_flex_attention
 from lsg_converter.models.lsg_pattern import KeyPattern
 from lsg_converter.models.lsg_sparse import SPARSITY_TYPES, lsh_hyperplanes
-from lsg_converter.models.lsg_flex import KeyLayout, RowBounds, block_structure, lsg_mask_mod, whole_sequence_mask_mod
+from lsg_converter.models.lsg_flex import FLEX_ATTENTION_AVAILABLE, KeyLayout, RowBounds, block_structure, lsg_mask_mod, whole_sequence_mask_mod
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
@@ -348,15 +348,40 @@ def tiny_lsg_bert(tmp_path_factory):
     return folder
 
 
-def test_default_backend_is_sdpa(tiny_lsg_bert):
+def test_the_default_backend_runs_sdpa_on_the_cpu(tiny_lsg_bert):
     model = LSGBertForMaskedLM.from_pretrained(tiny_lsg_bert).eval()
     inputs = tiny_inputs()
 
     default = logits(model, inputs)
-    assert lsg_backend(model.config._attn_implementation) == "sdpa"
+    assert lsg_backend(model.config._attn_implementation) == DEFAULT_BACKEND
     model.set_attn_implementation("sdpa")
 
     torch.testing.assert_close(default, logits(model, inputs), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "device_type, dtype, num_tokens, unmasked, flex",
+    [
+        ("cuda", torch.bfloat16, 4096, True, True),
+        ("cuda", torch.bfloat16, 32768, True, True),
+        ("cuda", torch.bfloat16, 4095, True, False),  # shorter than measured
+        ("cuda", torch.bfloat16, 16384, False, False),  # padding, sparse keys, DropKey or position terms
+        ("cuda", torch.float16, 16384, True, False),
+        ("cuda", torch.float32, 16384, True, False),
+        ("cpu", torch.bfloat16, 16384, True, False),
+    ],
+)
+def test_the_default_backend_runs_flex_attention_only_where_it_was_measured_faster(device_type, dtype, num_tokens, unmasked, flex):
+    assert prefers_flex_attention(device_type, dtype, num_tokens, unmasked) == (flex and FLEX_ATTENTION_AVAILABLE)
+
+
+def test_the_default_is_no_value_a_user_gives():
+    with pytest.raises(ValueError, match="leave it unset"):
+        lsg_backend(DEFAULT_BACKEND)
+
+
+def test_another_copys_registered_default_reads_back_as_the_default():
+    assert lsg_backend("lsg_0123456789ab_default") == DEFAULT_BACKEND
 
 
 def test_from_pretrained_chooses_flex_attention(tiny_lsg_bert):

@@ -8,7 +8,7 @@ import torch
 from helpers import lsg_config, padding_mask
 from lsg_converter import LSGBertConfig, LSGBertForMaskedLM, LSGBertLMHeadModel
 from lsg_converter.models import lsg_flex
-from lsg_converter.models.lsg_attention import lsg_backend, lsg_self_attention
+from lsg_converter.models.lsg_attention import DEFAULT_BACKEND, lsg_self_attention
 from lsg_converter.models.lsg_sparse import SPARSITY_TYPES, sparse_by_lsh
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -190,18 +190,28 @@ TINY_BERT = dict(
 )
 
 
-def test_default_backend_on_cuda_is_sdpa():
-    torch.manual_seed(0)
-    model = LSGBertForMaskedLM(LSGBertConfig(**TINY_BERT)).cuda().eval()
-    input_ids = torch.randint(3, 99, (2, TOKENS), device="cuda")
-    attention_mask = padding_mask([TOKENS, 600], TOKENS).long().cuda()
-
+def default_attention_output(mask, dtype):
+    """The outputs of one call of the default backend, flex_attention and sdpa, over 4,096 tokens."""
+    config = lsg_config(block_size=BLOCK, sparse_block_size=0, sparsity_type="none", num_global_tokens=NUM_GLOBAL)
+    inputs = [x.detach() for x in random_qkv(1 if mask is None else 2, NUM_GLOBAL + 4096, dtype)]
     with torch.no_grad():
-        default = model(input_ids=input_ids, attention_mask=attention_mask).logits
-        model.set_attn_implementation("sdpa")
-        sdpa = model(input_ids=input_ids, attention_mask=attention_mask).logits
+        return [lsg_self_attention(*inputs, mask, config, backend=backend) for backend in (DEFAULT_BACKEND, "flex_attention", "sdpa")]
 
-    assert lsg_backend(model.config._attn_implementation) == "sdpa"
+
+def test_the_default_runs_flex_attention_on_an_unpadded_bf16_input_of_4096_tokens():
+    default, flex, sdpa = default_attention_output(None, torch.bfloat16)
+
+    torch.testing.assert_close(default, flex, atol=0, rtol=0)
+    assert not torch.equal(default, sdpa)  # another kernel really ran
+
+
+@pytest.mark.parametrize("case", ["padded", "float32"])
+def test_the_default_runs_sdpa_where_flex_attention_was_not_measured_faster(case):
+    length = NUM_GLOBAL + 4096
+    mask = padding_mask([length, NUM_GLOBAL + 3000], length).cuda() if case == "padded" else None
+
+    default, _, sdpa = default_attention_output(mask, torch.bfloat16 if case == "padded" else torch.float32)
+
     torch.testing.assert_close(default, sdpa, atol=0, rtol=0)
 
 

@@ -69,7 +69,7 @@ from .lsg_pattern import (
     tracing,
     weighted_values,
 )
-from .lsg_sdpa import SdpaBackend
+from .lsg_sdpa import SdpaBackend, unmasked_input
 from .lsg_settings import LSGSettings
 from .lsg_sparse import sparse_context
 from .lsg_transformers import ALL_ATTENTION_FUNCTIONS, ALL_MASK_ATTENTION_FUNCTIONS, eager_attention_of, shape_check
@@ -81,47 +81,83 @@ logger = logging.get_logger(__name__)
 # different versions, loaded in one process, each run their own attention: transformers' registry is
 # one dictionary, and a shared name would run the copy loaded last for all of them.
 LSG_ATTENTION = "lsg_" + hashlib.sha256(__name__.encode()).hexdigest()[:12]
-# attn_implementation value -> the backend of its token queries. Each is registered with transformers
-# (`registered_attention`).
+# The backend of a model whose attn_implementation is left unset (`DeviceDefault`): chosen per call.
+DEFAULT_BACKEND = "default"
+# The shortest input at which flex_attention was measured faster than the sdpa backend on CUDA (bf16, no
+# padding, sparse keys, DropKey or position terms; the lengths measured were 4,096, 16,384 and 32,768)
+FLEX_MEASURED_FASTER_FROM_TOKENS = 4096
+
+
+def prefers_flex_attention(device_type: str, dtype: torch.dtype, num_tokens: int, unmasked: bool) -> bool:
+    """Whether the default backend runs a call with flex_attention rather than the sdpa backend: where it
+    was measured faster, on CUDA in bfloat16 from `FLEX_MEASURED_FASTER_FROM_TOKENS` tokens on, for an
+    input whose every key is seen and whose scores nothing else changes (`unmasked`: no padding, sparse
+    keys, DropKey or position terms, `lsg_sdpa.unmasked_input`), where its mask reads no tensor. On an
+    H200 (torch 2.11, 12 layers of 768; benchmarks/RESULTS.md, "GPU H200 (issue 48)") its training step
+    took 0.050, 0.065 and 0.108 s at 4,096, 16,384 and 32,768 tokens, the sdpa backend's 0.068, 0.080 and
+    0.120 s, with 0.72x its peak memory. Everywhere else sdpa: on the CPU flex_attention has no backward
+    pass and ran 1.4-1.9x slower for the attention alone; the other cases were not measured faster."""
+    return (
+        FLEX_ATTENTION_AVAILABLE
+        and device_type == "cuda"
+        and dtype == torch.bfloat16
+        and num_tokens >= FLEX_MEASURED_FASTER_FROM_TOKENS
+        and unmasked
+    )
+
+
+class DeviceDefault:
+    """The backend of a model whose attn_implementation is left unset, chosen per call, where the device,
+    the precision and the input are known: flex_attention where it was measured faster
+    (`prefers_flex_attention`), else sdpa. Both compute the same keys: the results agree within float
+    rounding."""
+
+    name = DEFAULT_BACKEND
+    returns_weights = False
+    dense_attention = staticmethod(sdpa_dense_attention)
+
+    def runs(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
+        return True
+
+    def token_attention(self, job: TokenAttention) -> TokenOutput:
+        queries = job.token_queries
+        flex = prefers_flex_attention(queries.device.type, queries.dtype, job.num_tokens, unmasked_input(job))
+        return BACKENDS["flex_attention" if flex else "sdpa"].token_attention(job)
+
+
+# attn_implementation value -> the backend of its token queries; None -> DEFAULT_BACKEND. Each is registered
+# with transformers (`registered_attention`).
 # (Imported by name: transformers copies a model's remote code by following `from .module import` lines.)
 BACKENDS: dict[str, Backend] = {"eager": EagerBackend(), "sdpa": SdpaBackend(), "flex_attention": FlexBackend()}
-LSG_BACKENDS = tuple(BACKENDS)
+LSG_BACKENDS = tuple(BACKENDS)  # the values a user may give
+BACKENDS[DEFAULT_BACKEND] = DeviceDefault()
 # backend -> how its registered name ends. Not "sdpa" nor "flex_attention": transformers runs its support
 # checks of those on every name containing them, and a model whose source attention is hand-written (MPNet,
 # DeBERTa-v2: LSG swaps it) would refuse them when built, while LSG attention runs every backend itself.
-REGISTERED_SUFFIXES = {"eager": "eager", "sdpa": "sdp", "flex_attention": "flex"}
+REGISTERED_SUFFIXES = {"eager": "eager", "sdpa": "sdp", "flex_attention": "flex", DEFAULT_BACKEND: "default"}
 # The registered name of a backend in any copy of this code (a config may come from another copy's model).
 REGISTERED_NAME = re.compile(r"lsg_[0-9a-f]{12}_(?P<suffix>\w+)")
-
-
-def default_backend() -> str:
-    """The backend of a model whose attn_implementation is left unset: sdpa, on the CPU and on CUDA.
-
-    The choice is made when the model is built, before its device is known, and on the CPU flex_attention
-    has no backward pass and is 1.4-1.9x slower for the attention alone. On CUDA flex_attention is the
-    faster one: on an H200 (torch 2.11, bf16, 12 layers; benchmarks/RESULTS.md, "GPU H200 (issue 48)")
-    its training step took 0.050 s at 4,096 tokens and 0.065 s at 16,384, the sdpa backend's 0.068 s
-    and 0.080 s: pass attn_implementation="flex_attention" there."""
-    return "sdpa"
 
 
 def lsg_backend(attn_implementation: str | None) -> str:
     """The backend an LSG model runs for `attn_implementation`: a value of `LSG_BACKENDS` is itself, a
     registered name (`registered_attention`, what an LSG model's config holds) its backend, None
-    `default_backend()`; anything else raises ValueError naming the valid values."""
+    `DEFAULT_BACKEND` (`DeviceDefault`); anything else raises ValueError naming the valid values."""
     if attn_implementation is None:
-        return default_backend()
+        return DEFAULT_BACKEND
     if attn_implementation in REGISTERED_BACKENDS:  # a lookup: a swapped layer asks at every call, compiled too
         return REGISTERED_BACKENDS[attn_implementation]
     registered = REGISTERED_NAME.fullmatch(attn_implementation)
     if registered is not None:
         suffixes = {suffix: backend for backend, suffix in REGISTERED_SUFFIXES.items()}
         attn_implementation = suffixes.get(registered["suffix"], attn_implementation)
+        if attn_implementation == DEFAULT_BACKEND:  # a name users do not give: only registered
+            return DEFAULT_BACKEND
     if attn_implementation not in LSG_BACKENDS:
         choices = ", ".join(f'"{name}"' for name in LSG_BACKENDS)
         raise ValueError(
             f'Specified `attn_implementation="{attn_implementation}"` is not supported by LSG models: use one of '
-            f"{choices}, or leave it unset (sdpa)."
+            f"{choices}, or leave it unset (sdpa, or flex_attention on CUDA where it is faster)."
         )
     if attn_implementation == "flex_attention" and not FLEX_ATTENTION_AVAILABLE:
         raise ValueError(
@@ -139,7 +175,7 @@ def registered_attention(backend: str) -> str:
 
 
 # registered name of this copy -> its backend (`lsg_backend`)
-REGISTERED_BACKENDS = {registered_attention(backend): backend for backend in LSG_BACKENDS}
+REGISTERED_BACKENDS = {registered_attention(backend): backend for backend in REGISTERED_SUFFIXES}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -171,7 +207,7 @@ def lsg_attention(
         scaling: factor of the scores (default D ** -0.5).
         causal: decoder attention: local window = previous and own block up to the query, sparse keys
             on the left only, global tokens form a causal prefix.
-        backend: one of `LSG_BACKENDS`. Same keys, same DropKey draws, same results. Inputs of at most
+        backend: one of `LSG_BACKENDS`, or `DEFAULT_BACKEND` (one of them per call). Same keys, same DropKey draws, same results. Inputs of at most
             two blocks run plain attention (flex_attention: through SDPA), and so do cached decoding
             steps; flex_attention runs sdpa where it cannot (gradients on the CPU, a call its compiled
             kernel cannot take: see `lsg_flex.CompiledFlexAttention`).
@@ -594,6 +630,8 @@ def dense_backend(config: Any, backend: str) -> str:
     """transformers' implementation that the dense attention layers (and their masks) of a model running
     `backend` use, `config` being theirs: `backend`, where the architecture's dense layers run it (its
     config's ``lsg_dense_implementations``), else sdpa, or eager where they do not run sdpa either."""
+    if backend == DEFAULT_BACKEND:  # its dense layers run sdpa, on every device
+        backend = "sdpa"
     supported = getattr(config, "lsg_dense_implementations", None)
     if supported is None or backend in supported:
         return backend
@@ -669,7 +707,7 @@ def global_state_cross_attention(
 def _register_with_transformers() -> None:
     """Register, for every backend, the attention of LSG models (`registered_attention_forward`) and
     their mask creation (`registered_mask`) under one name (`registered_attention`)."""
-    for backend in LSG_BACKENDS:
+    for backend in REGISTERED_SUFFIXES:
         name = registered_attention(backend)
         AttentionInterface.register(name, functools.partial(registered_attention_forward, backend=backend))
         AttentionMaskInterface.register(name, functools.partial(registered_mask, backend))

@@ -479,7 +479,8 @@ class LSGModelMixin:
 
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
         """transformers' check of an ``attn_implementation`` (when the model is built, loaded or switched):
-        an LSG model takes "eager", "sdpa", "flex_attention" or None (sdpa), and its config then names the
+        an LSG model takes "eager", "sdpa", "flex_attention" or None (`lsg_attention.DeviceDefault`: sdpa, or
+        flex_attention on CUDA where it is faster, per call), and its config then names the
         registered attention of that backend (`lsg_attention.registered_attention`; `lsg_attention.lsg_backend`
         reads the backend back). Inner models with a config of their own (T5's stacks, built from copies of
         the config) get the same name. A dense decoder-only head takes what transformers takes."""
