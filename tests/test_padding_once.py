@@ -9,7 +9,9 @@ import torch
 
 from helpers import host_syncs, padding_mask
 from lsg_converter import LSGBertConfig, LSGBertForMaskedLM
+from lsg_converter.models import lsg_attention
 from lsg_converter.models.lsg_pattern import PASS_PADDING
+from test_conventions import batch, tiny_lsg
 
 TOKENS = 1000  # 16 blocks of 64, the last one padded to whole blocks
 BACKEND_CASES = [("sdpa", False), ("sdpa", True), ("flex_attention", False)]  # flex: forward only on the CPU
@@ -79,3 +81,22 @@ def test_nothing_a_pass_made_outlives_it_even_when_it_raised():
         model(input_ids=too_long, attention_mask=torch.ones_like(too_long))
 
     assert PASS_PADDING.get() is None
+
+
+@pytest.mark.parametrize("arch", ["bert", "bart", "t5", "mpnet", "deberta-v2"])
+def test_every_lsg_layer_of_every_family_finds_the_padding_its_pass_shares(arch, monkeypatch):
+    model = tiny_lsg(arch)
+    found = []  # the memo each LSG layer's call finds
+    pass_padding_memo = lsg_attention.pass_padding_memo
+
+    def recorded_memo(mask):
+        found.append(pass_padding_memo(mask))
+        return found[-1]
+
+    monkeypatch.setattr(lsg_attention, "pass_padding_memo", recorded_memo)
+
+    with torch.no_grad():
+        model(**batch(arch))
+
+    assert len(found) == (model.config.num_layers if arch == "t5" else model.config.num_hidden_layers)
+    assert found[0] is not None and all(memo is found[0] for memo in found)
