@@ -100,3 +100,17 @@ def test_every_lsg_layer_of_every_family_finds_the_padding_its_pass_shares(arch,
 
     assert len(found) == (model.config.num_layers if arch == "t5" else model.config.num_hidden_layers)
     assert found[0] is not None and all(memo is found[0] for memo in found)
+
+
+@pytest.mark.parametrize("arch", ["t5", "mpnet"])
+def test_host_syncs_of_a_padded_batch_with_position_terms_do_not_grow_with_the_layers(arch):
+    layers_key = "num_layers" if arch == "t5" else "num_hidden_layers"
+    inputs_of_arch = batch(arch)
+    syncs = []
+    for layers in (1, 2):
+        model = tiny_lsg(arch, **{layers_key: layers, "sparsity_type": "none", "sparse_block_size": 0})
+        with torch.no_grad():
+            model(**inputs_of_arch)  # what depends on the shape alone is made once
+            syncs.append(host_syncs(lambda: model(**inputs_of_arch)))
+
+    assert syncs[1] == syncs[0]

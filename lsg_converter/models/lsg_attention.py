@@ -281,7 +281,7 @@ def lsg_attention(
     global_queries, token_queries = query.transpose(1, 2).split([num_global, num_tokens], dim=1)
     global_keys, token_keys = key.transpose(1, 2).split([num_global, num_tokens], dim=1)
     global_values, token_values = value.transpose(1, 2).split([num_global, num_tokens], dim=1)
-    global_mask = key_mask[:, :num_global]
+    global_mask = made_once(memo, "global mask", lambda: key_mask[:, :num_global])
     job = TokenAttention(
         token_queries=token_queries,
         token_keys=token_keys,

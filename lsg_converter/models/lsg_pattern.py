@@ -846,7 +846,8 @@ def cached_block_mask(job: TokenAttention, chosen: tuple[torch.Tensor, torch.Ten
         made_for.append(job.real_blocks)
     key = (job.pattern, job.token_queries.dtype, job.token_queries.device, job.num_tokens, chosen is None, len(made_for))
     kept = terms.block_masks.get(key)
-    if kept is not None and all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(kept[0], made_for)):
+    # the same tensors where the pass shares its padding (`made_once`): no comparison on the host then
+    if kept is not None and all(a is b or (a.shape == b.shape and torch.equal(a, b)) for a, b in zip(kept[0], made_for)):
         return kept[1]
     mask = folded_blocks(block_additive_mask(job), batch, chosen)
     terms.block_masks[key] = (made_for, mask)
