@@ -672,7 +672,7 @@ def block_position_scores(job: TokenAttention) -> list[torch.Tensor]:
     Query and key rows are looked up where they are (`RowLookup`), not copied into each block's window.
     """
     terms, pattern, num_blocks, sparse = job.positions, job.pattern, job.num_blocks, job.sparse
-    block, num_global, device = pattern.block_size, pattern.num_global, job.keys.device
+    block, num_global, device = pattern.block_size, pattern.num_global, job.token_keys.device
     padded_tokens = num_blocks * block
 
     def windows(pieces: list[torch.Tensor]) -> torch.Tensor:  # pieces (B, nb, K_i, H) -> (B, nb, H, 1, K)
