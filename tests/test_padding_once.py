@@ -37,6 +37,7 @@ def inputs(padded: bool) -> dict:
 
 def syncs_of_a_forward(layers: int, backend: str, with_gradients: bool, padded: bool = True) -> list[str]:
     """The host syncs of a forward after a first one (what depends on the shape alone is made once)."""
+    torch.compiler.reset()  # uncompiled flex_attention runs through torch.compile: no recompiles piled up by other tests
     model = lsg_bert(layers, backend)
     batch = inputs(padded)
     with torch.set_grad_enabled(with_gradients):
