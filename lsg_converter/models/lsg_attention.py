@@ -207,10 +207,11 @@ def lsg_attention(
         scaling: factor of the scores (default D ** -0.5).
         causal: decoder attention: local window = previous and own block up to the query, sparse keys
             on the left only, global tokens form a causal prefix.
-        backend: one of `LSG_BACKENDS`, or `DEFAULT_BACKEND` (one of them per call). Same keys, same DropKey draws, same results. Inputs of at most
-            two blocks run plain attention (flex_attention: through SDPA), and so do cached decoding
-            steps; flex_attention runs sdpa where it cannot (gradients on the CPU, a call its compiled
-            kernel cannot take: see `lsg_flex.CompiledFlexAttention`).
+        backend: one of `LSG_BACKENDS`, or `DEFAULT_BACKEND` (one of them per call). Same keys, same
+            DropKey draws, same results. Inputs of at most two blocks run plain attention (flex_attention:
+            through SDPA), and so do cached decoding steps; flex_attention runs sdpa where it cannot
+            (gradients on the CPU, a call its compiled kernel cannot take: see
+            `lsg_flex.CompiledFlexAttention`).
         position_terms: relative position score terms (see `lsg_pattern.PositionTerms`), or None.
         padding_memo: where the layers of a forward pass keep what they make from its `padding_mask`
             alone, made by the first and shared by the next ones (`lsg_pattern.pass_padding_memo`), or None.

@@ -191,7 +191,7 @@ def whole_sequence_bounds(job: TokenAttention) -> tuple[bool, RowBounds | None]:
     It does where there is no DropKey, every global key is valid, and each row's valid tokens (and, per
     head, its valid compressed keys) are one run. Known without reading the mask where the core knows
     no key is masked (`TokenAttention.no_masked_keys`) and there are no sparse keys; else checked on the
-    host, the tokens once per forward pass (`token_bounds`), the compressed keys of each layer in that
+    host, the tokens once per forward pass (`_token_bounds`), the compressed keys of each layer in that
     layer (never inside a compiled graph, which then takes the gathered layout)."""
     if job.kept is not None:
         return False, None
