@@ -46,7 +46,7 @@ from .lsg_pattern import (
     sdpa_dense_attention,
     tracing,
 )
-from .lsg_transformers import CPU_FLASH_ATTENTION
+from .lsg_transformers import CPU_FLASH_ATTENTION, CPU_FLASH_ATTENTION_BACKWARD
 
 # The CPU flash kernel (CPU_FLASH_ATTENTION, absent from older torch builds) runs key counts of a multiple
 # of 16 fastest (its vector width: 510 keys take 14% longer than 512):
@@ -182,8 +182,13 @@ def unmasked_attention(job: TokenAttention) -> list[torch.Tensor]:
     if plan.unmasked is None:
         return [edges[:, : job.num_tokens]]
     start, end = plan.unmasked
-    middle_queries = queries[:, start * block : end * block].unflatten(1, (-1, block)).flatten(0, 1).transpose(1, 2)
-    middle = run(middle_queries, plan.unmasked_columns, None)
+    if CPU_FLASH_ATTENTION_BACKWARD is not None and reads_window_views(job):
+        middle = WindowViewAttention.apply(
+            queries, job.token_keys, job.token_values, job.global_keys, job.global_values, pattern, start, end, job.scaling
+        )
+    else:
+        middle_queries = queries[:, start * block : end * block].unflatten(1, (-1, block)).flatten(0, 1).transpose(1, 2)
+        middle = run(middle_queries, plan.unmasked_columns, None)
     # (a split, whose backward is one copy): the edge blocks before the middle, those after it, padding rows
     last_rows = job.num_tokens - end * block
     before, after, _ = edges.split([start * block, last_rows, edges.shape[1] - start * block - last_rows], dim=1)
@@ -212,7 +217,22 @@ def window_view_plan(job: TokenAttention) -> WindowViewPlan | None:
     padded global token, half precision, values of another size than the keys): every block's keys are
     then gathered."""
     pattern, keys = job.pattern, job.token_keys
-    applies = (
+    training = torch.is_grad_enabled() and any(
+        x.requires_grad for x in (job.token_queries, keys, job.token_values, job.global_keys, job.global_values)
+    )
+    if training or not reads_window_views(job):
+        return None
+    if job.no_masked_keys:
+        return unmasked_window_view_plan(pattern, keys.shape[0], job.num_blocks, job.num_tokens, keys.dtype, keys.device)
+    return job.made_once(("window view plan", keys.dtype), lambda: padded_window_view_plan(job))
+
+
+def reads_window_views(job: TokenAttention) -> bool:
+    """Whether the CPU flash kernel can read `job`'s local keys as views of the layer's: on the CPU, in
+    float32 or float64, values of the keys' size, no sparse keys, position terms, DropKey or causal mask,
+    not while tracing."""
+    keys = job.token_keys
+    return (
         CPU_FLASH_ATTENTION is not None
         and keys.device.type == "cpu"
         and keys.dtype in (torch.float32, torch.float64)
@@ -220,15 +240,9 @@ def window_view_plan(job: TokenAttention) -> WindowViewPlan | None:
         and job.sparse is None
         and job.positions is None
         and job.kept is None
-        and not pattern.causal
+        and not job.pattern.causal
         and not tracing()
-        and not (torch.is_grad_enabled() and any(x.requires_grad for x in (job.token_queries, keys, job.token_values, job.global_keys, job.global_values)))
     )
-    if not applies:
-        return None
-    if job.no_masked_keys:
-        return unmasked_window_view_plan(pattern, keys.shape[0], job.num_blocks, job.num_tokens, keys.dtype, keys.device)
-    return job.made_once(("window view plan", keys.dtype), lambda: padded_window_view_plan(job))
 
 
 def padded_window_view_plan(job: TokenAttention) -> WindowViewPlan | None:
@@ -297,22 +311,116 @@ def window_view_attention(job: TokenAttention, row: int, start: int, end: int, o
     blocks whose local keys are all real (`window_view_plan`): each block's local keys and values are
     an overlapping view of the layer's, no copy, with the `extra_keys` rows after it masked."""
     pattern, dtype = job.pattern, job.token_keys.dtype
-    block, extra = pattern.block_size, extra_keys(pattern)
+    extra = extra_keys(pattern)
     size = pattern.local_size + extra
-    first, last = pattern.local_start(start), pattern.local_start(end - 1) + size
-
-    def windows(rows: torch.Tensor) -> torch.Tensor:  # (t, H, D) -> (n, H, local + extra, D), views of rows
-        return rows[first:last].unfold(0, size, block).transpose(2, 3)
-
     mask = None
     if extra:
         mask = torch.zeros(1, 1, 1, size, dtype=dtype, device=job.token_keys.device)
         mask[..., -extra:] = torch.finfo(dtype).min
-    rows = kernel_query_rows(block)  # under 2 b: the rows after a block lie in its window's next block
-    # (n, H, rows, D): each block's queries and the rows - b after them, overlapping views
-    queries = job.token_queries[row, start * block : (end - 1) * block + rows].unfold(0, rows, block).transpose(2, 3)
-    keys, values = windows(job.token_keys[row]), windows(job.token_values[row])
-    local_then_global(job, queries, keys, values, mask, job.global_keys[row : row + 1], job.global_values[row : row + 1], out)
+    # under 2 b: the rows after a block lie in its window's next block
+    queries = block_query_views(pattern, job.token_queries[row], start, end, kernel_query_rows(pattern.block_size))
+    keys, values = (local_window_views(pattern, x[row], start, end, size) for x in (job.token_keys, job.token_values))
+    global_keys, global_values = job.global_keys[row : row + 1], job.global_values[row : row + 1]
+    local_then_global(queries, keys, values, mask, global_keys, global_values, job.scaling, out)
+
+
+def block_query_views(pattern: KeyPattern, queries: torch.Tensor, start: int, end: int, rows: int) -> torch.Tensor:
+    """The queries (t, H, D) of blocks [start, end), each block's with the `rows` - b rows after it,
+    as overlapping views: (n, H, rows, D)."""
+    block = pattern.block_size
+    return queries[start * block : (end - 1) * block + rows].unfold(0, rows, block).transpose(2, 3)
+
+
+def local_window_views(pattern: KeyPattern, keys: torch.Tensor, start: int, end: int, size: int) -> torch.Tensor:
+    """The local keys (t, H, D) of blocks [start, end), `size` rows from each one's `local_start`, as
+    overlapping views: (n, H, size, D)."""
+    first, last = pattern.local_start(start), pattern.local_start(end - 1) + size
+    return keys[first:last].unfold(0, size, pattern.block_size).transpose(2, 3)
+
+
+class WindowViewAttention(torch.autograd.Function):
+    """The middle blocks [start, end) of every row of an `unmasked_input` in training: their local keys
+    read as overlapping views of the layer's keys, as `window_view_attention` reads them, with a backward,
+    so that no gathered copy of the windows is made or kept for the backward pass (the gathered keys and
+    values are twice the layer's keys and values per local block).
+
+    Saved: the inputs (the layer's own tensors, which it keeps anyway), the output and each query's
+    log-sum-exp over all its keys. The backward runs the CPU flash kernel's backward over the local
+    views and over the global keys, each with that output and log-sum-exp, which gives the gradients of
+    the softmax over every key of the query restricted to those keys (as ring attention takes a softmax's
+    gradients part by part), and adds each window's key gradients back to the rows it viewed.
+
+    queries, keys, values: the token queries, keys and values (B, t, H, D); global_keys, global_values:
+    (B, g, H, D); returns the blocks' output (B, n b, H, D)."""
+
+    @staticmethod
+    def forward(ctx, queries, keys, values, global_keys, global_values, pattern: KeyPattern, start: int, end: int, scaling: float):
+        block, size = pattern.block_size, pattern.local_size
+        output = queries.new_empty(queries.shape[0], (end - start) * block, queries.shape[2], values.shape[-1])
+        log_sum_exps = []  # (n, H, b) per row
+        for row in range(queries.shape[0]):
+            row_queries = block_query_views(pattern, queries[row], start, end, block)
+            row_keys, row_values = (local_window_views(pattern, x[row], start, end, size) for x in (keys, values))
+            row_output = output[row].unflatten(0, (-1, block))  # (n, b, H, D)
+            global_row = (global_keys[row : row + 1], global_values[row : row + 1])
+            local_lse, global_lse = local_then_global(row_queries, row_keys, row_values, None, *global_row, scaling, row_output)
+            log_sum_exps.append(local_lse if global_lse is None else torch.logaddexp(local_lse, global_lse))
+        ctx.save_for_backward(queries, keys, values, global_keys, global_values, output, *log_sum_exps)
+        ctx.pattern, ctx.start, ctx.end, ctx.scaling = pattern, start, end, scaling
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        queries, keys, values, global_keys, global_values, output, *log_sum_exps = ctx.saved_tensors
+        pattern, start, end, scaling = ctx.pattern, ctx.start, ctx.end, ctx.scaling
+        block, size = pattern.block_size, pattern.local_size
+        grad_queries, grad_keys, grad_values = (torch.zeros_like(x) for x in (queries, keys, values))
+        grad_global_keys, grad_global_values = [], []  # (g, H, D) per row
+        windowed_rows = slice(pattern.local_start(start), pattern.local_start(end - 1) + size)
+        window_blocks = window_block_indices(end - start, size // block, keys.device)
+        for row, lse in enumerate(log_sum_exps):
+            row_queries = block_query_views(pattern, queries[row], start, end, block)
+            row_keys, row_values = (local_window_views(pattern, x[row], start, end, size) for x in (keys, values))
+            # (n, H, b, D): the output and its gradient as the kernel laid them out
+            row_output, row_grad = (x[row].unflatten(0, (-1, block)).transpose(1, 2) for x in (output, grad_output))
+
+            def part_grads(part_keys, part_values):  # the gradients of the softmax over all keys, at these
+                return CPU_FLASH_ATTENTION_BACKWARD(row_grad, row_queries, part_keys, part_values, row_output, lse, 0.0, False, scale=scaling)
+
+            query_grad, key_grad, value_grad = part_grads(row_keys, row_values)
+            # (n, H, b, D) -> the rows of the blocks' queries
+            row_query_grad = grad_queries[row, start * block : end * block].unflatten(0, (-1, block)).transpose(1, 2)
+            if global_keys.shape[1]:
+                global_parts = part_grads(*global_views(global_keys[row : row + 1], global_values[row : row + 1], row_queries.shape[0]))
+                torch.add(query_grad, global_parts[0], out=row_query_grad)
+                grad_global_keys.append(global_parts[1].sum(0).transpose(0, 1))  # (n, H, g, D) -> (g, H, D)
+                grad_global_values.append(global_parts[2].sum(0).transpose(0, 1))
+            else:
+                row_query_grad.copy_(query_grad)
+            # each window's key rows add to the rows it viewed: (n, H, w b, D) -> (n w, b, H, D), into (n + w - 1, b, H, D)
+            for rows_grad, window_grad in ((grad_keys[row], key_grad), (grad_values[row], value_grad)):
+                window_grad = window_grad.transpose(1, 2).reshape(-1, block, *window_grad.shape[1:2], window_grad.shape[-1])
+                rows_grad[windowed_rows].unflatten(0, (-1, block)).index_add_(0, window_blocks, window_grad)
+        global_grads = (rows_stacked(grad_global_keys), rows_stacked(grad_global_values)) if global_keys.shape[1] else (None, None)
+        return grad_queries, grad_keys, grad_values, *global_grads, None, None, None, None
+
+
+@shape_cached
+def window_block_indices(windows: int, blocks_per_window: int, device: torch.device) -> torch.Tensor:
+    """(n w,): the block of the windowed rows each block of each window lies at, i + c for block c of
+    window i (the windows start a block apart)."""
+    return (torch.arange(windows, device=device)[:, None] + torch.arange(blocks_per_window, device=device)).flatten()
+
+
+def rows_stacked(rows: list[torch.Tensor]) -> torch.Tensor:
+    """The tensors of each batch row stacked, (B, ...): a view of a single row's."""
+    return rows[0].unsqueeze(0) if len(rows) == 1 else torch.stack(rows)
+
+
+def global_views(global_keys: torch.Tensor, global_values: torch.Tensor, blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Global keys and values (n or 1, g, H, D) as the kernel reads them for `blocks` blocks: (n, H, g, D)
+    views (no copy of a row's shared ones)."""
+    return tuple(x.transpose(1, 2).expand(blocks, -1, -1, -1) for x in (global_keys, global_values))
 
 
 def edge_block_attention(
@@ -328,35 +436,33 @@ def edge_block_attention(
     local_columns = table.columns[:, num_global:]  # (nb, local): the keys outside the sequence read row 0
     queries, keys, values = (gather_block_rows(x, columns, chosen) for x, columns in zip(job.sequence, (table.query_rows, local_columns, local_columns)))
     out = queries.new_empty(queries.shape[0], block, queries.shape[1], values.shape[-1])
-    local_then_global(job, queries, keys, values, mask, job.global_keys[rows], job.global_values[rows], out)
+    local_then_global(queries, keys, values, mask, job.global_keys[rows], job.global_values[rows], job.scaling, out)
     return out
 
 
 def local_then_global(
-    job: TokenAttention, queries, keys, values, mask: torch.Tensor | None, global_keys, global_values, out: torch.Tensor
-) -> None:
+    queries, keys, values, mask: torch.Tensor | None, global_keys, global_values, scaling: float, out: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Attention of queries (n, H, b, D) over their local keys and values (n, H, local, D) and the g
     global ones (n or 1, g, H, D), written into `out` (n, b, H, D). Queries of more rows than b (see
-    `kernel_query_rows`) run through the kernel whole; only their first b rows are kept.
+    `kernel_query_rows`) run through the kernel whole; only their first b rows are kept. Returns each
+    query's log-sum-exp over its local keys and over its global keys (None without global keys), (n, H, b)
+    each.
 
-    The local keys run through the CPU flash kernel, which returns each query's log-sum-exp L_local;
-    the global keys, L_global and their output O_global, are few and run as plain products. The
-    softmax over both is their outputs weighted by their shares of the total:
+    Each part runs through the CPU flash kernel, which returns its output and its log-sum-exp, L_local
+    and L_global. The softmax over both is their outputs weighted by their shares of the total:
     O = O_local + sigmoid(L_global - L_local) (O_global - O_local)."""
-    local_output, local_lse = CPU_FLASH_ATTENTION(queries, keys, values, 0.0, False, attn_mask=mask, scale=job.scaling)
+    local_output, local_lse = CPU_FLASH_ATTENTION(queries, keys, values, 0.0, False, attn_mask=mask, scale=scaling)
     block = out.shape[1]
     queries, local_output, local_lse = queries[:, :, :block], local_output[:, :, :block], local_lse[:, :, :block]
     if not global_keys.shape[1]:
         out.copy_(local_output.transpose(1, 2))
-        return
-    # (n, H, b, 1, D) x (n or 1, H, 1, g, D) -> (n, H, b, g): products summed where the queries lie (a
-    # matmul would first copy the strided queries)
-    global_scores = (queries.unsqueeze(3) * global_keys.transpose(1, 2).unsqueeze(2)).sum(dim=-1) * job.scaling
-    global_lse = global_scores.logsumexp(dim=-1)
-    global_values = global_values.transpose(1, 2)  # (n or 1, H, g, D)
-    global_output = global_values if global_values.shape[2] == 1 else global_scores.softmax(dim=-1) @ global_values
+        return local_lse, None
+    global_keys, global_values = global_views(global_keys, global_values, queries.shape[0])
+    global_output, global_lse = CPU_FLASH_ATTENTION(queries, global_keys, global_values, 0.0, False, scale=scaling)
     global_share = torch.sigmoid(global_lse - local_lse).to(local_output.dtype).unsqueeze(-1)
     torch.lerp(local_output, global_output, global_share, out=out.transpose(1, 2))
+    return local_lse, global_lse
 
 
 def mask_runs(mask: torch.Tensor) -> list[tuple[int, int, bool]]:

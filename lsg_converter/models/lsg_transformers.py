@@ -15,7 +15,8 @@ method an LSG class must define), and where a name in the table is gone from the
 * Private names reached (called, read, written or imported), each through one function or name here:
   ``torch._check`` (`shape_check`), ``torch._inductor.compile_fx.compile_fx`` (`inductor_compile`),
   ``torch._dynamo.exc.TorchDynamoException`` (`compile_error`), the CPU flash kernel
-  ``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu`` (`CPU_FLASH_ATTENTION`); a config's
+  ``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu`` (`CPU_FLASH_ATTENTION`) and its backward
+  (`CPU_FLASH_ATTENTION_BACKWARD`); a config's
   ``_attn_implementation``, ``_attn_implementation_internal`` and ``_output_attentions``
   (`attn_implementation`, `stored_attn_implementation` / `store_attn_implementation`,
   `stored_output_attentions`), a model's ``_init_weights`` (`init_weights`) and ``_auto_class``
@@ -67,6 +68,7 @@ __all__ = [
     "ALL_ATTENTION_FUNCTIONS",
     "ALL_MASK_ATTENTION_FUNCTIONS",
     "CPU_FLASH_ATTENTION",
+    "CPU_FLASH_ATTENTION_BACKWARD",
     "LSG_CODE_VERSION",
     "PRIVATE_NAMES",
     "TESTED_TRANSFORMERS",
@@ -125,6 +127,11 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu",
         "CPU_FLASH_ATTENTION: the CPU flash kernel, which also returns each query's log-sum-exp (lsg_sdpa's "
         "window views join their local and global keys through it)",
+    ),
+    PrivateName(
+        "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward",
+        "CPU_FLASH_ATTENTION_BACKWARD: the CPU flash kernel's backward, given the output and log-sum-exp of "
+        "all of a query's keys (lsg_sdpa's window views in training: the local keys' gradients without a copy of them)",
     ),
     PrivateName(
         "transformers.PretrainedConfig._attn_implementation",
@@ -201,6 +208,7 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
 
 # The CPU flash kernel, which also returns each query's log-sum-exp (absent from older torch builds)
 CPU_FLASH_ATTENTION = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+CPU_FLASH_ATTENTION_BACKWARD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
 
 RESAVE_ADVICE = (
     "re-save it with the newest lsg-converter (`pip install -U lsg-converter`, then "

@@ -1,0 +1,74 @@
+"""What a training step's attention keeps for its backward pass (issue 48): on the CPU, the middle blocks of
+an input whose every key is seen read their local keys as overlapping views of the layer's keys, with a
+backward of their own (lsg_sdpa.WindowViewAttention), instead of gathered copies that SDPA keeps."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import OpRecorder, lsg_config
+from lsg_converter.models.lsg_attention import lsg_self_attention
+
+HEADS, HEAD_DIM, BLOCK = 4, 8, 8
+
+
+def projections(batch: int, length: int, dtype=torch.float64, seed=0) -> list[torch.Tensor]:
+    """Queries, keys and values as a model's projections lay them out, (B, L, H, D) seen as (B, H, L, D),
+    needing gradients."""
+    generator = torch.Generator().manual_seed(seed)
+    return [
+        torch.randn(batch, length, HEADS, HEAD_DIM, generator=generator, dtype=dtype).transpose(1, 2).requires_grad_()
+        for _ in range(3)
+    ]
+
+
+def outputs_and_gradients(qkv, config, backend):
+    """The attention's output and the gradients of a weighted sum of it at the queries, keys and values."""
+    output = lsg_self_attention(*qkv, None, config, backend=backend)
+    weights = torch.linspace(-1, 1, output.numel(), dtype=output.dtype).reshape(output.shape)
+    return [output, *torch.autograd.grad((output * weights).sum(), qkv)]
+
+
+def saved_bytes(attention, qkv) -> int:
+    """Bytes one call holds until its backward: its inputs, its output and what autograd saved, each storage once."""
+    storages = {x.untyped_storage().data_ptr(): x.untyped_storage().nbytes() for x in qkv}
+
+    def pack(tensor):
+        storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        output = attention(*qkv)
+    storages[output.untyped_storage().data_ptr()] = output.untyped_storage().nbytes()
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("num_global", [0, 1, 3])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_window_views_in_training_give_the_eager_outputs_and_gradients(num_global, batch):
+    config = lsg_config(block_size=BLOCK, sparsity_type="none", num_global_tokens=num_global)
+    qkv = projections(batch, num_global + 203)  # 26 blocks, the last one short
+
+    for lsg, eager in zip(outputs_and_gradients(qkv, config, "sdpa"), outputs_and_gradients(qkv, config, "eager")):
+        torch.testing.assert_close(lsg, eager, atol=1e-12, rtol=0)
+
+
+def test_window_views_in_training_copy_no_keys():
+    config = lsg_config(block_size=BLOCK, sparsity_type="none", num_global_tokens=1)
+    qkv = projections(1, 1 + 203, dtype=torch.float32)
+    with OpRecorder() as recorder:
+        lsg_self_attention(*qkv, None, config)
+
+    # gathered, the 24 middle blocks' windows would hold 24 x 3 x 8 keys: the largest tensor is an output
+    assert recorder.largest <= HEADS * 26 * BLOCK * HEAD_DIM
+
+
+def test_a_training_call_holds_little_more_than_dense_sdpa():
+    config = lsg_config(block_size=BLOCK, sparsity_type="none", num_global_tokens=1)
+    length = 64 * BLOCK
+    dense = saved_bytes(F.scaled_dot_product_attention, projections(1, length, dtype=torch.float32))
+    lsg = saved_bytes(lambda q, k, v: lsg_self_attention(q, k, v, None, config), projections(1, 1 + length, dtype=torch.float32))
+
+    # dense: queries, keys, values and output; LSG besides: the middle blocks' output and the edge blocks'
+    # gathered windows (with every window gathered it held 2.8 times dense's)
+    assert lsg <= 1.5 * dense
