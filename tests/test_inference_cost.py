@@ -32,26 +32,23 @@ def attention(qkv, lengths, config, backend="sdpa", terms=None):
         )
 
 
-def sdpa_query_rows(recorder: OpRecorder) -> int:
-    """The query rows the SDPA kernels were given in all: elements of their outputs / HEADS / HEAD_DIM."""
-    outputs = [sizes[0] for name, sizes in recorder.ops if name.startswith("_scaled_dot_product")]
-    return sum(outputs) // (HEADS * HEAD_DIM)
-
-
 class SdpaCalls(TorchDispatchMode):
     """The SDPA kernel calls under it: the query rows they were given in all, apart by whether they had a
-    mask (`rows`), and each call's query rows per batch entry (`call_rows`, dim 2 of its queries)."""
+    mask (`rows`), each call's query rows per batch entry (`call_rows`, dim 2 of its queries), and each
+    call's query rows in all and keys per query (`calls`)."""
 
     def __init__(self):
         super().__init__()
         self.rows = {True: 0, False: 0}
         self.call_rows: list[int] = []
+        self.calls: list[tuple[int, int]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func.overloadpacket.__name__.startswith("_scaled_dot_product"):
             self.rows[kwargs.get("attn_mask") is not None] += args[0].shape[0] * args[0].shape[2]
             self.call_rows.append(args[0].shape[2])
+            self.calls.append((args[0].shape[0] * args[0].shape[2], args[1].shape[2]))
         return func(*args, **kwargs)
 
 
@@ -78,10 +75,11 @@ def test_the_sdpa_backend_attends_only_the_blocks_that_hold_a_real_token():
     config = lsg_config(block_size=BLOCK, sparsity_type="none", num_global_tokens=1)
     lengths = [1 + 80, 1 + 20]  # 10 blocks, then 3
     qkv = random_qkv(lengths)
-    with OpRecorder() as recorder:
+    with SdpaCalls() as calls:
         attention(qkv, lengths, config)
 
-    assert sdpa_query_rows(recorder) == (10 + 3) * BLOCK + 2  # the blocks' rows, then the 2 rows' global query
+    # the blocks' rows (over their local keys; over the global key apart, on the CPU), then the 2 rows' global query
+    assert sum(rows for rows, keys in calls.calls if keys > 1) == (10 + 3) * BLOCK + 2
 
 
 def test_a_real_token_output_is_the_same_alone_and_beside_a_longer_row():

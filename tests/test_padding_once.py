@@ -10,7 +10,7 @@ import torch
 from helpers import host_syncs, padding_mask
 from lsg_converter import LSGBertConfig, LSGBertForMaskedLM
 from lsg_converter.models import lsg_attention
-from lsg_converter.models.lsg_pattern import PASS_PADDING
+from lsg_converter.models.lsg_pattern import PASS_PADDING, SHARED_PADDING, pass_padding_memo, share_padding, unshare_padding
 from test_conventions import batch, tiny_lsg
 
 TOKENS = 1000  # 16 blocks of 64, the last one padded to whole blocks
@@ -115,3 +115,46 @@ def test_host_syncs_of_a_padded_batch_with_position_terms_do_not_grow_with_the_l
             syncs.append(host_syncs(lambda: model(**inputs_of_arch)))
 
     assert syncs[1] == syncs[0]
+
+
+def syncs_of_a_checkpointed_training_step(layers: int) -> list[str]:
+    """The host syncs of a training step (forward and backward) with gradient checkpointing, whose backward
+    runs each layer's forward again, after a first step."""
+    model = lsg_bert(layers, "sdpa")
+    for dropout in model.modules():  # no DropKey, which each layer draws anew
+        if isinstance(dropout, torch.nn.Dropout):
+            dropout.p = 0.0
+    model.gradient_checkpointing_enable()
+    model.train()
+    batch = inputs(padded=True)
+
+    def step():
+        model(**batch).logits.square().mean().backward()
+
+    step()
+    return host_syncs(step)
+
+
+def test_layers_run_again_by_gradient_checkpointing_find_what_their_pass_made():
+    assert syncs_of_a_checkpointed_training_step(2) == syncs_of_a_checkpointed_training_step(1)
+
+
+def test_what_a_pass_made_is_found_after_it_while_its_mask_is_unchanged():
+    mask = torch.ones(2, 8, dtype=torch.bool)
+    opened = share_padding(mask)
+    memo = pass_padding_memo(mask)
+    unshare_padding(opened)
+
+    assert memo is not None and pass_padding_memo(mask) is memo
+    assert pass_padding_memo(mask.clone()) is None
+    mask[1, 4:] = False
+    assert pass_padding_memo(mask) is None
+
+
+def test_what_a_pass_made_goes_with_its_mask():
+    mask = torch.ones(2, 8, dtype=torch.bool)
+    unshare_padding(share_padding(mask))
+    key = id(mask)
+
+    del mask
+    assert key not in SHARED_PADDING

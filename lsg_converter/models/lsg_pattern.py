@@ -23,12 +23,15 @@ from __future__ import annotations
 import contextvars
 import functools
 import operator
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, NamedTuple, Protocol, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from .lsg_transformers import tensor_version
 
 Made = TypeVar("Made")  # what a memo holds (`made_once`)
 
@@ -734,17 +737,25 @@ def shape_cached(function: Callable[..., Any]) -> Callable[..., Any]:
 PASS_PADDING: contextvars.ContextVar[tuple[torch.Tensor, dict] | None] = contextvars.ContextVar(
     "lsg_pass_padding", default=None
 )
+# What the layers of the passes that shared a mask made from it, by the mask's id: (the mask, weakly, its
+# version then, the memo), kept while the mask lives for the layers that gradient checkpointing runs again in
+# the backward pass, after their pass closed (transformers hands them the same mask)
+SHARED_PADDING: dict[int, tuple[weakref.ref, int, dict]] = {}
 
 
 def share_padding(mask: torch.Tensor | None) -> contextvars.Token | None:
     """Open a forward pass whose layers all get `mask` (the padding mask a model's recorder makes for the
     pass, one tensor that transformers hands every layer): what they make from it alone is then made
-    once, by the first layer, and shared (`pass_padding_memo`) until `unshare_padding` closes the pass, when it
-    goes with it. Nothing is opened while tracing: a compiled graph or an export makes it in every layer,
-    with no host-side state."""
+    once, by the first layer, and shared (`pass_padding_memo`) until `unshare_padding` closes the pass; where
+    gradients are on, kept besides while the mask lives (`SHARED_PADDING`), for the layers gradient
+    checkpointing runs again. Nothing is opened while tracing: a compiled graph or an export makes it in
+    every layer, with no host-side state."""
     if tracing() or mask is None:
         return None
-    return PASS_PADDING.set((mask, {}))
+    memo, key = {}, id(mask)
+    if torch.is_grad_enabled() and not mask.is_inference():  # a backward pass may follow
+        SHARED_PADDING[key] = (weakref.ref(mask, lambda _: SHARED_PADDING.pop(key, None)), tensor_version(mask), memo)
+    return PASS_PADDING.set((mask, memo))
 
 
 def unshare_padding(opened: contextvars.Token | None) -> None:
@@ -755,11 +766,18 @@ def unshare_padding(opened: contextvars.Token | None) -> None:
 
 def pass_padding_memo(mask: Any) -> dict | None:
     """What the layers of the pass running made from `mask` so far, where `mask` is the one that pass hands
-    them (`share_padding`); None elsewhere (no pass, another mask, tracing): each call then makes its own."""
+    them (`share_padding`); after the pass, for the layers a backward pass runs again (gradient
+    checkpointing), what the last pass that shared `mask` made from it, while `mask` is unchanged; None
+    elsewhere (no pass, another mask, tracing): each call then makes its own."""
     if tracing():
         return None
     opened = PASS_PADDING.get()
-    return opened[1] if opened is not None and opened[0] is mask else None
+    if opened is not None and opened[0] is mask:
+        return opened[1]
+    shared = SHARED_PADDING.get(id(mask))
+    if shared is None or shared[0]() is not mask or shared[1] != tensor_version(mask):
+        return None
+    return shared[2]
 
 
 def made_once(memo: dict | None, key: Hashable, make: Callable[[], Made]) -> Made:

@@ -12,7 +12,9 @@ An input whose every key is seen (no padding, sparse keys, DropKey or position t
 training and inference call, has masks that depend on its shape only (`ShapeBlocks`, made once per
 shape): its middle blocks run in one SDPA call without a mask, its edge blocks in one with theirs, and
 the core joins their outputs with the global queries' in one copy. No mask is read or built per layer,
-and nothing waits on the device (20 non-view ops per layer in a BERT forward, dense's 12).
+and nothing waits on the device (20 non-view ops per layer in a BERT forward, dense's 12). On the CPU in
+training its middle blocks read their local keys as views (`WindowViewAttention`, below): no gathered
+copy of them is kept for the backward pass.
 
 On the CPU, without gradients (and without sparse keys, position terms, DropKey or a causal mask), the
 blocks whose window holds real tokens only read their local keys as overlapping views of the layer's

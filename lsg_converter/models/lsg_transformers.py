@@ -16,7 +16,7 @@ method an LSG class must define), and where a name in the table is gone from the
   ``torch._check`` (`shape_check`), ``torch._inductor.compile_fx.compile_fx`` (`inductor_compile`),
   ``torch._dynamo.exc.TorchDynamoException`` (`compile_error`), the CPU flash kernel
   ``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu`` (`CPU_FLASH_ATTENTION`) and its backward
-  (`CPU_FLASH_ATTENTION_BACKWARD`); a config's
+  (`CPU_FLASH_ATTENTION_BACKWARD`), a tensor's ``_version`` (`tensor_version`); a config's
   ``_attn_implementation``, ``_attn_implementation_internal`` and ``_output_attentions``
   (`attn_implementation`, `stored_attn_implementation` / `store_attn_implementation`,
   `stored_output_attentions`), a model's ``_init_weights`` (`init_weights`) and ``_auto_class``
@@ -86,6 +86,7 @@ __all__ = [
     "relative_position_buckets",
     "shape_check",
     "store_attn_implementation",
+    "tensor_version",
     "stored_attn_implementation",
     "transformers_names",
     "warn_if_untested_transformers",
@@ -132,6 +133,11 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward",
         "CPU_FLASH_ATTENTION_BACKWARD: the CPU flash kernel's backward, given the output and log-sum-exp of "
         "all of a query's keys (lsg_sdpa's window views in training: the local keys' gradients without a copy of them)",
+    ),
+    PrivateName(
+        "torch.Tensor._version",
+        "tensor_version: lsg_pattern finds a pass's padding mask unchanged when a backward pass runs its layers "
+        "again (gradient checkpointing), and reuses what the pass made from it",
     ),
     PrivateName(
         "transformers.PretrainedConfig._attn_implementation",
@@ -306,6 +312,11 @@ def relative_position_buckets(attention: Any, relative_position: torch.Tensor) -
             max_distance=attention.relative_attention_max_distance,
         )
     return bucket(relative_position)  # UMT5: bidirectional in an encoder module
+
+
+def tensor_version(tensor: torch.Tensor) -> int:
+    """How many times `tensor`'s data was changed in place (through it or a view of it)."""
+    return tensor._version
 
 
 def shape_check(condition: Any) -> None:
