@@ -168,7 +168,9 @@ def shape_blocks(
 def unmasked_attention(job: TokenAttention) -> list[torch.Tensor]:
     """The token queries' output of an `unmasked_input`, as pieces (B, t_i, H, D) in token order for the
     core to join: the middle blocks in one SDPA call without a mask, the edge blocks in one with theirs,
-    each block's keys gathered from the layer's sequence in one copy (`gather_block_rows`)."""
+    each block's keys gathered from the layer's sequence in one copy (`gather_block_rows`); on the CPU (in
+    training: without gradients the window-view plan runs) the middle blocks read theirs as views
+    (`WindowViewAttention`)."""
     pattern, queries = job.pattern, job.token_queries
     batch, _, heads, _ = queries.shape
     block = pattern.block_size
@@ -372,6 +374,7 @@ class WindowViewAttention(torch.autograd.Function):
         return output
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output):
         queries, keys, values, global_keys, global_values, output, *log_sum_exps = ctx.saved_tensors
         pattern, start, end, scaling = ctx.pattern, ctx.start, ctx.end, ctx.scaling
