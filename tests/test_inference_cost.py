@@ -142,8 +142,8 @@ def test_mask_runs_part_the_blocks_into_runs_that_need_their_mask_or_not():
 def test_the_gathered_blocks_away_from_the_edges_run_without_a_mask():
     config = lsg_config(block_size=BLOCK, sparsity_type="none", num_global_tokens=1)
     lengths = [1 + 80]  # 10 blocks: the first and the last lack a neighbour
-    queries, keys, values = random_qkv(lengths)
-    with SdpaCalls() as calls:  # with gradients: every block's keys gathered
+    queries, keys, values = random_qkv(lengths, dtype=torch.bfloat16)
+    with SdpaCalls() as calls:  # with gradients, in bfloat16 (as on CUDA): every block's keys gathered
         lsg_self_attention(queries.requires_grad_(), keys, values, padding_mask(lengths, max(lengths)), config)
 
     assert calls.rows[False] == 8 * BLOCK

@@ -1,12 +1,13 @@
-"""What a training step's attention keeps for its backward pass (issue 48): on the CPU, the middle blocks of
-an input whose every key is seen read their local keys as overlapping views of the layer's keys, with a
-backward of their own (lsg_sdpa.WindowViewAttention), instead of gathered copies that SDPA keeps."""
+"""What a training step's attention keeps for its backward pass (issue 48): on the CPU, the blocks whose
+local windows lie inside the tokens and hold real tokens only (the middle blocks of an input whose every key
+is seen, most blocks of a padded batch) read their local keys as overlapping views of the layer's keys, with
+a backward of their own (lsg_sdpa.WindowViewAttention), instead of gathered copies that SDPA keeps."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import OpRecorder, lsg_config
+from helpers import OpRecorder, lsg_config, padding_mask
 from lsg_converter.models.lsg_attention import lsg_self_attention
 
 HEADS, HEAD_DIM, BLOCK = 4, 8, 8
@@ -22,9 +23,9 @@ def projections(batch: int, length: int, dtype=torch.float64, seed=0) -> list[to
     ]
 
 
-def outputs_and_gradients(qkv, config, backend):
+def outputs_and_gradients(qkv, config, backend, mask=None):
     """The attention's output and the gradients of a weighted sum of it at the queries, keys and values."""
-    output = lsg_self_attention(*qkv, None, config, backend=backend)
+    output = lsg_self_attention(*qkv, mask, config, backend=backend)
     weights = torch.linspace(-1, 1, output.numel(), dtype=output.dtype).reshape(output.shape)
     return [output, *torch.autograd.grad((output * weights).sum(), qkv)]
 
@@ -53,6 +54,17 @@ def test_window_views_in_training_give_the_eager_outputs_and_gradients(num_globa
         torch.testing.assert_close(lsg, eager, atol=1e-12, rtol=0)
 
 
+@pytest.mark.parametrize("num_global", [0, 1, 3])
+def test_window_views_in_training_give_the_eager_outputs_and_gradients_of_a_padded_batch(num_global):
+    config = lsg_config(block_size=BLOCK, sparsity_type="none", num_global_tokens=num_global)
+    lengths = [num_global + 203, num_global + 61, num_global + 150]  # 26 blocks; 8, the last padded; 19
+    qkv = projections(len(lengths), max(lengths))
+    mask = padding_mask(lengths, max(lengths))
+
+    for lsg, eager in zip(outputs_and_gradients(qkv, config, "sdpa", mask), outputs_and_gradients(qkv, config, "eager", mask)):
+        torch.testing.assert_close(lsg, eager, atol=1e-12, rtol=0)
+
+
 def test_window_views_in_training_copy_no_keys():
     config = lsg_config(block_size=BLOCK, sparsity_type="none", num_global_tokens=1)
     qkv = projections(1, 1 + 203, dtype=torch.float32)
@@ -63,11 +75,17 @@ def test_window_views_in_training_copy_no_keys():
     assert recorder.largest <= HEADS * 26 * BLOCK * HEAD_DIM
 
 
-def test_a_training_call_holds_little_more_than_dense_sdpa():
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+def test_a_training_call_holds_little_more_than_dense_sdpa(padded):
     config = lsg_config(block_size=BLOCK, sparsity_type="none", num_global_tokens=1)
-    length = 64 * BLOCK
-    dense = saved_bytes(F.scaled_dot_product_attention, projections(1, length, dtype=torch.float32))
-    lsg = saved_bytes(lambda q, k, v: lsg_self_attention(q, k, v, None, config), projections(1, 1 + length, dtype=torch.float32))
+    length, batch = 64 * BLOCK, 2 if padded else 1
+    lengths = [1 + length, 1 + 3 * length // 4][:batch]  # the second row's last quarter padding
+    mask = padding_mask(lengths, 1 + length) if padded else None
+    dense = saved_bytes(
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask[:, None, None, 1:]),
+        projections(batch, length, dtype=torch.float32),
+    )
+    lsg = saved_bytes(lambda q, k, v: lsg_self_attention(q, k, v, mask, config), projections(batch, 1 + length, dtype=torch.float32))
 
     # dense: queries, keys, values and output; LSG besides: the middle blocks' output and the edge blocks'
     # gathered windows (with every window gathered it held 2.8 times dense's)

@@ -74,7 +74,8 @@ class SdpaBackend:
         batch, _, heads, _ = job.token_queries.shape
         padded_tokens = job.token_mask.shape[1]
         shape = (batch, job.num_blocks, job.pattern.block_size, heads, job.token_values.shape[-1])
-        plan = window_view_plan(job)
+        training = in_training(job)
+        plan = window_view_plan(job, training)
         if plan is None and unmasked_input(job):
             return TokenOutput(tuple(unmasked_attention(job)), None, None)
         if plan is None:  # every block gathered
@@ -82,6 +83,12 @@ class SdpaBackend:
             output = gathered_attention(job, chosen)
             if chosen is not None:  # the blocks of padding only get zeros
                 output = output.new_zeros(shape).index_put_(chosen, output)
+        elif training:  # (B, T, H, D) -> (B, nb, b, H, D); the edge blocks gathered, on the autograd path
+            runs = tuple(plan.viewed_runs)
+            output = WindowViewAttention.apply(*token_and_global_parts(job), job.pattern, runs, 0, job.num_blocks, job.scaling)
+            output = output.unflatten(1, (-1, job.pattern.block_size))
+            if plan.edges is not None:
+                output = output.index_put(plan.edges, gathered_attention(job, plan.edges, "edge blocks"))
         else:
             output = job.token_queries.new_empty(shape) if plan.every_block else job.token_queries.new_zeros(shape)
             for row, start, end in plan.viewed_runs:
@@ -94,14 +101,16 @@ class SdpaBackend:
     dense_attention = staticmethod(sdpa_dense_attention)
 
 
-def gathered_attention(job: TokenAttention, chosen: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-    """The output of every block, or of the `chosen` ones ((batch index, block index)), their keys
-    gathered (`BlockKeys`): (n, b, H, D)."""
+def gathered_attention(
+    job: TokenAttention, chosen: tuple[torch.Tensor, torch.Tensor] | None, chosen_name: str = "query blocks"
+) -> torch.Tensor:
+    """The output of every block, or of the `chosen` ones ((batch index, block index), which `chosen_name`
+    names in the pass's memo), their keys gathered (`BlockKeys`): (n, b, H, D)."""
     blocks = BlockKeys.of(job, chosen=chosen)
     queries, keys, values, mask = blocks.queries, blocks.keys, blocks.values, blocks.mask
     output = queries.new_empty(queries.shape[0], job.pattern.block_size, queries.shape[1], values.shape[-1])
     if job.masks_of_padding_alone:
-        runs = job.made_once(("mask runs", chosen is None), lambda: mask_runs(mask))
+        runs = job.made_once(("mask runs", "every block" if chosen is None else chosen_name), lambda: mask_runs(mask))
     else:
         runs = mask_runs(mask)
     for start, end, masked in runs:
@@ -187,9 +196,8 @@ def unmasked_attention(job: TokenAttention) -> list[torch.Tensor]:
         return [edges[:, : job.num_tokens]]
     start, end = plan.unmasked
     if CPU_FLASH_ATTENTION_BACKWARD is not None and reads_window_views(job):
-        middle = WindowViewAttention.apply(
-            queries, job.token_keys, job.token_values, job.global_keys, job.global_values, pattern, start, end, job.scaling
-        )
+        runs = tuple((row, start, end) for row in range(batch))
+        middle = WindowViewAttention.apply(*token_and_global_parts(job), pattern, runs, start, end - start, job.scaling)
     else:
         middle_queries = queries[:, start * block : end * block].unflatten(1, (-1, block)).flatten(0, 1).transpose(1, 2)
         middle = run(middle_queries, plan.unmasked_columns, None)
@@ -214,21 +222,26 @@ class WindowViewPlan:
     every_block: bool
 
 
-def window_view_plan(job: TokenAttention) -> WindowViewPlan | None:
+def window_view_plan(job: TokenAttention, training: bool) -> WindowViewPlan | None:
     """How the blocks of `job` run on the window-view path, made from its padding alone: once per forward
     pass (`TokenAttention.made_once`), and once per shape where no key is masked; None where that path does
-    not apply (not on the CPU, gradients, tracing, sparse keys, position terms, DropKey, a causal mask, a
-    padded global token, half precision, values of another size than the keys): every block's keys are
+    not apply (not on the CPU, tracing, sparse keys, position terms, DropKey, a causal mask, a padded
+    global token, half precision, values of another size than the keys; in `training`, an input whose
+    every key is seen, whose middle blocks `unmasked_attention` reads as views): every block's keys are
     then gathered."""
     pattern, keys = job.pattern, job.token_keys
-    training = torch.is_grad_enabled() and any(
-        x.requires_grad for x in (job.token_queries, keys, job.token_values, job.global_keys, job.global_values)
-    )
-    if training or not reads_window_views(job):
+    if not reads_window_views(job) or (training and (job.no_masked_keys or CPU_FLASH_ATTENTION_BACKWARD is None)):
         return None
     if job.no_masked_keys:
         return unmasked_window_view_plan(pattern, keys.shape[0], job.num_blocks, job.num_tokens, keys.dtype, keys.device)
     return job.made_once(("window view plan", keys.dtype), lambda: padded_window_view_plan(job))
+
+
+def in_training(job: TokenAttention) -> bool:
+    """Whether the call needs gradients (of its queries, keys or values)."""
+    return torch.is_grad_enabled() and any(
+        x.requires_grad for x in (job.token_queries, job.token_keys, job.token_values, job.global_keys, job.global_values)
+    )
 
 
 def reads_window_views(job: TokenAttention) -> bool:
@@ -343,10 +356,11 @@ def local_window_views(pattern: KeyPattern, keys: torch.Tensor, start: int, end:
 
 
 class WindowViewAttention(torch.autograd.Function):
-    """The middle blocks [start, end) of every row of an `unmasked_input` in training: their local keys
-    read as overlapping views of the layer's keys, as `window_view_attention` reads them, with a backward,
-    so that no gathered copy of the windows is made or kept for the backward pass (the gathered keys and
-    values are twice the layer's keys and values per local block).
+    """Runs of blocks in training whose local windows lie inside the sequence and hold real tokens only (the
+    middle blocks of an `unmasked_input`, the `viewed_runs` of a padded batch's `WindowViewPlan`): their
+    local keys read as overlapping views of the layer's keys, as `window_view_attention` reads them, with a
+    backward, so that no gathered copy of the windows is made or kept for the backward pass (the gathered
+    keys and values are twice the layer's keys and values per local block).
 
     Saved: the inputs (the layer's own tensors, which it keeps anyway), the output and each query's
     log-sum-exp over all its keys. The backward runs the CPU flash kernel's backward over the local
@@ -355,39 +369,40 @@ class WindowViewAttention(torch.autograd.Function):
     gradients part by part), and adds each window's key gradients back to the rows it viewed.
 
     queries, keys, values: the token queries, keys and values (B, t, H, D); global_keys, global_values:
-    (B, g, H, D); returns the blocks' output (B, n b, H, D)."""
+    (B, g, H, D); runs: (row, start, end) of each run of blocks; returns the output of blocks [first_block,
+    first_block + num_blocks) of every row, (B, num_blocks b, H, D), zero outside the runs."""
 
     @staticmethod
-    def forward(ctx, queries, keys, values, global_keys, global_values, pattern: KeyPattern, start: int, end: int, scaling: float):
-        block, size = pattern.block_size, pattern.local_size
-        output = queries.new_empty(queries.shape[0], (end - start) * block, queries.shape[2], values.shape[-1])
-        log_sum_exps = []  # (n, H, b) per row
-        for row in range(queries.shape[0]):
-            row_queries = block_query_views(pattern, queries[row], start, end, block)
-            row_keys, row_values = (local_window_views(pattern, x[row], start, end, size) for x in (keys, values))
-            row_output = output[row].unflatten(0, (-1, block))  # (n, b, H, D)
+    def forward(ctx, queries, keys, values, global_keys, global_values, pattern: KeyPattern,
+                runs: tuple[tuple[int, int, int], ...], first_block: int, num_blocks: int, scaling: float):  # fmt: skip
+        block = pattern.block_size
+        shape = (queries.shape[0], num_blocks * block, queries.shape[2], values.shape[-1])
+        covered = sum(end - start for _, start, end in runs) == queries.shape[0] * num_blocks
+        output = queries.new_empty(shape) if covered else queries.new_zeros(shape)
+        log_sum_exps = []  # (n, H, b) per run
+        for row, start, end in runs:
+            row_queries, row_keys, row_values = run_views(pattern, queries[row], keys[row], values[row], start, end)
+            row_output = output[row, (start - first_block) * block : (end - first_block) * block].unflatten(0, (-1, block))
             global_row = (global_keys[row : row + 1], global_values[row : row + 1])
             local_lse, global_lse = local_then_global(row_queries, row_keys, row_values, None, *global_row, scaling, row_output)
             log_sum_exps.append(local_lse if global_lse is None else torch.logaddexp(local_lse, global_lse))
         ctx.save_for_backward(queries, keys, values, global_keys, global_values, output, *log_sum_exps)
-        ctx.pattern, ctx.start, ctx.end, ctx.scaling = pattern, start, end, scaling
+        ctx.pattern, ctx.runs, ctx.first_block, ctx.scaling = pattern, runs, first_block, scaling
         return output
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output):
         queries, keys, values, global_keys, global_values, output, *log_sum_exps = ctx.saved_tensors
-        pattern, start, end, scaling = ctx.pattern, ctx.start, ctx.end, ctx.scaling
+        pattern, first_block, scaling = ctx.pattern, ctx.first_block, ctx.scaling
         block, size = pattern.block_size, pattern.local_size
         grad_queries, grad_keys, grad_values = (torch.zeros_like(x) for x in (queries, keys, values))
-        grad_global_keys, grad_global_values = [], []  # (g, H, D) per row
-        windowed_rows = slice(pattern.local_start(start), pattern.local_start(end - 1) + size)
-        window_blocks = window_block_indices(end - start, size // block, keys.device)
-        for row, lse in enumerate(log_sum_exps):
-            row_queries = block_query_views(pattern, queries[row], start, end, block)
-            row_keys, row_values = (local_window_views(pattern, x[row], start, end, size) for x in (keys, values))
+        grad_global_keys, grad_global_values = [], []  # (row, its (g, H, D) gradient) per run
+        for (row, start, end), lse in zip(ctx.runs, log_sum_exps):
+            row_queries, row_keys, row_values = run_views(pattern, queries[row], keys[row], values[row], start, end)
             # (n, H, b, D): the output and its gradient as the kernel laid them out
-            row_output, row_grad = (x[row].unflatten(0, (-1, block)).transpose(1, 2) for x in (output, grad_output))
+            rows = slice((start - first_block) * block, (end - first_block) * block)
+            row_output, row_grad = (x[row, rows].unflatten(0, (-1, block)).transpose(1, 2) for x in (output, grad_output))
 
             def part_grads(part_keys, part_values):  # the gradients of the softmax over all keys, at these
                 return CPU_FLASH_ATTENTION_BACKWARD(row_grad, row_queries, part_keys, part_values, row_output, lse, 0.0, False, scale=scaling)
@@ -395,19 +410,44 @@ class WindowViewAttention(torch.autograd.Function):
             query_grad, key_grad, value_grad = part_grads(row_keys, row_values)
             # (n, H, b, D) -> the rows of the blocks' queries
             row_query_grad = grad_queries[row, start * block : end * block].unflatten(0, (-1, block)).transpose(1, 2)
-            if global_keys.shape[1]:
-                global_parts = part_grads(*global_views(global_keys[row : row + 1], global_values[row : row + 1], row_queries.shape[0]))
-                torch.add(query_grad, global_parts[0], out=row_query_grad)
-                grad_global_keys.append(global_parts[1].sum(0).transpose(0, 1))  # (n, H, g, D) -> (g, H, D)
-                grad_global_values.append(global_parts[2].sum(0).transpose(0, 1))
+            if global_keys.shape[1]:  # the blocks' queries as one sequence over the row's global keys
+                global_query_grad, global_key_grad, global_value_grad = CPU_FLASH_ATTENTION_BACKWARD(
+                    *(as_one_sequence(x) for x in (row_grad, row_queries)),
+                    *(x[row : row + 1].transpose(1, 2) for x in (global_keys, global_values)),
+                    as_one_sequence(row_output), lse.transpose(0, 1).reshape(1, lse.shape[1], -1), 0.0, False, scale=scaling,
+                )  # fmt: skip
+                torch.add(query_grad, as_blocks(global_query_grad, block), out=row_query_grad)
+                grad_global_keys.append((row, global_key_grad[0].transpose(0, 1)))  # (1, H, g, D) -> (g, H, D)
+                grad_global_values.append((row, global_value_grad[0].transpose(0, 1)))
             else:
                 row_query_grad.copy_(query_grad)
             # each window's key rows add to the rows it viewed: (n, H, w b, D) -> (n w, b, H, D), into (n + w - 1, b, H, D)
+            windowed_rows = slice(pattern.local_start(start), pattern.local_start(end - 1) + size)
+            window_blocks = window_block_indices(end - start, size // block, keys.device)
             for rows_grad, window_grad in ((grad_keys[row], key_grad), (grad_values[row], value_grad)):
                 window_grad = window_grad.transpose(1, 2).reshape(-1, block, *window_grad.shape[1:2], window_grad.shape[-1])
                 rows_grad[windowed_rows].unflatten(0, (-1, block)).index_add_(0, window_blocks, window_grad)
-        global_grads = (rows_stacked(grad_global_keys), rows_stacked(grad_global_values)) if global_keys.shape[1] else (None, None)
-        return grad_queries, grad_keys, grad_values, *global_grads, None, None, None, None
+        global_grads = (rows_summed(grad_global_keys, global_keys), rows_summed(grad_global_values, global_values))
+        return grad_queries, grad_keys, grad_values, *global_grads, None, None, None, None, None
+
+
+def token_and_global_parts(job: TokenAttention) -> tuple[torch.Tensor, ...]:
+    """The token queries, keys and values and the global keys and values of `job`, as
+    `WindowViewAttention` takes them."""
+    return job.token_queries, job.token_keys, job.token_values, job.global_keys, job.global_values
+
+
+def rows_summed(parts: list[tuple[int, torch.Tensor]], like: torch.Tensor) -> torch.Tensor | None:
+    """The gradients of the runs, (row, gradient) each, summed per batch row, (B, ...) as `like` (None
+    without any): where each row has one run in order, stacked (a view for one row)."""
+    if not parts:
+        return None
+    if [row for row, _ in parts] == list(range(like.shape[0])):
+        return parts[0][1].unsqueeze(0) if len(parts) == 1 else torch.stack([part for _, part in parts])
+    summed = torch.zeros_like(like)
+    for row, part in parts:
+        summed[row] += part
+    return summed
 
 
 @shape_cached
@@ -417,15 +457,28 @@ def window_block_indices(windows: int, blocks_per_window: int, device: torch.dev
     return (torch.arange(windows, device=device)[:, None] + torch.arange(blocks_per_window, device=device)).flatten()
 
 
-def rows_stacked(rows: list[torch.Tensor]) -> torch.Tensor:
-    """The tensors of each batch row stacked, (B, ...): a view of a single row's."""
-    return rows[0].unsqueeze(0) if len(rows) == 1 else torch.stack(rows)
+def run_views(
+    pattern: KeyPattern, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, end: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One row's queries, keys and values (t, H, D) of blocks [start, end) as the kernel reads them: each
+    block's queries (n, H, b, D) and its local keys and values (n, H, local, D), views."""
+    size = pattern.local_size
+    return (
+        block_query_views(pattern, queries, start, end, pattern.block_size),
+        local_window_views(pattern, keys, start, end, size),
+        local_window_views(pattern, values, start, end, size),
+    )
 
 
-def global_views(global_keys: torch.Tensor, global_values: torch.Tensor, blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Global keys and values (n or 1, g, H, D) as the kernel reads them for `blocks` blocks: (n, H, g, D)
-    views (no copy of a row's shared ones)."""
-    return tuple(x.transpose(1, 2).expand(blocks, -1, -1, -1) for x in (global_keys, global_values))
+def as_one_sequence(blocks: torch.Tensor) -> torch.Tensor:
+    """Blocks of consecutive rows (n, H, b, D) as one sequence (1, H, n b, D): a view where they lie in
+    the layer's (t, H, D) rows, as window views and gathered blocks do."""
+    return blocks.transpose(0, 1).flatten(1, 2).unsqueeze(0)
+
+
+def as_blocks(sequence: torch.Tensor, block: int) -> torch.Tensor:
+    """(1, H, n b, ...) -> (n, H, b, ...), a view: the inverse of `as_one_sequence`."""
+    return sequence[0].unflatten(1, (-1, block)).transpose(0, 1)
 
 
 def edge_block_attention(
@@ -463,8 +516,12 @@ def local_then_global(
     if not global_keys.shape[1]:
         out.copy_(local_output.transpose(1, 2))
         return local_lse, None
-    global_keys, global_values = global_views(global_keys, global_values, queries.shape[0])
-    global_output, global_lse = CPU_FLASH_ATTENTION(queries, global_keys, global_values, 0.0, False, scale=scaling)
+    global_keys, global_values = global_keys.transpose(1, 2), global_values.transpose(1, 2)  # (n or 1, H, g, D)
+    if global_keys.shape[0] == 1:  # every block's: the blocks' queries as one sequence
+        global_output, global_lse = CPU_FLASH_ATTENTION(as_one_sequence(queries), global_keys, global_values, 0.0, False, scale=scaling)
+        global_output, global_lse = as_blocks(global_output, block), as_blocks(global_lse.unsqueeze(-1), block).squeeze(-1)
+    else:
+        global_output, global_lse = CPU_FLASH_ATTENTION(queries, global_keys, global_values, 0.0, False, scale=scaling)
     global_share = torch.sigmoid(global_lse - local_lse).to(local_output.dtype).unsqueeze(-1)
     torch.lerp(local_output, global_output, global_share, out=out.transpose(1, 2))
     return local_lse, global_lse
