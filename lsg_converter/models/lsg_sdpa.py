@@ -13,15 +13,17 @@ training and inference call, has masks that depend on its shape only (`ShapeBloc
 shape): its middle blocks run in one SDPA call without a mask, its edge blocks in one with theirs, and
 the core joins their outputs with the global queries' in one copy. No mask is read or built per layer,
 and nothing waits on the device (20 non-view ops per layer in a BERT forward, dense's 12). On the CPU in
-training its middle blocks read their local keys as views (`WindowViewAttention`, below): no gathered
-copy of them is kept for the backward pass.
+training its middle blocks read their local keys as views (`WindowViewAttention`, below).
 
 On the CPU, without gradients (and without sparse keys, position terms, DropKey or a causal mask), the
 blocks whose window holds real tokens only read their local keys as overlapping views of the layer's
 keys, with no copy, rounded up to `KEY_MULTIPLE` keys with masked rows, and blocks of 161 to 191
 queries run as 192 rows, the kernel's wider tiles (`window_view_attention`, `kernel_query_rows`); the
 few others (at the edges, beside padding) gather their own window only (`edge_block_attention`). The
-global keys join through the log-sum-exp of each part (`local_then_global`).
+global keys join through the log-sum-exp of each part (`local_then_global`). In training (float32 or
+float64) the same blocks read their windows as views through `WindowViewAttention`, whose backward runs
+the kernel's own; the others gather theirs on the autograd path. No gathered copy of those windows is
+kept for the backward pass.
 
 This file travels with saved models as remote code: it imports torch and lsg_transformers only.
 """
