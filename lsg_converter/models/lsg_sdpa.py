@@ -405,14 +405,13 @@ class WindowViewAttention(torch.autograd.Function):
             # (n, H, b, D): the output and its gradient as the kernel laid them out
             rows = slice((start - first_block) * block, (end - first_block) * block)
             row_output, row_grad = (x[row, rows].unflatten(0, (-1, block)).transpose(1, 2) for x in (output, grad_output))
-
-            def part_grads(part_keys, part_values):  # the gradients of the softmax over all keys, at these
-                return CPU_FLASH_ATTENTION_BACKWARD(row_grad, row_queries, part_keys, part_values, row_output, lse, 0.0, False, scale=scaling)
-
-            query_grad, key_grad, value_grad = part_grads(row_keys, row_values)
+            # the gradients of the softmax over all the queries' keys, at their local keys
+            query_grad, key_grad, value_grad = CPU_FLASH_ATTENTION_BACKWARD(
+                row_grad, row_queries, row_keys, row_values, row_output, lse, 0.0, False, scale=scaling
+            )
             # (n, H, b, D) -> the rows of the blocks' queries
             row_query_grad = grad_queries[row, start * block : end * block].unflatten(0, (-1, block)).transpose(1, 2)
-            if global_keys.shape[1]:  # the blocks' queries as one sequence over the row's global keys
+            if global_keys.shape[1]:  # at the global keys: the blocks' queries as one sequence over the row's
                 global_query_grad, global_key_grad, global_value_grad = CPU_FLASH_ATTENTION_BACKWARD(
                     *(as_one_sequence(x) for x in (row_grad, row_queries)),
                     *(x[row : row + 1].transpose(1, 2) for x in (global_keys, global_values)),
