@@ -247,8 +247,8 @@ def prepare(name: str, length: int, args: argparse.Namespace) -> tuple[torch.nn.
     torch.manual_seed(0)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     model = build_model(name, args.layers, length).to(device=device, dtype=dtype)
-    if args.compile:
-        model = torch.compile(model, mode=args.compile_mode, fullgraph=args.fullgraph)
+    if args.compile:  # static shapes: each length its own graphs, as a run padded to one length gets
+        model = torch.compile(model, mode=args.compile_mode, fullgraph=args.fullgraph, dynamic=False)
     input_ids = torch.randint(1000, BASE_DIMS["vocab_size"], (1, length), device=device)
     return model, input_ids
 

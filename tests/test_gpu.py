@@ -15,7 +15,18 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 HEADS, HEAD_DIM, BLOCK = 4, 64, 64
 NUM_GLOBAL, TOKENS = 2, 1000  # 16 blocks of 64, the last one padded
-TOLERANCE = {torch.float32: 2e-3, torch.bfloat16: 3e-2}
+
+
+def assert_backends_agree(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """float32: element by element. bfloat16: the difference's norm against the tensor's (2e-2 is
+    about 5 bfloat16 roundings): one element, such as a global key's gradient summed over a
+    thousand queries in bfloat16, may round a few units apart in two exact backends."""
+    if actual.dtype == torch.float32:
+        torch.testing.assert_close(actual, expected, atol=2e-3, rtol=2e-3)
+        return
+    actual, expected = actual.double(), expected.double()
+    relative_error = ((actual - expected).norm() / expected.norm()).item()
+    assert relative_error <= 2e-2, f"relative error {relative_error:.2e} (norm of the difference / norm)"
 
 
 @pytest.fixture(autouse=True)
@@ -53,10 +64,9 @@ def test_flex_equals_sdpa_in_outputs_and_gradients(dtype, sparsity_type, causal)
     flex, flex_gradients = run("flex_attention", inputs, mask, config, causal=causal)
 
     real = mask[:, None, :, None].expand_as(sdpa)
-    tolerance = TOLERANCE[dtype]
-    torch.testing.assert_close(flex[real].float(), sdpa[real].float(), atol=tolerance, rtol=tolerance)
+    assert_backends_agree(flex[real], sdpa[real])
     for flex_gradient, sdpa_gradient in zip(flex_gradients, sdpa_gradients):
-        torch.testing.assert_close(flex_gradient.float(), sdpa_gradient.float(), atol=tolerance, rtol=tolerance)
+        assert_backends_agree(flex_gradient, sdpa_gradient)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -69,10 +79,9 @@ def test_flex_over_the_whole_sequence_equals_sdpa_in_outputs_and_gradients(dtype
     sdpa, sdpa_gradients = run("sdpa", inputs, None, config, causal=causal)
     flex, flex_gradients = run("flex_attention", inputs, None, config, causal=causal)
 
-    tolerance = TOLERANCE[dtype]
-    torch.testing.assert_close(flex.float(), sdpa.float(), atol=tolerance, rtol=tolerance)
+    assert_backends_agree(flex, sdpa)
     for flex_gradient, sdpa_gradient in zip(flex_gradients, sdpa_gradients):
-        torch.testing.assert_close(flex_gradient.float(), sdpa_gradient.float(), atol=tolerance, rtol=tolerance)
+        assert_backends_agree(flex_gradient, sdpa_gradient)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -98,10 +107,9 @@ def test_flex_over_padded_rows_takes_the_whole_sequence_and_equals_sdpa_in_outpu
 
     assert layouts == ["whole sequence, row bounds"]
     real = mask[:, None, :, None].expand_as(sdpa)
-    tolerance = TOLERANCE[dtype]
-    torch.testing.assert_close(flex[real].float(), sdpa[real].float(), atol=tolerance, rtol=tolerance)
+    assert_backends_agree(flex[real], sdpa[real])
     for flex_gradient, sdpa_gradient in zip(flex_gradients, sdpa_gradients):
-        torch.testing.assert_close(flex_gradient.float(), sdpa_gradient.float(), atol=tolerance, rtol=tolerance)
+        assert_backends_agree(flex_gradient, sdpa_gradient)
 
 
 def test_a_compiled_model_trains_as_the_eager_one_on_flex_attention():
