@@ -935,22 +935,48 @@ class BlockKeys:
 
     @classmethod
     def of(
-        cls, job: TokenAttention, with_values: bool = True, chosen: tuple[torch.Tensor, torch.Tensor] | None = None
+        cls,
+        job: TokenAttention,
+        with_values: bool = True,
+        chosen: tuple[torch.Tensor, torch.Tensor] | None = None,
+        mask: torch.Tensor | None = None,
     ) -> BlockKeys:
         """The blocks of `job`: every block, or the `chosen` ones ((batch index, block index), as
-        `TokenAttention.query_blocks` gives them)."""
-        pattern, num_blocks = job.pattern, job.num_blocks
-        num_compressed = 0 if job.sparse is None else job.sparse.keys.shape[2]
-        table = block_table(pattern, num_blocks, job.num_tokens, num_compressed, job.token_keys.device)
+        `TokenAttention.query_blocks` gives them); `mask`: their `cached_block_mask` where it is made."""
+        table = job_block_table(job)
         key_sequence, value_sequence = key_sequences(job)
-        if job.token_mask.shape[1] == job.num_tokens:  # the blocks are views of the tokens
-            queries = job.queries.unflatten(1, (num_blocks, pattern.block_size))  # (B, nb, b, H, D)
-            queries = folded_blocks(queries, job.token_keys.shape[0], chosen).transpose(1, 2)
-        else:  # gathered, the padding rows reading the last token
-            queries = gather_block_rows(job.sequence[0], table.query_rows, chosen)
         return cls(
-            queries=queries,
+            queries=block_queries(job, table, chosen),
             keys=gather_block_rows(key_sequence, table.columns, chosen),
             values=gather_block_rows(value_sequence, table.columns, chosen) if with_values else None,
-            mask=cached_block_mask(job, chosen),
+            mask=cached_block_mask(job, chosen) if mask is None else mask,
         )
+
+
+def job_block_table(job: TokenAttention) -> BlockTable:
+    """The `block_table` of `job`'s blocks, over its keys and compressed keys."""
+    num_compressed = 0 if job.sparse is None else job.sparse.keys.shape[2]
+    return block_table(job.pattern, job.num_blocks, job.num_tokens, num_compressed, job.token_keys.device)
+
+
+def block_queries(
+    job: TokenAttention, table: BlockTable, chosen: tuple[torch.Tensor, torch.Tensor] | None
+) -> torch.Tensor:
+    """The queries of every block (or the `chosen` ones): (n, H, b, D), views of the tokens where the
+    blocks cover them exactly, else gathered (the padding rows reading the last token)."""
+    if job.token_mask.shape[1] == job.num_tokens:
+        queries = job.queries.unflatten(1, (job.num_blocks, job.pattern.block_size))  # (B, nb, b, H, D)
+        return folded_blocks(queries, job.token_keys.shape[0], chosen).transpose(1, 2)
+    return gather_block_rows(job.sequence[0], table.query_rows, chosen)
+
+
+def flat_block_rows(
+    columns: torch.Tensor, batch: int, length: int, chosen: tuple[torch.Tensor, torch.Tensor] | None
+) -> torch.Tensor:
+    """`columns` (nb, K), rows of a sequence of `length`, as rows of the batch's sequences laid end to end
+    ((B length, ...)) for every block of every row, or the `chosen` ones: (n, K)."""
+    if chosen is None:
+        starts = torch.arange(batch, device=columns.device) * length  # (B,)
+        return (starts[:, None, None] + columns).flatten(0, 1)
+    rows, blocks = chosen
+    return rows[:, None] * length + columns[blocks]

@@ -25,6 +25,11 @@ float64) the same blocks read their windows as views through `WindowViewAttentio
 the kernel's own; the others gather theirs on the autograd path. No gathered copy of those windows is
 kept for the backward pass.
 
+Position terms being trained (T5's bias table, MPNet's, DeBERTa's projections) give the mask a gradient,
+which SDPA computes with its math kernel only, keeping each block's gathered keys and values: on the
+CPU those blocks run through `RegatheredBlockAttention` instead, which keeps the softmax's weights and
+the layer's own keys and gathers the blocks' keys again in its backward.
+
 This file travels with saved models as remote code: it imports torch and lsg_transformers only.
 """
 
@@ -37,7 +42,12 @@ import torch
 from .lsg_pattern import (
     BlockKeys,
     KeyPattern,
+    block_queries,
     block_table,
+    cached_block_mask,
+    flat_block_rows,
+    job_block_table,
+    key_sequences,
     gather_block_rows,
     local_causal_mask,
     shape_cached,
@@ -107,8 +117,18 @@ def gathered_attention(
     job: TokenAttention, chosen: tuple[torch.Tensor, torch.Tensor] | None, chosen_name: str = "query blocks"
 ) -> torch.Tensor:
     """The output of every block, or of the `chosen` ones ((batch index, block index), which `chosen_name`
-    names in the pass's memo), their keys gathered (`BlockKeys`): (n, b, H, D)."""
-    blocks = BlockKeys.of(job, chosen=chosen)
+    names in the pass's memo), their keys gathered (`BlockKeys`): (n, b, H, D). On the CPU, where the mask
+    carries position terms being trained, through `RegatheredBlockAttention`."""
+    mask = cached_block_mask(job, chosen)
+    if mask.requires_grad and not mask.is_cuda:
+        table = job_block_table(job)
+        key_sequence, value_sequence = key_sequences(job)  # (B, N, H, D) each
+        rows = flat_block_rows(table.columns, key_sequence.shape[0], key_sequence.shape[1], chosen)  # (n, K)
+        output = RegatheredBlockAttention.apply(
+            block_queries(job, table, chosen), key_sequence.flatten(0, 1), value_sequence.flatten(0, 1), rows, mask, job.scaling
+        )  # (n, H, b, D)
+        return output.transpose(1, 2)
+    blocks = BlockKeys.of(job, chosen=chosen, mask=mask)
     queries, keys, values, mask = blocks.queries, blocks.keys, blocks.values, blocks.mask
     output = queries.new_empty(queries.shape[0], job.pattern.block_size, queries.shape[1], values.shape[-1])
     if job.masks_of_padding_alone:
@@ -120,6 +140,57 @@ def gathered_attention(
             queries[start:end], keys[start:end], values[start:end], mask[start:end] if masked else None, job.scaling
         ).transpose(1, 2)
     return output
+
+
+class RegatheredBlockAttention(torch.autograd.Function):
+    """softmax(q k^T * scaling + mask) v of blocks of queries over their keys gathered from the layer's
+    sequence, keeping for the backward pass the softmax's weights and the sequence, not the gathered
+    keys and values: the backward gathers them again. SDPA's math kernel, which runs where the mask
+    needs a gradient (position terms being trained), keeps both the weights and the gathered copies
+    (each key three times and more).
+
+    queries: (n, H, b, D); key_rows, value_rows: (B N, H, D), the batch's sequences end to end; rows:
+    (n, K) long, each block's keys' rows in them (`flat_block_rows`); mask: (n, 1 or H, 1 or b, K),
+    additive. Returns (n, H, b, D).
+    """
+
+    @staticmethod
+    def forward(ctx, queries, key_rows, value_rows, rows, mask, scaling: float):
+        dtype = torch.promote_types(queries.dtype, torch.float32)  # as SDPA's math kernel: float32 at least
+        index = block_key_index(rows, key_rows.shape[1])
+        keys, values = (x[index].to(dtype) for x in (key_rows, value_rows))  # (n, H, K, D)
+        scores = (queries.to(dtype) @ keys.transpose(-1, -2)).mul_(scaling).add_(mask)  # (n, H, b, K)
+        weights = scores.softmax(dim=-1)
+        ctx.save_for_backward(queries, key_rows, value_rows, rows, weights)
+        ctx.mask_shape, ctx.mask_dtype, ctx.scaling = mask.shape, mask.dtype, scaling
+        return (weights @ values).to(queries.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        queries, key_rows, value_rows, rows, weights = ctx.saved_tensors
+        dtype, scaling = weights.dtype, ctx.scaling
+        index = block_key_index(rows, key_rows.shape[1])
+        keys, values = (x[index].to(dtype) for x in (key_rows, value_rows))  # (n, H, K, D)
+        grad_output = grad_output.to(dtype)
+        grad_scores = grad_output @ values.transpose(-1, -2)  # (n, H, b, K), the weights' gradient
+        grad_scores = grad_scores.sub_((grad_scores * weights).sum(dim=-1, keepdim=True)).mul_(weights)
+
+        def to_rows(grad_blocks: torch.Tensor, like: torch.Tensor) -> torch.Tensor:  # (n, H, K, D) -> (B N, H, D)
+            grad_rows = torch.zeros(like.shape, dtype=dtype, device=like.device)
+            return grad_rows.index_put_(index, grad_blocks, accumulate=True).to(like.dtype)
+
+        needs = ctx.needs_input_grad
+        grad_queries = (grad_scores @ keys * scaling).to(queries.dtype) if needs[0] else None
+        grad_keys = to_rows(grad_scores.transpose(-1, -2) @ queries.to(dtype) * scaling, key_rows) if needs[1] else None
+        grad_values = to_rows(weights.transpose(-1, -2) @ grad_output, value_rows) if needs[2] else None
+        grad_mask = grad_scores.sum_to_size(ctx.mask_shape).to(ctx.mask_dtype) if needs[4] else None
+        return grad_queries, grad_keys, grad_values, None, grad_mask, None
+
+
+def block_key_index(rows: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The index of each block's keys in rows (B N, H, D) of the batch's sequences, `rows` (n, K) per head:
+    indexing with it gathers (n, H, K, D) in one copy, laid out as the matrix products read it."""
+    return rows[:, None, :], torch.arange(heads, device=rows.device)[None, :, None]
 
 
 def unmasked_input(job: TokenAttention) -> bool:

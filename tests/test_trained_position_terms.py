@@ -1,0 +1,85 @@
+"""A training step through position terms being trained (T5's bias table) on the CPU: SDPA runs its math
+kernel there, which keeps each block's gathered keys and values for the backward pass (every key three
+times and more); the sdpa backend keeps the softmax's weights and the layer's own keys instead, and its
+backward gathers the keys again (lsg_sdpa.RegatheredBlockAttention). Outputs and gradients, the bias
+table's included, are the eager backend's."""
+
+import pytest
+import torch
+import transformers
+from transformers.models.t5.modeling_t5 import T5Attention
+
+from helpers import T5_SHAPE, lsg_config, padding_mask
+from lsg_converter.models import lsg_t5_bias
+from lsg_converter.models.lsg_attention import lsg_self_attention
+
+HEADS, HEAD_DIM = T5_SHAPE["num_heads"], T5_SHAPE["d_kv"]
+LENGTH = 2 + 75  # 2 global tokens, then 10 blocks of 8, the last one padded
+CONFIGS = {
+    "local": dict(sparsity_type="none", sparse_block_size=0),
+    "norm": dict(sparsity_type="norm", sparse_block_size=8, sparsity_factor=2),
+}
+
+
+def t5_attention() -> torch.nn.Module:
+    """A T5 encoder attention of T5_SHAPE in float64 with a random bias table (16 buckets up to 20 tokens)."""
+    config = transformers.T5Config(**{**T5_SHAPE, "relative_attention_num_buckets": 16, "relative_attention_max_distance": 20})
+    torch.manual_seed(0)
+    attention = T5Attention(config, has_relative_attention_bias=True).double()
+    with torch.no_grad():
+        attention.relative_attention_bias.weight.normal_(std=2)
+    return attention
+
+
+def projections(batch: int) -> list[torch.Tensor]:
+    """Queries, keys and values laid out as a model's projections, (B, L, H, D) seen as (B, H, L, D)."""
+    generator = torch.Generator().manual_seed(1)
+    return [
+        torch.randn(batch, LENGTH, HEADS, HEAD_DIM, generator=generator, dtype=torch.float64).transpose(1, 2).requires_grad_()
+        for _ in range(3)
+    ]
+
+
+def attend(backend: str, qkv, mask, sparsity: str, attention: torch.nn.Module) -> torch.Tensor:
+    config = lsg_config(block_size=8, num_global_tokens=2, **CONFIGS[sparsity])
+    terms = lsg_t5_bias.t5_position_terms(attention, global_position=0)
+    return lsg_self_attention(*qkv, mask, config, backend=backend, scaling=1.0, position_terms=terms)
+
+
+@pytest.mark.parametrize("sparsity", list(CONFIGS))
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+def test_trained_position_terms_give_the_eager_outputs_and_gradients(sparsity, padded):
+    mask = padding_mask([LENGTH, 50], LENGTH) if padded else None
+    results = []
+    for backend in ("sdpa", "eager"):
+        attention, qkv = t5_attention(), projections(2)
+        output = attend(backend, qkv, mask, sparsity, attention)
+        weights = torch.linspace(-1, 1, output.numel(), dtype=output.dtype).reshape(output.shape)
+        if mask is not None:  # the padding rows' outputs are not used
+            weights = weights * mask[:, None, :, None]
+        table = attention.relative_attention_bias.weight
+        results.append([output * (weights != 0), *torch.autograd.grad((output * weights).sum(), [*qkv, table])])
+
+    assert results[1][-1].abs().max() > 0
+    for name, got, expected in zip(["output", "queries", "keys", "values", "bias table"], *results):
+        torch.testing.assert_close(got, expected, atol=1e-10, rtol=1e-10, msg=lambda message: f"{name}: {message}")
+
+
+@pytest.mark.parametrize("sparsity", list(CONFIGS))
+def test_trained_position_terms_keep_no_gathered_keys(sparsity):
+    """Every tensor kept for the backward pass that holds rows of keys (its last size the head size) holds
+    at most twice the layer's keys (the layer's keys, then the compressed ones: 1.5 times with a sparsity
+    factor of 2): a gathered copy holds each key three times and more."""
+    qkv = projections(2)
+    kept_rows = []
+
+    def pack(tensor):
+        if tensor.dim() >= 3 and tensor.shape[-1] == HEAD_DIM:
+            kept_rows.append(tensor.numel())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        attend("sdpa", qkv, padding_mask([LENGTH, 50], LENGTH), sparsity, t5_attention())
+
+    assert kept_rows
+    assert max(kept_rows) <= 2 * qkv[1].numel(), f"{max(kept_rows) / qkv[1].numel():.2f} times the layer's keys"
