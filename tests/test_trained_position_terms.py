@@ -83,3 +83,21 @@ def test_trained_position_terms_keep_no_gathered_keys(sparsity):
 
     assert kept_rows
     assert max(kept_rows) <= 2 * qkv[1].numel(), f"{max(kept_rows) / qkv[1].numel():.2f} times the layer's keys"
+
+
+def test_a_query_whose_every_key_is_masked_gives_the_table_no_gradient():
+    """A causal call without global tokens, padded on the left: the first padding query of a block that
+    starts with padding sees no key. The bias table's gradient takes nothing from it, as the eager
+    backend's (a masked key's position term is masked, whatever the row's other keys)."""
+    length = 40  # 5 blocks of 8
+    config = lsg_config(block_size=8, num_global_tokens=0, sparsity_type="none", sparse_block_size=0)
+    mask = torch.arange(length)[None, :] >= torch.tensor([[0], [13]])  # row 1: 13 padding tokens first
+    gradients = []
+    for backend in ("sdpa", "eager"):
+        attention, qkv = t5_attention(), [x[:, :, :length] for x in projections(2)]
+        terms = lsg_t5_bias.t5_position_terms(attention, global_position=0)
+        output = lsg_self_attention(*qkv, mask, config, backend=backend, scaling=1.0, causal=True, position_terms=terms)
+        weights = torch.linspace(-1, 1, output.numel(), dtype=output.dtype).reshape(output.shape)
+        gradients.append(torch.autograd.grad((output * weights).sum(), attention.relative_attention_bias.weight)[0])
+
+    torch.testing.assert_close(gradients[0], gradients[1], atol=1e-10, rtol=1e-10)

@@ -295,13 +295,16 @@ def block_row_table(terms: PositionTerms, block_size: int) -> torch.Tensor:
 
 def block_table_scores(terms: PositionTerms, block_size: int, key_offsets: torch.Tensor) -> torch.Tensor:
     """The table's scores of each row of a block over its keys, from each key's offset from the block's
-    start, key_offsets (B or 1, nb, 1 or H, 1, K) int64 -> (B or 1, nb, H, b, K): one lookup per pair in
-    `block_row_table` (terms with a table only, and `max_distance`)."""
+    start, key_offsets (B or 1, nb, 1 or H, 1, K) int64 -> (B or 1, nb, H, b, K): one lookup per key and
+    head of the b rows' scores in `block_row_table` (terms with a table only, and `max_distance`), whose
+    backward adds them into the table (no gradient of the table's size per block and head)."""
     table = block_row_table(terms, block_size)
     heads, _, width = table.shape
     column = key_offsets.clamp(-terms.max_distance, width - terms.max_distance - 1) + terms.max_distance
-    shape = (*column.shape[:2], heads, block_size, column.shape[-1])
-    return table.expand(*shape[:2], heads, block_size, width).gather(-1, column.expand(shape))
+    head_columns = column[:, :, :, 0, :] + torch.arange(heads, device=column.device)[:, None] * width  # (B or 1, nb, H, K)
+    rows_of_columns = table.transpose(0, 1).reshape(block_size, heads * width)  # (b, H W)
+    scores = rows_of_columns.index_select(-1, head_columns.flatten()).view(block_size, *head_columns.shape)
+    return scores.movedim(0, -2)  # (b, B or 1, nb, H, K) -> (B or 1, nb, H, b, K)
 
 
 def global_query_positions(terms: PositionTerms, num_global: int, device: torch.device) -> torch.Tensor:
@@ -836,6 +839,25 @@ def block_additive_mask(job: TokenAttention) -> torch.Tensor:
     return mask
 
 
+def trained_position_terms(job: TokenAttention) -> bool:
+    """Whether `job`'s position terms give its mask a gradient (a bias table or rows being trained)."""
+    return job.positions is not None and torch.is_grad_enabled() and any(rows.requires_grad for _, rows, _ in job.positions.parts())
+
+
+def folded_mask_parts(
+    job: TokenAttention, chosen: tuple[torch.Tensor, torch.Tensor] | None
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """`block_additive_mask`'s parts, not joined, folded into the batch (every block or the `chosen`
+    ones, `folded_blocks`): which keys each block may attend, (n, 1 or H, 1 or b, K) bool, and the
+    position terms of each segment of its keys, in key order, (n, 1 or H, b, K_i) in the queries' dtype
+    (broadcast views where they do not vary between blocks)."""
+    allowed = block_mask(job) if job.kept is None else job.kept  # (B, nb, 1 or H, 1 or b, K)
+    batch, num_blocks, dtype = job.token_keys.shape[0], job.num_blocks, job.token_queries.dtype
+    pieces = block_position_scores(job)  # (B or 1, nb or 1, 1 or H, b, K_i)
+    pieces = [folded_blocks(piece.to(dtype).expand(batch, num_blocks, *piece.shape[2:]), batch, chosen) for piece in pieces]
+    return folded_blocks(allowed, batch, chosen), pieces
+
+
 def cached_block_mask(job: TokenAttention, chosen: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
     """`block_additive_mask` folded into the batch, every block or the `chosen` ones (`folded_blocks`):
     (n, 1 or H, 1 or b, K). Made once per forward where every layer would make the same one: position
@@ -939,17 +961,17 @@ class BlockKeys:
         job: TokenAttention,
         with_values: bool = True,
         chosen: tuple[torch.Tensor, torch.Tensor] | None = None,
-        mask: torch.Tensor | None = None,
     ) -> BlockKeys:
         """The blocks of `job`: every block, or the `chosen` ones ((batch index, block index), as
-        `TokenAttention.query_blocks` gives them); `mask`: their `cached_block_mask` where it is made."""
+        `TokenAttention.query_blocks` gives them)."""
+        mask = cached_block_mask(job, chosen)  # first: the position terms' pieces are freed before the keys are gathered
         table = job_block_table(job)
         key_sequence, value_sequence = key_sequences(job)
         return cls(
             queries=block_queries(job, table, chosen),
             keys=gather_block_rows(key_sequence, table.columns, chosen),
             values=gather_block_rows(value_sequence, table.columns, chosen) if with_values else None,
-            mask=cached_block_mask(job, chosen) if mask is None else mask,
+            mask=mask,
         )
 
 

@@ -35,6 +35,7 @@ This file travels with saved models as remote code: it imports torch and lsg_tra
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -44,7 +45,8 @@ from .lsg_pattern import (
     KeyPattern,
     block_queries,
     block_table,
-    cached_block_mask,
+    folded_mask_parts,
+    trained_position_terms,
     flat_block_rows,
     job_block_table,
     key_sequences,
@@ -119,16 +121,22 @@ def gathered_attention(
     """The output of every block, or of the `chosen` ones ((batch index, block index), which `chosen_name`
     names in the pass's memo), their keys gathered (`BlockKeys`): (n, b, H, D). On the CPU, where the mask
     carries position terms being trained, through `RegatheredBlockAttention`."""
-    mask = cached_block_mask(job, chosen)
-    if mask.requires_grad and not mask.is_cuda:
+    if trained_position_terms(job) and not job.token_queries.is_cuda:
         table = job_block_table(job)
         key_sequence, value_sequence = key_sequences(job)  # (B, N, H, D) each
         rows = flat_block_rows(table.columns, key_sequence.shape[0], key_sequence.shape[1], chosen)  # (n, K)
+        allowed, position_scores = folded_mask_parts(job, chosen)
         output = RegatheredBlockAttention.apply(
-            block_queries(job, table, chosen), key_sequence.flatten(0, 1), value_sequence.flatten(0, 1), rows, mask, job.scaling
+            block_queries(job, table, chosen),
+            key_sequence.flatten(0, 1),
+            value_sequence.flatten(0, 1),
+            rows,
+            allowed,
+            job.scaling,
+            *position_scores,
         )  # (n, H, b, D)
         return output.transpose(1, 2)
-    blocks = BlockKeys.of(job, chosen=chosen, mask=mask)
+    blocks = BlockKeys.of(job, chosen=chosen)
     queries, keys, values, mask = blocks.queries, blocks.keys, blocks.values, blocks.mask
     output = queries.new_empty(queries.shape[0], job.pattern.block_size, queries.shape[1], values.shape[-1])
     if job.masks_of_padding_alone:
@@ -143,31 +151,35 @@ def gathered_attention(
 
 
 class RegatheredBlockAttention(torch.autograd.Function):
-    """softmax(q k^T * scaling + mask) v of blocks of queries over their keys gathered from the layer's
-    sequence, keeping for the backward pass the softmax's weights and the sequence, not the gathered
-    keys and values: the backward gathers them again. SDPA's math kernel, which runs where the mask
-    needs a gradient (position terms being trained), keeps both the weights and the gathered copies
-    (each key three times and more).
+    """softmax(q k^T * scaling + position terms, masked) v of blocks of queries over their keys gathered
+    from the layer's sequence, keeping for the backward pass the softmax's weights and the sequence, not
+    the gathered keys and values: the backward gathers them again. SDPA's math kernel, which runs where
+    the mask needs a gradient (position terms being trained), keeps both the weights and the gathered
+    copies (each key three times and more). The position terms are added to the scores segment by
+    segment, and their gradients read from the scores' gradient: no additive mask is made.
 
     queries: (n, H, b, D); key_rows, value_rows: (B N, H, D), the batch's sequences end to end; rows:
-    (n, K) long, each block's keys' rows in them (`flat_block_rows`); mask: (n, 1 or H, 1 or b, K),
-    additive. Returns (n, H, b, D).
+    (n, K) long, each block's keys' rows in them (`flat_block_rows`); allowed: (n, 1 or H, 1 or b, K)
+    bool, the keys each query may attend; position_scores: the terms of each segment of the keys, in
+    key order, (n, 1 or H, 1 or b, K_i) (`folded_mask_parts`). Returns (n, H, b, D).
     """
 
     @staticmethod
-    def forward(ctx, queries, key_rows, value_rows, rows, mask, scaling: float):
+    def forward(ctx, queries, key_rows, value_rows, rows, allowed, scaling: float, *position_scores):
         dtype = torch.promote_types(queries.dtype, torch.float32)  # as SDPA's math kernel: float32 at least
         index = block_key_index(rows, key_rows.shape[1])
         keys, values = (x[index].to(dtype) for x in (key_rows, value_rows))  # (n, H, K, D)
-        scores = (queries.to(dtype) @ keys.transpose(-1, -2)).mul_(scaling).add_(mask)  # (n, H, b, K)
-        weights = scores.softmax(dim=-1)
-        ctx.save_for_backward(queries, key_rows, value_rows, rows, weights)
-        ctx.mask_shape, ctx.mask_dtype, ctx.scaling = mask.shape, mask.dtype, scaling
+        scores = (queries.to(dtype) @ keys.transpose(-1, -2)).mul_(scaling)  # (n, H, b, K)
+        for segment, terms in zip(key_segments([terms.shape[-1] for terms in position_scores]), position_scores):
+            scores[..., segment].add_(terms)
+        weights = scores.masked_fill_(allowed.logical_not(), torch.finfo(dtype).min).softmax(dim=-1)
+        ctx.save_for_backward(queries, key_rows, value_rows, rows, allowed, weights)
+        ctx.scaling, ctx.terms_shapes = scaling, [(terms.shape, terms.dtype) for terms in position_scores]
         return (weights @ values).to(queries.dtype)
 
     @staticmethod
     def backward(ctx, grad_output):
-        queries, key_rows, value_rows, rows, weights = ctx.saved_tensors
+        queries, key_rows, value_rows, rows, allowed, weights = ctx.saved_tensors
         dtype, scaling = weights.dtype, ctx.scaling
         index = block_key_index(rows, key_rows.shape[1])
         keys, values = (x[index].to(dtype) for x in (key_rows, value_rows))  # (n, H, K, D)
@@ -183,8 +195,23 @@ class RegatheredBlockAttention(torch.autograd.Function):
         grad_queries = (grad_scores @ keys * scaling).to(queries.dtype) if needs[0] else None
         grad_keys = to_rows(grad_scores.transpose(-1, -2) @ queries.to(dtype) * scaling, key_rows) if needs[1] else None
         grad_values = to_rows(weights.transpose(-1, -2) @ grad_output, value_rows) if needs[2] else None
-        grad_mask = grad_scores.sum_to_size(ctx.mask_shape).to(ctx.mask_dtype) if needs[4] else None
-        return grad_queries, grad_keys, grad_values, None, grad_mask, None
+        grad_terms = [None] * len(ctx.terms_shapes)
+        if any(needs[6:]):
+            # a masked key's weight is 0, and so its gradient, but in a query row whose every key is masked
+            if tracing() or not bool(allowed.any(dim=-1).all()):
+                grad_scores = grad_scores.masked_fill_(allowed.logical_not(), 0)
+            segments = key_segments([shape[-1] for shape, _ in ctx.terms_shapes])
+            grad_terms = [
+                grad_scores[..., segment].sum_to_size(shape).to(terms_dtype) if need else None
+                for segment, (shape, terms_dtype), need in zip(segments, ctx.terms_shapes, needs[6:])
+            ]
+        return grad_queries, grad_keys, grad_values, None, None, None, *grad_terms
+
+
+def key_segments(widths: list[int]) -> list[slice]:
+    """The slices of the keys that consecutive segments of `widths` keys cover, in key order."""
+    ends = list(itertools.accumulate(widths))
+    return [slice(end - width, end) for end, width in zip(ends, widths)]
 
 
 def block_key_index(rows: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
