@@ -62,7 +62,7 @@ from .lsg_pattern import (
     sdpa_dense_attention,
     tracing,
 )
-from .lsg_transformers import CPU_FLASH_ATTENTION, CPU_FLASH_ATTENTION_BACKWARD
+from .lsg_transformers import CPU_FLASH_ATTENTION, CPU_FLASH_ATTENTION_BACKWARD, SOFTMAX_BACKWARD
 
 # The CPU flash kernel (CPU_FLASH_ATTENTION, absent from older torch builds) runs key counts of a multiple
 # of 16 fastest (its vector width: 510 keys take 14% longer than 512):
@@ -169,10 +169,14 @@ class RegatheredBlockAttention(torch.autograd.Function):
         dtype = torch.promote_types(queries.dtype, torch.float32)  # as SDPA's math kernel: float32 at least
         index = block_key_index(rows, key_rows.shape[1])
         keys, values = (x[index].to(dtype) for x in (key_rows, value_rows))  # (n, H, K, D)
-        scores = (queries.to(dtype) @ keys.transpose(-1, -2)).mul_(scaling)  # (n, H, b, K)
+        scores = (queries.to(dtype) * scaling) @ keys.transpose(-1, -2)  # (n, H, b, K)
         for segment, terms in zip(key_segments([terms.shape[-1] for terms in position_scores]), position_scores):
             scores[..., segment].add_(terms)
-        weights = scores.masked_fill_(allowed.logical_not(), torch.finfo(dtype).min).softmax(dim=-1)
+        hidden = allowed.logical_not()
+        for start, end, masked in mask_runs(hidden):  # the blocks that hide keys (at the edges, beside padding)
+            if masked:
+                scores[start:end].masked_fill_(hidden[start:end], torch.finfo(dtype).min)
+        weights = scores.softmax(dim=-1)
         ctx.save_for_backward(queries, key_rows, value_rows, rows, allowed, weights)
         ctx.scaling, ctx.terms_shapes = scaling, [(terms.shape, terms.dtype) for terms in position_scores]
         return (weights @ values).to(queries.dtype)
@@ -184,8 +188,7 @@ class RegatheredBlockAttention(torch.autograd.Function):
         index = block_key_index(rows, key_rows.shape[1])
         keys, values = (x[index].to(dtype) for x in (key_rows, value_rows))  # (n, H, K, D)
         grad_output = grad_output.to(dtype)
-        grad_scores = grad_output @ values.transpose(-1, -2)  # (n, H, b, K), the weights' gradient
-        grad_scores = grad_scores.sub_((grad_scores * weights).sum(dim=-1, keepdim=True)).mul_(weights)
+        grad_scores = SOFTMAX_BACKWARD(grad_output @ values.transpose(-1, -2), weights, -1, dtype)  # (n, H, b, K)
 
         def to_rows(grad_blocks: torch.Tensor, like: torch.Tensor) -> torch.Tensor:  # (n, H, K, D) -> (B N, H, D)
             grad_rows = torch.zeros(like.shape, dtype=dtype, device=like.device)
@@ -627,11 +630,11 @@ def local_then_global(
 
 
 def mask_runs(mask: torch.Tensor) -> list[tuple[int, int, bool]]:
-    """The blocks of an additive block mask (n, 1 or H, 1 or b, K) as runs of consecutive ones, (start,
-    end, whether they need the mask): a block whose mask is all zero (every key allowed, no position
-    terms: a block away from the edges and the padding) runs SDPA without one, the fused kernels' faster
-    path, with the same result. Masks with rows per head or query (position terms, DropKey) are not
-    scanned: one run that needs its mask."""
+    """The blocks of an additive block mask (n, 1 or H, 1 or b, K), or of a bool one (True: hidden), as
+    runs of consecutive ones, (start, end, whether they need the mask): a block whose mask is all zero
+    (every key allowed, no position terms: a block away from the edges and the padding) runs SDPA without
+    one, the fused kernels' faster path, with the same result. Masks with rows per head or query
+    (position terms, DropKey) are not scanned: one run that needs its mask."""
     if mask.shape[1] * mask.shape[2] != 1 or tracing():
         return [(0, mask.shape[0], True)]
     return runs_of(mask.flatten(1).ne(0).any(dim=1).tolist())
