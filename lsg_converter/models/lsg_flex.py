@@ -133,7 +133,10 @@ def block_structure(
     last_query = (first_row + tile).clamp(max=query_rows) - 1 - layout.query_offset  # its last token query
     first_query = (first_row - layout.query_offset).clamp(min=0)
     holds_tokens = last_query >= 0  # a tile of global query rows only reads the globals
-    first_block, last_block = first_query // block, last_query.clamp(min=0) // block
+    # truncating = floor division of these non-negative rows; CPU inductor (torch 2.13) fails on `//` of a clamped
+    # arange, and computes `arange // block` wrong past the last whole vector
+    first_block = torch.div(first_query, block, rounding_mode="trunc")
+    last_block = torch.div(last_query.clamp(min=0), block, rounding_mode="trunc")
 
     token_end = pattern.local_end(last_block)
     if pattern.causal:
@@ -428,6 +431,15 @@ def _at_storage_start(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous() if x.storage_offset() == 0 else x.clone(memory_format=torch.contiguous_format)
 
 
+def _cpu_graph_operand(x: torch.Tensor) -> torch.Tensor:
+    """A query or key operand (B, H, n, D) of flex_attention, copied contiguous on the CPU inside a graph
+    being compiled, else itself: inductor's CPU flex template reads their sizes from their storage
+    (torch 2.13), which fails on a view of a projection output (B n, H D)."""
+    if torch.compiler.is_compiling() and x.device.type == "cpu":
+        return x.contiguous()
+    return x
+
+
 def _laid_out(pieces: list[torch.Tensor], segment_ends: tuple[int, ...]) -> torch.Tensor:
     """(B, H, n_i, ...) per segment -> (B, H, length, ...), segment i over rows [end_(i-1), end_i), zeros
     after its piece: one copy."""
@@ -476,9 +488,10 @@ class FlexBackend:
         layout = KeyLayout.of(pattern, job.token_mask.shape[1], TILE, num_tokens)
         segment_ends = (layout.sparse_offset, layout.length)
         queries, keys, values = job.sequence  # (B, g + t, H, D)
-        queries = _at_storage_start(queries).transpose(1, 2)  # (B, H, g + t, D)
+        queries = _cpu_graph_operand(_at_storage_start(queries).transpose(1, 2))  # (B, H, g + t, D)
         if sparse is None:
             keys, values = (_at_storage_start(x).transpose(1, 2) for x in (keys, values))
+            keys = _cpu_graph_operand(keys)
         else:  # (B, H, length, D)
             keys = _laid_out([keys.transpose(1, 2), sparse.keys], segment_ends)
             values = _laid_out([values.transpose(1, 2), sparse.values], segment_ends)
@@ -540,7 +553,7 @@ class FlexBackend:
         key_valid = _laid_out([m.expand(-1, heads, -1) for m in masks], segment_ends)  # (B, H, length) bool
         block_mask = _with_mask_mod(structure, lsg_mask_mod(pattern, layout, key_valid, job.kept))
         output = _flex_kernel(self._signature(job, "gathered"))(
-            _at_storage_start(job.token_queries).transpose(1, 2),
+            _cpu_graph_operand(_at_storage_start(job.token_queries).transpose(1, 2)),
             key_sequence,
             value_sequence,
             score_mod=score_mod,
