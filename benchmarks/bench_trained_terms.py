@@ -25,9 +25,13 @@ from lsg_converter.models.lsg_attention import lsg_self_attention
 HEADS, HEAD_DIM = 12, 64
 
 
-def gathered_sdpa(queries, key_rows, value_rows, rows, mask, scaling):
-    """The blocks as before: their keys and values gathered on the autograd path, then SDPA."""
+def gathered_sdpa(queries, key_rows, value_rows, rows, allowed, scaling, *position_scores):
+    """The blocks as before: their keys and values gathered on the autograd path, the position terms
+    joined into an additive mask, then SDPA."""
     keys, values = (x[rows].transpose(1, 2) for x in (key_rows, value_rows))  # (n, H, K, D)
+    shape = torch.broadcast_shapes(*(terms.shape[:-1] for terms in position_scores))  # (n, H, b)
+    terms = torch.cat([terms.expand(*shape, -1) for terms in position_scores], dim=-1)  # (n, H, b, K)
+    mask = torch.where(allowed, terms, torch.finfo(terms.dtype).min)
     return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scaling)
 
 
