@@ -177,13 +177,13 @@ class RegatheredBlockAttention(torch.autograd.Function):
             if masked:
                 scores[start:end].masked_fill_(hidden[start:end], torch.finfo(dtype).min)
         weights = scores.softmax(dim=-1)
-        ctx.save_for_backward(queries, key_rows, value_rows, rows, allowed, weights)
+        ctx.save_for_backward(queries, key_rows, value_rows, rows, hidden, weights)
         ctx.scaling, ctx.terms_shapes = scaling, [(terms.shape, terms.dtype) for terms in position_scores]
         return (weights @ values).to(queries.dtype)
 
     @staticmethod
     def backward(ctx, grad_output):
-        queries, key_rows, value_rows, rows, allowed, weights = ctx.saved_tensors
+        queries, key_rows, value_rows, rows, hidden, weights = ctx.saved_tensors
         dtype, scaling = weights.dtype, ctx.scaling
         index = block_key_index(rows, key_rows.shape[1])
         keys, values = (x[index].to(dtype) for x in (key_rows, value_rows))  # (n, H, K, D)
@@ -201,8 +201,8 @@ class RegatheredBlockAttention(torch.autograd.Function):
         grad_terms = [None] * len(ctx.terms_shapes)
         if any(needs[6:]):
             # a masked key's weight is 0, and so its gradient, but in a query row whose every key is masked
-            if tracing() or not bool(allowed.any(dim=-1).all()):
-                grad_scores = grad_scores.masked_fill_(allowed.logical_not(), 0)
+            if tracing() or bool(hidden.all(dim=-1).any()):
+                grad_scores = grad_scores.masked_fill_(hidden, 0)
             segments = key_segments([shape[-1] for shape, _ in ctx.terms_shapes])
             grad_terms = [
                 grad_scores[..., segment].sum_to_size(shape).to(terms_dtype) if need else None
