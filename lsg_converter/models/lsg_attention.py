@@ -313,18 +313,24 @@ def lsg_attention(
         )
     if dropout:
         job.kept = block_dropout(job, heads, dropout)
+
+    def global_attention(context: KeySequence | None = None) -> torch.Tensor:  # (B, g, H, D)
+        every_key = no_masked_keys and context is None and not causal and not dropout
+        context = context or KeySequence(key, value, None)
+        mask = None if every_key else key_mask
+        return _global_attention(kernel, global_queries, mask, context, causal, dropout, scaling, position_terms)
+
+    if num_global:
+        job.global_attention = global_attention
     tokens = _token_attention(kernel, job)
+    if tokens.with_global_rows:
+        return tokens.output.transpose(1, 2), tokens.weights
     pieces = list(tokens.output) if isinstance(tokens.output, tuple) else [tokens.output]  # (B, t_i, H, D)
     if job.real_rows is not None:  # the rows of blocks of padding only are zero, as the sdpa backend leaves them
         token_output = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
         pieces = [torch.where(job.real_rows[:, :, None, None], token_output, 0)]
     if num_global:
-        every_key = no_masked_keys and tokens.global_context is None and not causal and not dropout
-        context = tokens.global_context or KeySequence(key, value, None)
-        global_output = _global_attention(
-            kernel, global_queries, None if every_key else key_mask, context, causal, dropout, scaling, position_terms
-        )  # (B, g, H, D)
-        pieces.insert(0, global_output)
+        pieces.insert(0, global_attention(tokens.global_context))
     output = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)  # (B, g + t, H, D)
     return output.transpose(1, 2), tokens.weights
 

@@ -366,7 +366,11 @@ class TokenAttention:
     no_masked_keys: True where the core knows, without reading a mask, that no key is masked (no
     padding mask, no masked first token);
     padding_memo: what the layers of this forward pass made before from its padding (`pass_padding_memo`,
-    through `made_once`), or None (each call makes its own).
+    through `made_once`), or None (each call makes its own);
+    global_attention: computes the global queries' output over the layer's keys as they were given,
+    (B, g, H, D), for a backend that writes it into its own output (`TokenOutput.with_global_rows`),
+    so that the kernel's saved output is the layer's output and no joined copy of it is kept; None
+    without global tokens.
     """
 
     token_queries: torch.Tensor
@@ -386,6 +390,7 @@ class TokenAttention:
     real_blocks: torch.Tensor | None = None
     no_masked_keys: bool = False
     padding_memo: dict | None = None
+    global_attention: Callable[[], torch.Tensor] | None = None
     _token_key_rows: torch.Tensor | None = field(default=None, init=False, repr=False)
     _padded: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = field(default=None, init=False, repr=False)
 
@@ -474,11 +479,14 @@ class TokenOutput:
     the core joins with the global queries' output in one copy; weights (B, H, t, t), the token queries' weights
     over the tokens (the global columns left out, on the output's autograd path, see
     `weighted_values`), or None where the backend does not compute them; global_context, the keys the global queries attend to
-    as the backend holds them, or None for the layer's keys and values as they were given."""
+    as the backend holds them, or None for the layer's keys and values as they were given;
+    with_global_rows: the output is the whole layer's, (B, g + t, H, D), the global queries' rows first
+    (`TokenAttention.global_attention`): the core joins nothing."""
 
     output: torch.Tensor | tuple[torch.Tensor, ...]
     weights: torch.Tensor | None
     global_context: KeySequence | None
+    with_global_rows: bool = False
 
 
 class BackendUnavailable(RuntimeError):

@@ -91,15 +91,15 @@ class SdpaBackend:
         training = in_training(job)
         plan = window_view_plan(job, training)
         if plan is None and unmasked_input(job):
-            return TokenOutput(tuple(unmasked_attention(job)), None, None)
+            return unmasked_attention(job)
         if plan is None:  # every block gathered
             chosen = job.query_blocks  # None: every block
             output = gathered_attention(job, chosen)
             if chosen is not None:  # the blocks of padding only get zeros
                 output = output.new_zeros(shape).index_put_(chosen, output)
         elif training:  # (B, T, H, D) -> (B, nb, b, H, D); the edge blocks gathered, on the autograd path
-            runs = tuple(plan.viewed_runs)
-            output = WindowViewAttention.apply(*token_and_global_parts(job), job.pattern, runs, 0, job.num_blocks, job.scaling)
+            runs, rows = tuple(plan.viewed_runs), job.num_blocks * job.pattern.block_size
+            output = WindowViewAttention.apply(*token_and_global_parts(job), job.pattern, runs, 0, job.num_blocks, job.scaling, rows, 0, ())
             output = output.unflatten(1, (-1, job.pattern.block_size))
             if plan.edges is not None:
                 output = output.index_put(plan.edges, gathered_attention(job, plan.edges, "edge blocks"))
@@ -238,7 +238,9 @@ class ShapeBlocks:
 
     edge_columns: (e, K) the edge blocks' keys' rows in the layer's sequence; edge_queries:
     (e, b) their queries' rows in it (rows past the last token read it: their outputs are dropped);
-    edge_mask: (B e, 1, 1 or b, K) additive; unmasked_columns: (n, K) the middle blocks' keys' rows.
+    edge_mask: (B e, 1, 1 or b, K) additive; unmasked_columns: (n, K) the middle blocks' keys' rows;
+    edge_rows: the rows of the layer's output (g + t) of the edge blocks' first outputs, those of its
+    tokens, in their order (the rows before the middle run, then those after it).
     """
 
     edge_columns: torch.Tensor
@@ -246,6 +248,7 @@ class ShapeBlocks:
     edge_mask: torch.Tensor
     unmasked: tuple[int, int] | None
     unmasked_columns: torch.Tensor | None
+    edge_rows: torch.Tensor
 
 
 @shape_cached
@@ -268,21 +271,24 @@ def shape_blocks(
     edges = torch.tensor([index for index in range(num_blocks) if index not in unmasked], dtype=torch.long, device=device)
     # (B e, 1, 1 or b, K)
     edge_mask = additive_mask(allowed[edges][None, :, None].expand(batch, -1, -1, -1, -1).flatten(0, 1), dtype)
+    token_rows = torch.arange(pattern.num_global, pattern.num_global + num_tokens, device=device)
     return ShapeBlocks(
         edge_columns=table.columns[edges],
         edge_queries=table.query_rows[edges],
         edge_mask=edge_mask,
         unmasked=run,
         unmasked_columns=None if run is None else table.columns[run[0] : run[1]],
+        edge_rows=token_rows if run is None else torch.cat([token_rows[: run[0] * block], token_rows[run[1] * block :]]),
     )
 
 
-def unmasked_attention(job: TokenAttention) -> list[torch.Tensor]:
+def unmasked_attention(job: TokenAttention) -> TokenOutput:
     """The token queries' output of an `unmasked_input`, as pieces (B, t_i, H, D) in token order for the
     core to join: the middle blocks in one SDPA call without a mask, the edge blocks in one with theirs,
-    each block's keys gathered from the layer's sequence in one copy (`gather_block_rows`); on the CPU (in
+    each block's keys gathered from the layer's sequence in one copy (`gather_block_rows`). On the CPU (in
     training: without gradients the window-view plan runs) the middle blocks read theirs as views
-    (`WindowViewAttention`)."""
+    (`WindowViewAttention`), which writes the edge blocks' and the global queries' outputs into its own:
+    the whole layer's output is then the one it keeps for its backward."""
     pattern, queries = job.pattern, job.token_queries
     batch, _, heads, _ = queries.shape
     block = pattern.block_size
@@ -296,18 +302,25 @@ def unmasked_attention(job: TokenAttention) -> list[torch.Tensor]:
     edge_queries = gather_block_rows(query_sequence, plan.edge_queries)  # (B e, H, b, D)
     edges = run(edge_queries, plan.edge_columns, plan.edge_mask)  # (B, e b, H, D)
     if plan.unmasked is None:
-        return [edges[:, : job.num_tokens]]
+        return TokenOutput(edges[:, : job.num_tokens], None, None)
     start, end = plan.unmasked
+    edge_outputs = edges[:, : len(plan.edge_rows)]  # (B, e b, H, D) -> their token rows' outputs
     if CPU_FLASH_ATTENTION_BACKWARD is not None and reads_window_views(job):
         runs = tuple((row, start, end) for row in range(batch))
-        middle = WindowViewAttention.apply(*token_and_global_parts(job), pattern, runs, start, end - start, job.scaling)
-    else:
-        middle_queries = queries[:, start * block : end * block].unflatten(1, (-1, block)).flatten(0, 1).transpose(1, 2)
-        middle = run(middle_queries, plan.unmasked_columns, None)
-    # (a split, whose backward is one copy): the edge blocks before the middle, those after it, padding rows
-    last_rows = job.num_tokens - end * block
-    before, after, _ = edges.split([start * block, last_rows, edges.shape[1] - start * block - last_rows], dim=1)
-    return [before, middle, after]
+        num_global = pattern.num_global
+        placed, pieces = (plan.edge_rows,), (edge_outputs,)
+        if job.global_attention is not None:
+            placed, pieces = (slice(0, num_global), *placed), (job.global_attention(), *pieces)
+        output = WindowViewAttention.apply(
+            *token_and_global_parts(job), pattern, runs, start, end - start, job.scaling,
+            num_global + job.num_tokens, num_global + start * block, placed, *pieces,
+        )  # fmt: skip
+        return TokenOutput(output, None, None, with_global_rows=job.global_attention is not None)
+    middle_queries = queries[:, start * block : end * block].unflatten(1, (-1, block)).flatten(0, 1).transpose(1, 2)
+    middle = run(middle_queries, plan.unmasked_columns, None)
+    # the edge blocks before the middle, those after it
+    before, after = edge_outputs.split([start * block, job.num_tokens - end * block], dim=1)
+    return TokenOutput((before, middle, after), None, None)
 
 
 @dataclass(frozen=True)
@@ -472,40 +485,58 @@ class WindowViewAttention(torch.autograd.Function):
     gradients part by part), and adds each window's key gradients back to the rows it viewed.
 
     queries, keys, values: the token queries, keys and values (B, t, H, D); global_keys, global_values:
-    (B, g, H, D); runs: (row, start, end) of each run of blocks; returns the output of blocks [first_block,
-    first_block + num_blocks) of every row, (B, num_blocks b, H, D), zero outside the runs."""
+    (B, g, H, D); runs: (row, start, end) of each run of blocks; the output of blocks [first_block,
+    first_block + num_blocks) of every row, zero outside the runs, lies at rows [blocks_at, blocks_at +
+    num_blocks b) of the output (B, rows, H, D); each of `pieces` (B, r_i, H, D), outputs of other parts of
+    the layer computed beforehand (the edge blocks', the global queries'), is written at its `placed` rows
+    (a slice, or an index of r_i rows), so that the output saved for the backward is the layer's whole
+    output, not a part of it that the core would copy again to join."""
 
     @staticmethod
     def forward(ctx, queries, keys, values, global_keys, global_values, pattern: KeyPattern,
-                runs: tuple[tuple[int, int, int], ...], first_block: int, num_blocks: int, scaling: float):  # fmt: skip
+                runs: tuple[tuple[int, int, int], ...], first_block: int, num_blocks: int, scaling: float,
+                rows: int, blocks_at: int, placed: tuple[slice | torch.Tensor, ...], *pieces):  # fmt: skip
         block = pattern.block_size
-        shape = (queries.shape[0], num_blocks * block, queries.shape[2], values.shape[-1])
         covered = sum(end - start for _, start, end in runs) == queries.shape[0] * num_blocks
+        shape = (queries.shape[0], rows, queries.shape[2], values.shape[-1])
         output = queries.new_empty(shape) if covered else queries.new_zeros(shape)
-        log_sum_exps = []  # (n, H, b) per run
+        for at, piece in zip(placed, pieces):
+            if isinstance(at, slice):
+                output[:, at] = piece
+            else:
+                output.index_copy_(1, at, piece)
+        local_lses, global_lses = [], []  # (n, H, b) per run
         for row, start, end in runs:
             row_queries, row_keys, row_values = run_views(pattern, queries[row], keys[row], values[row], start, end)
-            row_output = output[row, (start - first_block) * block : (end - first_block) * block].unflatten(0, (-1, block))
+            first_row = blocks_at + (start - first_block) * block
+            row_output = output[row, first_row : first_row + (end - start) * block].unflatten(0, (-1, block))
             global_row = (global_keys[row : row + 1], global_values[row : row + 1])
             local_lse, global_lse = local_then_global(row_queries, row_keys, row_values, None, *global_row, scaling, row_output)
-            log_sum_exps.append(local_lse if global_lse is None else torch.logaddexp(local_lse, global_lse))
-        ctx.save_for_backward(queries, keys, values, global_keys, global_values, output, *log_sum_exps)
+            local_lses.append(local_lse)
+            if global_lse is not None:
+                global_lses.append(global_lse)
+        ctx.save_for_backward(queries, keys, values, global_keys, global_values, output, *local_lses, *global_lses)
         ctx.pattern, ctx.runs, ctx.first_block, ctx.scaling = pattern, runs, first_block, scaling
+        ctx.blocks_at, ctx.placed = blocks_at, placed
         return output
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output):
-        queries, keys, values, global_keys, global_values, output, *log_sum_exps = ctx.saved_tensors
+        queries, keys, values, global_keys, global_values, output, *lses = ctx.saved_tensors
         pattern, first_block, scaling = ctx.pattern, ctx.first_block, ctx.scaling
         block, size = pattern.block_size, pattern.local_size
+        local_lses, global_lses = lses[: len(ctx.runs)], lses[len(ctx.runs) :]
         grad_queries, grad_keys, grad_values = (torch.zeros_like(x) for x in (queries, keys, values))
         grad_global_keys, grad_global_values = [], []  # (row, its (g, H, D) gradient) per run
-        for (row, start, end), lse in zip(ctx.runs, log_sum_exps):
+        for index, (row, start, end) in enumerate(ctx.runs):
             row_queries, row_keys, row_values = run_views(pattern, queries[row], keys[row], values[row], start, end)
             # (n, H, b, D): the output and its gradient as the kernel laid them out
-            rows = slice((start - first_block) * block, (end - first_block) * block)
+            first_row = ctx.blocks_at + (start - first_block) * block
+            rows = slice(first_row, first_row + (end - start) * block)
             row_output, row_grad = (x[row, rows].unflatten(0, (-1, block)).transpose(1, 2) for x in (output, grad_output))
+            # each query's log-sum-exp over all its keys
+            lse = torch.logaddexp(local_lses[index], global_lses[index]) if global_lses else local_lses[index]
             # the gradients of the softmax over all the queries' keys, at their local keys
             query_grad, key_grad, value_grad = CPU_FLASH_ATTENTION_BACKWARD(
                 row_grad, row_queries, row_keys, row_values, row_output, lse, 0.0, False, scale=scaling
@@ -530,7 +561,8 @@ class WindowViewAttention(torch.autograd.Function):
                 window_grad = window_grad.transpose(1, 2).reshape(-1, block, *window_grad.shape[1:2], window_grad.shape[-1])
                 rows_grad[windowed_rows].unflatten(0, (-1, block)).index_add_(0, window_blocks, window_grad)
         global_grads = (rows_summed(grad_global_keys, global_keys), rows_summed(grad_global_values, global_values))
-        return grad_queries, grad_keys, grad_values, *global_grads, None, None, None, None, None
+        grad_pieces = (grad_output[:, at] if isinstance(at, slice) else grad_output.index_select(1, at) for at in ctx.placed)
+        return grad_queries, grad_keys, grad_values, *global_grads, *(None,) * 8, *grad_pieces
 
 
 def token_and_global_parts(job: TokenAttention) -> tuple[torch.Tensor, ...]:
