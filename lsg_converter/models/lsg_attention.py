@@ -323,7 +323,7 @@ def lsg_attention(
     if num_global:
         job.global_attention = global_attention
     tokens = _token_attention(kernel, job)
-    if tokens.with_global_rows:
+    if tokens.is_layer_output:
         return tokens.output.transpose(1, 2), tokens.weights
     pieces = list(tokens.output) if isinstance(tokens.output, tuple) else [tokens.output]  # (B, t_i, H, D)
     if job.real_rows is not None:  # the rows of blocks of padding only are zero, as the sdpa backend leaves them

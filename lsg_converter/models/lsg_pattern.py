@@ -368,7 +368,7 @@ class TokenAttention:
     padding_memo: what the layers of this forward pass made before from its padding (`pass_padding_memo`,
     through `made_once`), or None (each call makes its own);
     global_attention: computes the global queries' output over the layer's keys as they were given,
-    (B, g, H, D), for a backend that writes it into its own output (`TokenOutput.with_global_rows`),
+    (B, g, H, D), for a backend that writes it into its own output (`TokenOutput.is_layer_output`),
     so that the kernel's saved output is the layer's output and no joined copy of it is kept; None
     without global tokens.
     """
@@ -480,13 +480,13 @@ class TokenOutput:
     over the tokens (the global columns left out, on the output's autograd path, see
     `weighted_values`), or None where the backend does not compute them; global_context, the keys the global queries attend to
     as the backend holds them, or None for the layer's keys and values as they were given;
-    with_global_rows: the output is the whole layer's, (B, g + t, H, D), the global queries' rows first
-    (`TokenAttention.global_attention`): the core joins nothing."""
+    is_layer_output: the output is the whole layer's, (B, g + t, H, D): the global queries' rows first
+    (`TokenAttention.global_attention`), the rows of blocks of padding only zero; the core joins nothing."""
 
     output: torch.Tensor | tuple[torch.Tensor, ...]
     weights: torch.Tensor | None
     global_context: KeySequence | None
-    with_global_rows: bool = False
+    is_layer_output: bool = False
 
 
 class BackendUnavailable(RuntimeError):

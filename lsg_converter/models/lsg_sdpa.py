@@ -23,7 +23,9 @@ few others (at the edges, beside padding) gather their own window only (`edge_bl
 global keys join through the log-sum-exp of each part (`local_then_global`). In training (float32 or
 float64) the same blocks read their windows as views through `WindowViewAttention`, whose backward runs
 the kernel's own; the others gather theirs on the autograd path. No gathered copy of those windows is
-kept for the backward pass.
+kept for the backward pass. For an input whose every key is seen it also writes the edge blocks' and the
+global queries' outputs into its own (`TokenOutput.is_layer_output`): the output it keeps for its
+backward is the layer's, not a part that the core would join into a second copy.
 
 Position terms being trained (T5's bias table, MPNet's, DeBERTa's projections) give the mask a gradient,
 which SDPA computes with its math kernel only, keeping each block's gathered keys and values: on the
@@ -97,12 +99,17 @@ class SdpaBackend:
             output = gathered_attention(job, chosen)
             if chosen is not None:  # the blocks of padding only get zeros
                 output = output.new_zeros(shape).index_put_(chosen, output)
-        elif training:  # (B, T, H, D) -> (B, nb, b, H, D); the edge blocks gathered, on the autograd path
-            runs, rows = tuple(plan.viewed_runs), job.num_blocks * job.pattern.block_size
-            output = WindowViewAttention.apply(*token_and_global_parts(job), job.pattern, runs, 0, job.num_blocks, job.scaling, rows, 0, ())
-            output = output.unflatten(1, (-1, job.pattern.block_size))
+        elif training:  # the edge blocks gathered, on the autograd path, their token rows written into the output
+            placed, pieces = global_rows_placed(job)
             if plan.edges is not None:
-                output = output.index_put(plan.edges, gathered_attention(job, plan.edges, "edge blocks"))
+                edge_output = gathered_attention(job, plan.edges, "edge blocks").flatten(0, 1)  # (e b, H, D)
+                placed, pieces = (*placed, plan.edge_targets), (*pieces, edge_output[plan.edge_kept])
+            num_global = job.pattern.num_global
+            output = WindowViewAttention.apply(
+                *token_and_global_parts(job), job.pattern, tuple(plan.viewed_runs), 0, job.num_blocks, job.scaling,
+                num_global + job.num_tokens, num_global, placed, *pieces,
+            )  # fmt: skip
+            return TokenOutput(output, None, None, is_layer_output=True)
         else:
             output = job.token_queries.new_empty(shape) if plan.every_block else job.token_queries.new_zeros(shape)
             for row, start, end in plan.viewed_runs:
@@ -307,15 +314,13 @@ def unmasked_attention(job: TokenAttention) -> TokenOutput:
     edge_outputs = edges[:, : len(plan.edge_rows)]  # (B, e b, H, D) -> their token rows' outputs
     if CPU_FLASH_ATTENTION_BACKWARD is not None and reads_window_views(job):
         runs = tuple((row, start, end) for row in range(batch))
-        num_global = pattern.num_global
-        placed, pieces = (plan.edge_rows,), (edge_outputs,)
-        if job.global_attention is not None:
-            placed, pieces = (slice(0, num_global), *placed), (job.global_attention(), *pieces)
+        placed, pieces = global_rows_placed(job)
         output = WindowViewAttention.apply(
             *token_and_global_parts(job), pattern, runs, start, end - start, job.scaling,
-            num_global + job.num_tokens, num_global + start * block, placed, *pieces,
+            pattern.num_global + job.num_tokens, pattern.num_global + start * block,
+            (*placed, plan.edge_rows), *pieces, edge_outputs,
         )  # fmt: skip
-        return TokenOutput(output, None, None, with_global_rows=job.global_attention is not None)
+        return TokenOutput(output, None, None, is_layer_output=True)
     middle_queries = queries[:, start * block : end * block].unflatten(1, (-1, block)).flatten(0, 1).transpose(1, 2)
     middle = run(middle_queries, plan.unmasked_columns, None)
     # the edge blocks before the middle, those after it
@@ -330,12 +335,16 @@ class WindowViewPlan:
     whose keys `window_view_attention` reads as views; edges: (batch index, block index) of the other
     blocks that hold a real token (`edge_block_attention`), each (e,), or None; edge_mask: their additive
     mask over their local keys, (e, 1, 1, local), or None; every_block: whether every block is computed
-    (else the output starts as zeros, those of the blocks of padding only)."""
+    (else the output starts as zeros, those of the blocks of padding only); edge_kept: the rows of the edge
+    blocks' outputs (e b) that are tokens' (not past the last token), (k,), or a whole slice; edge_targets:
+    their (batch index, row) in the layer's output of g + t rows, each (k,), or None."""
 
     viewed_runs: list[tuple[int, int, int]]
     edges: tuple[torch.Tensor, torch.Tensor] | None
     edge_mask: torch.Tensor | None
     every_block: bool
+    edge_kept: torch.Tensor | slice
+    edge_targets: tuple[torch.Tensor, torch.Tensor] | None
 
 
 def window_view_plan(job: TokenAttention, training: bool) -> WindowViewPlan | None:
@@ -407,9 +416,15 @@ def window_view_plan_of(
     computed = torch.ones_like(viewed) if real_blocks is None else real_blocks
     edges = (computed & ~viewed).nonzero(as_tuple=True)
     if not edges[0].numel():
-        return WindowViewPlan(block_runs(viewed), None, None, bool(computed.all()))
+        return WindowViewPlan(block_runs(viewed), None, None, bool(computed.all()), slice(None), None)
     edge_mask = additive_mask(local_mask[edges][:, None, None, :], dtype)  # (e, 1, 1, local)
-    return WindowViewPlan(block_runs(viewed), edges, edge_mask, bool(computed.all()))
+    block = pattern.block_size
+    edge_rows = (edges[1][:, None] * block + torch.arange(block, device=token_mask.device)).flatten()  # (e b,)
+    edge_batch = edges[0].repeat_interleave(block)
+    inside = edge_rows < num_tokens
+    kept = slice(None) if bool(inside.all()) else inside.nonzero().squeeze(1)
+    targets = (edge_batch[kept], pattern.num_global + edge_rows[kept])
+    return WindowViewPlan(block_runs(viewed), edges, edge_mask, bool(computed.all()), kept, targets)
 
 
 def kernel_query_rows(block: int) -> int:
@@ -487,15 +502,16 @@ class WindowViewAttention(torch.autograd.Function):
     queries, keys, values: the token queries, keys and values (B, t, H, D); global_keys, global_values:
     (B, g, H, D); runs: (row, start, end) of each run of blocks; the output of blocks [first_block,
     first_block + num_blocks) of every row, zero outside the runs, lies at rows [blocks_at, blocks_at +
-    num_blocks b) of the output (B, rows, H, D); each of `pieces` (B, r_i, H, D), outputs of other parts of
-    the layer computed beforehand (the edge blocks', the global queries'), is written at its `placed` rows
-    (a slice, or an index of r_i rows), so that the output saved for the backward is the layer's whole
-    output, not a part of it that the core would copy again to join."""
+    num_blocks b) of the output (B, rows, H, D) (those past `rows` are in no run); each of `pieces`,
+    outputs of other parts of the layer computed beforehand (the edge blocks', the global queries'), is
+    written at its `placed` rows: a slice or an index of its r_i rows for a piece (B, r_i, H, D), or (batch
+    index, row) of each row of a piece (k, H, D). The output saved for the backward is then the layer's
+    whole output, not a part of it that the core would copy again to join."""
 
     @staticmethod
     def forward(ctx, queries, keys, values, global_keys, global_values, pattern: KeyPattern,
                 runs: tuple[tuple[int, int, int], ...], first_block: int, num_blocks: int, scaling: float,
-                rows: int, blocks_at: int, placed: tuple[slice | torch.Tensor, ...], *pieces):  # fmt: skip
+                rows: int, blocks_at: int, placed: tuple[slice | torch.Tensor | tuple[torch.Tensor, torch.Tensor], ...], *pieces):  # fmt: skip
         block = pattern.block_size
         covered = sum(end - start for _, start, end in runs) == queries.shape[0] * num_blocks
         shape = (queries.shape[0], rows, queries.shape[2], values.shape[-1])
@@ -503,6 +519,8 @@ class WindowViewAttention(torch.autograd.Function):
         for at, piece in zip(placed, pieces):
             if isinstance(at, slice):
                 output[:, at] = piece
+            elif isinstance(at, tuple):  # (batch index, row) of each row of the piece (k, H, D)
+                output.index_put_(at, piece)
             else:
                 output.index_copy_(1, at, piece)
         local_lses, global_lses = [], []  # (n, H, b) per run
@@ -561,7 +579,10 @@ class WindowViewAttention(torch.autograd.Function):
                 window_grad = window_grad.transpose(1, 2).reshape(-1, block, *window_grad.shape[1:2], window_grad.shape[-1])
                 rows_grad[windowed_rows].unflatten(0, (-1, block)).index_add_(0, window_blocks, window_grad)
         global_grads = (rows_summed(grad_global_keys, global_keys), rows_summed(grad_global_values, global_values))
-        grad_pieces = (grad_output[:, at] if isinstance(at, slice) else grad_output.index_select(1, at) for at in ctx.placed)
+        grad_pieces = (
+            grad_output[:, at] if isinstance(at, slice) else grad_output[at] if isinstance(at, tuple) else grad_output.index_select(1, at)
+            for at in ctx.placed
+        )
         return grad_queries, grad_keys, grad_values, *global_grads, *(None,) * 8, *grad_pieces
 
 
@@ -569,6 +590,14 @@ def token_and_global_parts(job: TokenAttention) -> tuple[torch.Tensor, ...]:
     """The token queries, keys and values and the global keys and values of `job`, as
     `WindowViewAttention` takes them."""
     return job.token_queries, job.token_keys, job.token_values, job.global_keys, job.global_values
+
+
+def global_rows_placed(job: TokenAttention) -> tuple[tuple[slice, ...], tuple[torch.Tensor, ...]]:
+    """The global queries' output (B, g, H, D) and its rows in the layer's output, as `WindowViewAttention`
+    places them; nothing without global tokens."""
+    if job.global_attention is None:
+        return (), ()
+    return (slice(0, job.pattern.num_global),), (job.global_attention(),)
 
 
 def rows_summed(parts: list[tuple[int, torch.Tensor]], like: torch.Tensor) -> torch.Tensor | None:
