@@ -136,7 +136,15 @@ def test_mask_runs_part_the_blocks_into_runs_that_need_their_mask_or_not():
     mask[4:, ..., 3:] = lowest  # padding
 
     assert mask_runs(mask) == [(0, 1, True), (1, 4, False), (4, 6, True)]
-    assert mask_runs(torch.zeros(6, 2, 1, 5)) == [(0, 6, True)]  # rows per head: not scanned
+    assert mask_runs(torch.zeros(6, 2, 1, 5)) == [(0, 6, True)]  # position terms per head: not scanned
+
+
+def test_mask_runs_scan_a_bool_mask_with_rows_per_head():
+    hidden = torch.zeros(6, 2, 1, 5, dtype=torch.bool)
+    hidden[0, 1, :, :2] = True  # one head's sparse keys before the start
+
+    assert mask_runs(hidden) == [(0, 1, True), (1, 6, False)]
+    assert mask_runs(torch.zeros(6, 2, 3, 5, dtype=torch.bool)) == [(0, 6, True)]  # rows per query: not scanned
 
 
 def test_the_gathered_blocks_away_from_the_edges_run_without_a_mask():

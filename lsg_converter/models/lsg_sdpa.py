@@ -202,8 +202,9 @@ class RegatheredBlockAttention(torch.autograd.Function):
             return grad_rows.index_put_(index, grad_blocks, accumulate=True).to(like.dtype)
 
         needs = ctx.needs_input_grad
+        # the scaling multiplies the queries' side, (n, H, b, D), not the keys' (n, H, K, D)
         grad_queries = (grad_scores @ keys * scaling).to(queries.dtype) if needs[0] else None
-        grad_keys = to_rows(grad_scores.transpose(-1, -2) @ queries.to(dtype) * scaling, key_rows) if needs[1] else None
+        grad_keys = to_rows(grad_scores.transpose(-1, -2) @ (queries.to(dtype) * scaling), key_rows) if needs[1] else None
         grad_values = to_rows(weights.transpose(-1, -2) @ grad_output, value_rows) if needs[2] else None
         grad_terms = [None] * len(ctx.terms_shapes)
         if any(needs[6:]):
@@ -694,8 +695,11 @@ def mask_runs(mask: torch.Tensor) -> list[tuple[int, int, bool]]:
     """The blocks of an additive block mask (n, 1 or H, 1 or b, K), or of a bool one (True: hidden), as
     runs of consecutive ones, (start, end, whether they need the mask): a block whose mask is all zero
     (every key allowed, no position terms: a block away from the edges and the padding) runs SDPA without
-    one, the fused kernels' faster path, with the same result. Masks with rows per head or query
-    (position terms, DropKey) are not scanned: one run that needs its mask."""
-    if mask.shape[1] * mask.shape[2] != 1 or tracing():
+    one, the fused kernels' faster path, with the same result. Masks with rows per query (DropKey, a
+    causal mask), and additive masks with rows per head (position terms, nowhere zero), are not scanned:
+    one run that needs its mask. A bool mask with rows per head (sparse keys selected per head) is: away
+    from the edges and the padding its blocks hide no key."""
+    per_head_terms = mask.shape[1] != 1 and mask.dtype != torch.bool
+    if mask.shape[2] != 1 or per_head_terms or tracing():
         return [(0, mask.shape[0], True)]
     return runs_of(mask.flatten(1).ne(0).any(dim=1).tolist())
