@@ -101,6 +101,20 @@ def lsg_config(**overrides) -> SimpleNamespace:
     return SimpleNamespace(**{**LSG_DEFAULTS, **overrides})
 
 
+def saved_bytes(attention, qkv: list[torch.Tensor]) -> int:
+    """Bytes one call holds until its backward: its inputs, its output and what autograd saved, each storage once."""
+    storages = {x.untyped_storage().data_ptr(): x.untyped_storage().nbytes() for x in qkv}
+
+    def pack(tensor):
+        storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        output = attention(*qkv)
+    storages[output.untyped_storage().data_ptr()] = output.untyped_storage().nbytes()
+    return sum(storages.values())
+
+
 def padding_mask(lengths, total) -> torch.Tensor:
     """(B, total) bool: row i is True on its first lengths[i] positions."""
     return torch.arange(total)[None, :] < torch.tensor(lengths)[:, None]

@@ -204,7 +204,7 @@ def test_whole_sequence_mask_mod_gives_token_queries_the_keys_of_the_pattern():
     query_token, key_token = torch.arange(40)[:, None], torch.arange(40)[None, :]
     assert torch.equal(visible[2:, 2:], (key_token // 8 - query_token // 8).abs() <= 1)
     assert visible[2:, :2].all()  # every token query sees the global keys
-    assert visible[:2, :2].all() and not visible[:2, 2:].any()  # global query rows (not used) read the globals only
+    assert not visible[:2].any()  # global query rows see no key: the global queries' output is written into them
 
 
 def recorded_flex_calls(monkeypatch) -> list:
@@ -280,6 +280,42 @@ def test_rows_padded_by_one_run_take_the_whole_sequence_reading_a_few_numbers_pe
         assert captured_tensors(block_mask.mask_mod) == []
     real = mask[:, None, :, None].expand_as(sdpa)
     torch.testing.assert_close(flex[real], sdpa[real], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("sparsity_type", ["none", "pooling"])
+def test_the_layers_output_is_the_flex_kernels_own_with_the_global_rows_written_in(sparsity_type, monkeypatch):
+    config = lsg_config(block_size=8, sparse_block_size=8, sparsity_type=sparsity_type, num_global_tokens=2)
+    query, key, value = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in random_qkv(2, 2 + TOKENS, seed=3))
+    kernel_outputs = []
+
+    def recording_kernel(signature):
+        def kernel(*args, **kwargs):
+            kernel_outputs.append(flex_attention(*args, **kwargs))
+            return kernel_outputs[-1]
+        return kernel
+
+    monkeypatch.setattr(lsg_flex, "_flex_kernel", recording_kernel)
+    output = lsg_self_attention(query, key, value, None, config, backend="flex_attention")
+
+    (kernel_output,) = kernel_outputs
+    assert output.untyped_storage().data_ptr() == kernel_output.untyped_storage().data_ptr()  # no joined copy
+    torch.testing.assert_close(output, lsg_self_attention(query, key, value, None, config, backend="sdpa"), atol=1e-5, rtol=0)
+
+
+def test_global_rows_written_into_a_kernels_saved_output_give_their_gradient_to_the_global_output():
+    kernel_input = torch.randn(2, 6, 3, 4, requires_grad=True)
+    kernel_output = kernel_input.exp()  # exp keeps its output for its backward
+    global_output = torch.randn(2, 2, 3, 4, requires_grad=True)
+    weights = torch.randn(2, 6, 3, 4)
+
+    layer_output = lsg_flex.with_global_rows(kernel_output, global_output)
+    (layer_output * weights).sum().backward()  # autograd does not see the write as a change of exp's output
+
+    assert layer_output.untyped_storage().data_ptr() == kernel_output.untyped_storage().data_ptr()
+    assert torch.equal(layer_output[:, :2], global_output)
+    assert torch.equal(global_output.grad, weights[:, :2])
+    # (the kernel's own rows 0-1 must carry no gradient in its backward, as flex_attention's fully masked rows)
+    torch.testing.assert_close(kernel_input.grad[:, 2:], (weights * kernel_input.exp())[:, 2:])
 
 
 def test_block_structure_is_built_once_per_shape_whatever_the_padding():

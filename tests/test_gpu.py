@@ -4,8 +4,9 @@ generation with and without cache. Skipped where no CUDA device is present (CI h
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from helpers import lsg_config, padding_mask
+from helpers import lsg_config, padding_mask, saved_bytes
 from lsg_converter import LSGBertConfig, LSGBertForMaskedLM, LSGBertLMHeadModel
 from lsg_converter.models import lsg_flex
 from lsg_converter.models.lsg_attention import DEFAULT_BACKEND, lsg_self_attention
@@ -110,6 +111,19 @@ def test_flex_over_padded_rows_takes_the_whole_sequence_and_equals_sdpa_in_outpu
     assert_backends_agree(flex[real], sdpa[real])
     for flex_gradient, sdpa_gradient in zip(flex_gradients, sdpa_gradients):
         assert_backends_agree(flex_gradient, sdpa_gradient)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_a_flex_training_call_keeps_the_layers_output_once(dtype):
+    """The global queries' output is written into the kernel's own rows for them (lsg_flex.with_global_rows):
+    no joined copy of the output is kept besides the one the kernel keeps for its backward."""
+    config = lsg_config(block_size=BLOCK, sparse_block_size=0, sparsity_type="none", num_global_tokens=NUM_GLOBAL)
+    length = 16 * BLOCK
+    dense = saved_bytes(F.scaled_dot_product_attention, random_qkv(1, length, dtype))
+    lsg = saved_bytes(lambda q, k, v: lsg_self_attention(q, k, v, None, config, backend="flex_attention"),
+                      random_qkv(1, NUM_GLOBAL + length, dtype))
+
+    assert lsg <= 1.1 * dense  # queries, keys, values, output and the log-sum-exps (1.25x with a joined copy)
 
 
 def test_a_compiled_model_trains_as_the_eager_one_on_flex_attention():

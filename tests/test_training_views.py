@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import OpRecorder, lsg_config, padding_mask
+from helpers import OpRecorder, lsg_config, padding_mask, saved_bytes
 from lsg_converter.models.lsg_attention import lsg_self_attention
 
 HEADS, HEAD_DIM, BLOCK = 4, 8, 8
@@ -28,20 +28,6 @@ def outputs_and_gradients(qkv, config, backend, mask=None):
     output = lsg_self_attention(*qkv, mask, config, backend=backend)
     weights = torch.linspace(-1, 1, output.numel(), dtype=output.dtype).reshape(output.shape)
     return [output, *torch.autograd.grad((output * weights).sum(), qkv)]
-
-
-def saved_bytes(attention, qkv) -> int:
-    """Bytes one call holds until its backward: its inputs, its output and what autograd saved, each storage once."""
-    storages = {x.untyped_storage().data_ptr(): x.untyped_storage().nbytes() for x in qkv}
-
-    def pack(tensor):
-        storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        output = attention(*qkv)
-    storages[output.untyped_storage().data_ptr()] = output.untyped_storage().nbytes()
-    return sum(storages.values())
 
 
 @pytest.mark.parametrize("num_global", [0, 1, 3])

@@ -66,7 +66,7 @@ from .lsg_pattern import (
     shape_cached,
     tracing,
 )
-from .lsg_transformers import compile_error, inductor_compile, is_torch_flex_attn_available
+from .lsg_transformers import compile_error, inductor_compile, is_torch_flex_attn_available, unchanged_version
 
 logger = logging.get_logger(__name__)
 
@@ -118,7 +118,8 @@ def block_structure(
 ) -> BlockMask:
     """The key tiles each tile of queries reads, as a BlockMask (its mask_mod unset), over the layout of
     `KeyLayout.of`: the `num_tokens` token queries over [globals | tokens | sparse keys], or, whole
-    sequence, the layer's g + t queries over its own g + t keys (a global query row reads the globals)
+    sequence, the layer's g + t queries over its own g + t keys (a global query row sees no key: a tile of
+    them only reads none)
     and the sparse segment after them.
 
     Index arithmetic on the pattern, on `device`: per query tile, the range of keys of each kind its
@@ -132,7 +133,7 @@ def block_structure(
     first_row = torch.arange(0, query_rows, tile, device=device)  # (nq,) first query row of each tile
     last_query = (first_row + tile).clamp(max=query_rows) - 1 - layout.query_offset  # its last token query
     first_query = (first_row - layout.query_offset).clamp(min=0)
-    holds_tokens = last_query >= 0  # a tile of global query rows only reads the globals
+    holds_tokens = last_query >= 0  # a tile of global query rows only reads no key
     # truncating = floor division of these non-negative rows; CPU inductor (torch 2.13) fails on `//` of a clamped
     # arange, and computes `arange // block` wrong past the last whole vector
     first_block = torch.div(first_query, block, rounding_mode="trunc")
@@ -142,7 +143,7 @@ def block_structure(
     if pattern.causal:
         token_end = torch.minimum(token_end, last_query + 1)
     key_ranges = [  # (first, end) key rows of each kind, per query tile
-        (torch.zeros_like(first_row), torch.full_like(first_row, pattern.num_global)),
+        (torch.zeros_like(first_row), torch.where(holds_tokens, pattern.num_global, 0)),
         (layout.token_offset + pattern.local_start(first_block).clamp(min=0),
          torch.where(holds_tokens, layout.token_offset + token_end.clamp(max=num_tokens), 0)),  # keys past the last query are padding
     ]
@@ -227,14 +228,16 @@ def _token_bounds(job: TokenAttention) -> tuple[torch.Tensor, bool, bool]:
 def whole_sequence_mask_mod(pattern: KeyPattern, layout: KeyLayout | None = None, bounds: RowBounds | None = None) -> Callable:
     """mask_mod(batch, head, query, key) over the layer's own sequence of g globals and t tokens (then the
     sparse segment of `layout`): a token query sees the global keys, its local tokens and its sparse keys,
-    by index arithmetic; a global query row (its output is not used: the core attends the global queries
-    apart) sees the globals. Without `bounds` every key is valid and nothing is read; with them, the
-    tokens and compressed keys of the row's runs only (a key past the tokens, zero padding, is in none)."""
+    by index arithmetic; a global query row sees no key (the core attends the global queries apart and
+    writes their output into these rows, `with_global_rows`: every score of theirs masked, the kernel
+    gives them zero and its backward no gradient). Without `bounds` every key is valid and nothing is
+    read; with them, the tokens and compressed keys of the row's runs only (a key past the tokens, zero
+    padding, is in none)."""
     num_global = pattern.num_global
 
     def sees(batch, head, query, key):
         token_query, token = query - num_global, key - num_global
-        return (key < num_global) | ((token_query >= 0) & (token >= 0) & pattern.sees_token(token_query, token))
+        return (token_query >= 0) & ((key < num_global) | ((token >= 0) & pattern.sees_token(token_query, token)))
 
     if bounds is None:
         return sees
@@ -243,7 +246,7 @@ def whole_sequence_mask_mod(pattern: KeyPattern, layout: KeyLayout | None = None
     def sees_row(batch, head, query, key):
         token_query, token = query - num_global, key - num_global
         real_token = (token >= token_bounds[batch, 0]) & (token < token_bounds[batch, 1])
-        seen = (key < num_global) | ((token_query >= 0) & real_token & pattern.sees_token(token_query, token))
+        seen = (token_query >= 0) & ((key < num_global) | (real_token & pattern.sees_token(token_query, token)))
         if sparse_bounds is None:
             return seen
         position = key - layout.sparse_offset
@@ -450,6 +453,36 @@ def _laid_out(pieces: list[torch.Tensor], segment_ends: tuple[int, ...]) -> torc
     return torch.cat(parts, dim=2)
 
 
+class GlobalRowsWritten(torch.autograd.Function):
+    """The global queries' output (B, g, H, D) written into the first g rows of a kernel's output over the
+    layer's g + t query rows (B, g + t, H, D), in place: the kernel keeps that output for its backward,
+    and it is now the layer's output too, kept once (dense attention keeps one; a joined copy would be a
+    second). The kernel's global rows saw no key: their weights are zero, so its backward reads nothing
+    of theirs into a gradient (flex_attention's backward takes a fully masked row's log-sum-exp as 0,
+    and its every weight exp(-inf) is 0), and the write is hidden from autograd's check of the tensors it
+    saved (`unchanged_version`). The gradient of the global rows goes to the global queries' output."""
+
+    @staticmethod
+    def forward(ctx, kernel_output: torch.Tensor, global_output: torch.Tensor) -> torch.Tensor:
+        ctx.num_global = global_output.shape[1]
+        with unchanged_version(kernel_output):
+            kernel_output[:, : ctx.num_global].copy_(global_output)
+        return kernel_output.view_as(kernel_output)
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return grad_output, grad_output[:, : ctx.num_global]
+
+
+def with_global_rows(kernel_output: torch.Tensor, global_output: torch.Tensor) -> torch.Tensor:
+    """The layer's output (B, g + t, H, D): `kernel_output`, whose first g rows saw no key, with the global
+    queries' output written into them (through `GlobalRowsWritten` where gradients are needed)."""
+    if torch.is_grad_enabled() and (kernel_output.requires_grad or global_output.requires_grad):
+        return GlobalRowsWritten.apply(kernel_output, global_output)
+    kernel_output[:, : global_output.shape[1]] = global_output
+    return kernel_output
+
+
 class FlexBackend:
     """Every token query in one flex_attention call over a block-sparse mask; the global queries and
     inputs too short for blocks through SDPA."""
@@ -482,8 +515,11 @@ class FlexBackend:
         """Every query row of the layer over its own g + t keys, the queries read where they lie, the keys and
         values too without sparse keys (else one copy, with the compressed ones from the next whole tile on,
         `KeyLayout.of`): the mask_mod is the pattern's rule, with the rows' bounds where a key is masked
-        (`whole_sequence_mask_mod`). The global query rows' outputs are left out, and the global queries see
-        the layer's keys as they were given (no `global_context`)."""
+        (`whole_sequence_mask_mod`). The global queries see the layer's keys as they were given (no
+        `global_context`); where no block holds padding only, their output is written into the kernel's own
+        global rows, which saw no key (`with_global_rows`), and the kernel's output is the layer's
+        (`TokenOutput.is_layer_output`, not inside a graph being traced: there the core joins them); else
+        the global rows are left out and the core joins the parts."""
         pattern, num_tokens, sparse = job.pattern, job.num_tokens, job.sparse
         layout = KeyLayout.of(pattern, job.token_mask.shape[1], TILE, num_tokens)
         segment_ends = (layout.sparse_offset, layout.length)
@@ -512,7 +548,12 @@ class FlexBackend:
             queries, keys, values, score_mod=score_mod,
             block_mask=_with_mask_mod(structure, whole_sequence_mask_mod(pattern, layout, bounds)), scale=job.scaling,
         )  # (B, H, g + t, D)
-        return TokenOutput(output.transpose(1, 2)[:, layout.query_offset :], None, None)
+        sequence_output = output.transpose(1, 2)  # (B, g + t, H, D)
+        if job.real_rows is None and not tracing():  # the kernel's output is the layer's, kept once
+            if job.global_attention is not None:
+                sequence_output = with_global_rows(sequence_output, job.global_attention())
+            return TokenOutput(sequence_output, None, None, is_layer_output=True)
+        return TokenOutput(sequence_output[:, layout.query_offset :], None, None)
 
     def _key_sequence_attention(self, job: TokenAttention):
         """The t token queries over the key sequence [globals | tokens | sparse keys] of `KeyLayout`, one

@@ -17,7 +17,8 @@ method an LSG class must define), and where a name in the table is gone from the
   ``torch._dynamo.exc.TorchDynamoException`` (`compile_error`), the CPU flash kernel
   ``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu`` (`CPU_FLASH_ATTENTION`) and its backward
   (`CPU_FLASH_ATTENTION_BACKWARD`), the softmax's backward ``torch.ops.aten._softmax_backward_data``
-  (`SOFTMAX_BACKWARD`), a tensor's ``_version`` (`tensor_version`); a config's
+  (`SOFTMAX_BACKWARD`), a tensor's ``_version`` (`tensor_version`),
+  ``torch.autograd._unsafe_preserve_version_counter`` (`unchanged_version`); a config's
   ``_attn_implementation``, ``_attn_implementation_internal`` and ``_output_attentions``
   (`attn_implementation`, `stored_attn_implementation` / `store_attn_implementation`,
   `stored_output_attentions`), a model's ``_init_weights`` (`init_weights`) and ``_auto_class``
@@ -89,6 +90,7 @@ __all__ = [
     "shape_check",
     "store_attn_implementation",
     "tensor_version",
+    "unchanged_version",
     "stored_attn_implementation",
     "transformers_names",
     "warn_if_untested_transformers",
@@ -140,6 +142,12 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         "torch.ops.aten._softmax_backward_data",
         "SOFTMAX_BACKWARD: the softmax's backward in one pass over the weights (lsg_sdpa's "
         "RegatheredBlockAttention, whose backward is written by hand)",
+    ),
+    PrivateName(
+        "torch.autograd._unsafe_preserve_version_counter",
+        "unchanged_version: lsg_flex writes the global queries' output into the rows of the flex kernel's "
+        "output whose every key was masked (no weight, no gradient), which the kernel keeps for its backward: "
+        "the layer's output is then kept once",
     ),
     PrivateName(
         "torch.Tensor._version",
@@ -326,6 +334,12 @@ def relative_position_buckets(attention: Any, relative_position: torch.Tensor) -
 def tensor_version(tensor: torch.Tensor) -> int:
     """How many times `tensor`'s data was changed in place (through it or a view of it)."""
     return tensor._version
+
+
+def unchanged_version(tensor: torch.Tensor) -> Any:
+    """A context in which changing `tensor` in place does not count as a change for autograd (its version
+    counter is restored on exit): for rows a kernel's backward never reads into a gradient."""
+    return torch.autograd._unsafe_preserve_version_counter(tensor)
 
 
 def shape_check(condition: Any) -> None:
