@@ -247,8 +247,8 @@ class ShapeBlocks:
     edge_columns: (e, K) the edge blocks' keys' rows in the layer's sequence; edge_queries:
     (e, b) their queries' rows in it (rows past the last token read it: their outputs are dropped);
     edge_mask: (B e, 1, 1 or b, K) additive; unmasked_columns: (n, K) the middle blocks' keys' rows;
-    edge_rows: the rows of the layer's output (g + t) of the edge blocks' first outputs, those of its
-    tokens, in their order (the rows before the middle run, then those after it).
+    edge_rows: the rows of the layer's output (g + t rows) that the edge blocks' outputs of tokens go to,
+    in their order (those before the middle run, then those after it; not the rows past the last token).
     """
 
     edge_columns: torch.Tensor
@@ -312,7 +312,7 @@ def unmasked_attention(job: TokenAttention) -> TokenOutput:
     if plan.unmasked is None:
         return TokenOutput(edges[:, : job.num_tokens], None, None)
     start, end = plan.unmasked
-    edge_outputs = edges[:, : len(plan.edge_rows)]  # (B, e b, H, D) -> their token rows' outputs
+    edge_outputs = edges[:, : len(plan.edge_rows)]  # (B, e b, H, D) -> (B, k, H, D): the tokens' rows
     if CPU_FLASH_ATTENTION_BACKWARD is not None and reads_window_views(job):
         runs = tuple((row, start, end) for row in range(batch))
         placed, pieces = global_rows_placed(job)
