@@ -2,6 +2,7 @@
 
     python benchmarks/bench_t5.py --results "LSG-T5 against LongT5 and dense T5"   # 2 layers, 4k and 16k
     python benchmarks/bench_t5.py --lengths 256 --scaling-lengths 256 512 --layers 1 --repeats 1   # smoke test
+    python benchmarks/bench_t5.py --device cuda --dtype bfloat16 --skip-scaling   # on a GPU
 
 Every model is a randomly initialised T5-base-sized encoder (d_model 768, 12 heads of 64, d_ff 2048,
 gated-gelu, ``--layers`` layers, dropout 0, batch 1) fed random token ids:
@@ -19,8 +20,9 @@ mode, no grad) and of a training step (train mode, forward + backward of the mea
 hidden states), interleaved: each round calls every model's forward and training step once in turn
 (`interleaved_seconds`);
 then the peak memory of each above the loaded model (rise of the resident set over one call after a
-warm-up call, each model in a process of its own). A second table gives the LSG forward peaks at
-``--scaling-lengths``. Ratios, not absolute times, carry over between machines.
+warm-up call, each model in a process of its own; on CUDA, the allocator's peak over one call). A second
+table gives the LSG forward peaks at ``--scaling-lengths``. Ratios, not absolute times, carry over between
+machines.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from typing import Callable
 import torch
 from transformers import LongT5Config, LongT5EncoderModel, T5Config, T5EncoderModel
 
-from bench_speed import fmt, machine_description, ratio, resident_kib, write_results
+from bench_speed import cuda_peak_mib, fmt, machine_description, ratio, resident_kib, write_results
 from lsg_converter.models.configuration_lsg_t5 import LSGT5Config
 from lsg_converter.models.modeling_lsg_t5 import LSGT5EncoderModel
 
@@ -55,7 +57,11 @@ MODELS = [*LSG_SETTINGS, *LONGT5_SETTINGS, "t5 dense"]
 REFERENCE = MODELS[0]
 
 
-def build_model(name: str, layers: int) -> torch.nn.Module:
+def build_model(name: str, layers: int, device: str = "cpu", dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    return built_on_cpu(name, layers).to(device, dtype)
+
+
+def built_on_cpu(name: str, layers: int) -> torch.nn.Module:
     torch.manual_seed(0)
     if name in LONGT5_SETTINGS:
         config = LongT5Config(**T5_BASE, num_layers=layers, encoder_attention_type=LONGT5_SETTINGS[name],
@@ -74,27 +80,34 @@ def build_model(name: str, layers: int) -> torch.nn.Module:
 
 
 def step_function(model: torch.nn.Module, length: int, mode: str) -> Callable[[], None]:
-    """One forward pass (eval, no grad) or one training step (train, forward + backward)."""
-    input_ids = torch.randint(5, 32000, (1, length), generator=torch.Generator().manual_seed(0))
+    """One forward pass (eval, no grad) or one training step (train, forward + backward), on the model's
+    device (waited for on CUDA)."""
+    device = next(model.parameters()).device
+    input_ids = torch.randint(5, 32000, (1, length), generator=torch.Generator().manual_seed(0)).to(device)
+    wait = torch.cuda.synchronize if device.type == "cuda" else lambda: None
 
     def forward() -> None:
         model.eval()
         with torch.no_grad():
             model(input_ids=input_ids)
+        wait()
 
     def train_step() -> None:
         model.train()
         model(input_ids=input_ids).last_hidden_state.float().pow(2).mean().backward()
         model.zero_grad(set_to_none=True)
+        wait()
 
     return forward if mode == "forward" else train_step
 
 
-def interleaved_seconds(names: list[str], length: int, layers: int, repeats: int) -> dict[tuple[str, str], float]:
+def interleaved_seconds(
+    names: list[str], length: int, layers: int, repeats: int, device: str = "cpu", dtype: torch.dtype = torch.float32
+) -> dict[tuple[str, str], float]:
     """Median seconds of each model's forward pass and training step: a warm-up round, then `repeats`
     rounds, each calling every model's forward and training step once in turn, so that a machine that
     slows down or speeds up during the run weighs on every model alike."""
-    models = {name: build_model(name, layers) for name in names}
+    models = {name: build_model(name, layers, device, dtype) for name in names}
     steps = {(name, mode): step_function(model, length, mode) for name, model in models.items()
              for mode in ("forward", "train")}
     times: dict[tuple[str, str], list[float]] = {key: [] for key in steps}
@@ -106,18 +119,22 @@ def interleaved_seconds(names: list[str], length: int, layers: int, repeats: int
     return {key: statistics.median(values[1:]) for key, values in times.items()}
 
 
-def rss_peak_mib(step: Callable[[], None]) -> float:
-    """Rise of the resident set over one call of `step` after a warm-up call, in MiB (as bench_speed on CPU)."""
+def peak_mib(step: Callable[[], None], device: str) -> float:
+    """Rise of the resident set over one call of `step` after a warm-up call, in MiB (as bench_speed on CPU);
+    on CUDA, the allocator's peak over that call above what was allocated before it."""
     step()
+    if device == "cuda":
+        return cuda_peak_mib(step)
     baseline = resident_kib("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current resident set
     step()
     return (resident_kib("VmHWM") - baseline) / 1024
 
 
-def peak_in_child(name: str, mode: str, length: int, layers: int) -> float | None:
+def peak_in_child(name: str, mode: str, length: int, layers: int, device: str, dtype: str) -> float | None:
     """Peak memory is a process-wide figure: each model, mode and length in a process of its own."""
-    command = [sys.executable, __file__, "--peak-of", name, mode, str(length), "--layers", str(layers)]
+    command = [sys.executable, __file__, "--peak-of", name, mode, str(length), "--layers", str(layers),
+               "--device", device, "--dtype", dtype]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         print(f"  {name} {mode} {length}: failed ({result.stderr.strip().splitlines()[-1]})", flush=True)
@@ -184,40 +201,47 @@ def main() -> None:
                         help=f"subset of: {', '.join(MODELS)}")
     parser.add_argument("--max-dense-length", type=int, default=4096, help="longest input for the dense T5")
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--skip-scaling", action="store_true", help="leave out the LSG-T5 forward-peak table")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--results", metavar="SECTION", help="write the tables into --results-file under this heading")
     parser.add_argument("--results-file", type=Path, default=Path(__file__).with_name("RESULTS.md"))
     parser.add_argument("--peak-of", nargs=3, metavar=("MODEL", "MODE", "LENGTH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    dtype = getattr(torch, args.dtype)
     if args.peak_of:  # child process of peak_in_child
         name, mode, length = args.peak_of
-        print(json.dumps(rss_peak_mib(step_function(build_model(name, args.layers), int(length), mode))))
+        model = build_model(name, args.layers, args.device, dtype)
+        print(json.dumps(peak_mib(step_function(model, int(length), mode), args.device)))
         return
 
     description = machine_description(argparse.Namespace(
-        device="cpu", dtype="float32", layers=args.layers, eval=False, compile=False, padding=0.0, repeats=args.repeats))
+        device=args.device, dtype=args.dtype, layers=args.layers, eval=False, compile=False, padding=0.0,
+        repeats=args.repeats))
+    peaks = "the allocator's peak" if args.device == "cuda" else "resident set"
     description = (f"{datetime.date.today()}; {description}; T5-base dimensions (d_ff 2048, gated-gelu), dropout 0; "
-                   "peaks: resident set above the loaded model, each in a process of its own")
+                   f"peaks: {peaks} above the loaded model, each in a process of its own")
     print(description, flush=True)
     rows = []
     for length in args.lengths:
         names = [n for n in args.models if n != "t5 dense" or length <= args.max_dense_length]
-        seconds = interleaved_seconds(names, length, args.layers, args.repeats)
+        seconds = interleaved_seconds(names, length, args.layers, args.repeats, args.device, dtype)
         for name in names:
             row = Row(name, length, seconds[name, "forward"], seconds[name, "train"])
             if not args.skip_memory:
-                row.forward_peak, row.train_peak = (peak_in_child(name, mode, length, args.layers)
+                row.forward_peak, row.train_peak = (peak_in_child(name, mode, length, args.layers, args.device, args.dtype)
                                                     for mode in ("forward", "train"))
             rows.append(row)
             print(f"{length:>6} {name:<28} fwd {fmt(row.forward)} s  fwd+bwd {fmt(row.train)} s  peaks "
                   f"{fmt(row.forward_peak, 0)} / {fmt(row.train_peak, 0)} MiB", flush=True)
     report = tables(rows, args.lengths, args.max_dense_length)
-    if not args.skip_memory:
+    if not args.skip_memory and not args.skip_scaling:
         peaks = {(row.model, row.length): row.forward_peak for row in rows}
         lsg_names = [name for name in args.models if name in LSG_SETTINGS]
         for name in lsg_names:
             for length in args.scaling_lengths:
                 if (name, length) not in peaks:
-                    peaks[(name, length)] = peak_in_child(name, "forward", length, args.layers)
+                    peaks[(name, length)] = peak_in_child(name, "forward", length, args.layers, args.device, args.dtype)
                     print(f"{length:>6} {name:<28} fwd peak {fmt(peaks[(name, length)], 0)} MiB", flush=True)
         report += "\n" + scaling_table(peaks, lsg_names, args.scaling_lengths)
     print(report)

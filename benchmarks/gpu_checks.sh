@@ -4,7 +4,7 @@
 # the same with sparse keys, without and with padding (the last quarter of each input), then the memory
 # one attention call holds for its backward (bench_attention_memory.py), then the training steps with
 # every model compiled (fullgraph, CUDA graphs), then profile_attention.py's per-op profile of the
-# attention alone and its flex kernel variants.
+# attention alone and its flex kernel variants, then bench_t5.py's LSG-T5 against LongT5 (issue 50, bf16).
 #
 #   bash benchmarks/gpu_checks.sh OUTPUT_FOLDER
 #
@@ -12,9 +12,9 @@
 # `pip download transformers==5.23.0 --no-deps -d .gpu-wheels`) are installed into /tmp/site first.
 # Logs, the device and the results sections (RESULTS-GPU.md, to paste into benchmarks/RESULTS.md)
 # land in OUTPUT_FOLDER. TEST_SECONDS, BENCH_SECONDS, PADDED_SECONDS (each of its two runs), MEMORY_SECONDS,
-# COMPILED_SECONDS and PROFILE_SECONDS bound the six steps (0 leaves a step out); BENCH_LENGTHS and BENCH_MODELS
+# COMPILED_SECONDS, PROFILE_SECONDS and T5_SECONDS bound the seven steps (0 leaves a step out); BENCH_LENGTHS and BENCH_MODELS
 # narrow the benchmark, PADDED_LENGTHS the sparse and padded one,
-# COMPILED_LENGTHS and COMPILED_MODELS the compiled one, PROFILE_LENGTHS the profile.
+# COMPILED_LENGTHS and COMPILED_MODELS the compiled one, PROFILE_LENGTHS the profile, T5_LENGTHS bench_t5.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${1:?give an output folder}"
@@ -75,4 +75,11 @@ read -r -a profile_lengths <<<"${PROFILE_LENGTHS:-16384}"
 if step "${PROFILE_SECONDS:-120}" benchmarks/profile_attention.py; then
     (cd benchmarks && timeout "${PROFILE_SECONDS:-120}" python3 profile_attention.py --lengths "${profile_lengths[@]}" \
         --what attention flex-kernel 2>&1 | grep -v '^USDT' | tee "$out/profile.md")
+fi
+
+read -r -a t5_lengths <<<"${T5_LENGTHS:-4096 16384}"
+if step "${T5_SECONDS:-150}" "benchmarks/bench_t5.py"; then
+    timeout "${T5_SECONDS:-150}" python3 benchmarks/bench_t5.py --device cuda --dtype bfloat16 --lengths "${t5_lengths[@]}" \
+        --repeats 3 --skip-scaling --results "GPU, LSG-T5 against LongT5" --results-file "$out/RESULTS-GPU-t5.md" 2>&1 \
+        | grep -v Warning | tee "$out/bench-t5.log"
 fi
