@@ -2,12 +2,14 @@
 
     python benchmarks/bench_attention_memory.py --lengths 4096 8192 16384 32768
     python benchmarks/bench_attention_memory.py --device cuda --dtype bfloat16 --backends sdpa flex_attention
+    python benchmarks/bench_attention_memory.py --lengths 4096 16384 --padded   # a padded batch of 2
 
 What one call (one layer's attention: batch 1, 12 heads of 64) holds until its backward pass: its
 queries, keys and values, its output and every tensor autograd saved, each storage once (`held_mib`):
 what a model's training step holds per layer on top of its other activations, and so what sets its peak
 memory. Dense SDPA (on the CPU its flash kernel, O(n) too) against LSG with the conversion defaults
-(block 170, no sparse keys, one global token) and each backend given. On the CPU a proxy of the GPU's
+(block 170, no sparse keys, one global token) and each backend given; `--padded`: a batch of 2 whose
+second row's last quarter is padding (dense SDPA with the padding mask). On the CPU a proxy of the GPU's
 memory (flex_attention has no backward pass there: it runs sdpa, so measure it on CUDA).
 """
 
@@ -50,9 +52,18 @@ def held_mib(attention, inputs: list[torch.Tensor]) -> float:
     return sum(storages.values()) / 2**20
 
 
-def projections(length: int, device: torch.device, dtype: torch.dtype) -> list[torch.Tensor]:
-    """Queries, keys and values as a model's projections lay them out: (1, L, 12, 64) seen as (1, 12, L, 64)."""
-    return [torch.randn(1, length, 12, 64, device=device, dtype=dtype).transpose(1, 2).requires_grad_() for _ in range(3)]
+def projections(length: int, device: torch.device, dtype: torch.dtype, batch: int = 1) -> list[torch.Tensor]:
+    """Queries, keys and values as a model's projections lay them out: (B, L, 12, 64) seen as (B, 12, L, 64)."""
+    return [torch.randn(batch, length, 12, 64, device=device, dtype=dtype).transpose(1, 2).requires_grad_() for _ in range(3)]
+
+
+def padding_mask(length: int, batch: int, device: torch.device) -> torch.Tensor | None:
+    """(B, 1 + length) bool over the global token and the tokens: row 2's last quarter padding (None for one row)."""
+    if batch == 1:
+        return None
+    mask = torch.ones(batch, 1 + length, dtype=torch.bool, device=device)
+    mask[1, 1 + 3 * length // 4 :] = False
+    return mask
 
 
 def main() -> None:
@@ -61,21 +72,28 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--backends", nargs="+", default=["sdpa"], choices=["sdpa", "flex_attention"])
+    parser.add_argument("--padded", action="store_true", help="a batch of 2, the second row's last quarter padding")
     args = parser.parse_args()
+    batch = 2 if args.padded else 1
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     config = LSGBertConfig(**DEFAULTS)
 
     header = ["tokens", "dense MiB"] + [f"LSG {backend} {what}" for backend in args.backends for what in ("MiB", "/ dense")]
-    print(f"{args.device}, {args.dtype}, batch 1, 12 heads of 64; LSG: block 170, no sparse keys, 1 global token\n")
+    rows = "batch 2, row 2's last quarter padding" if args.padded else "batch 1"
+    print(f"{args.device}, {args.dtype}, {rows}, 12 heads of 64; LSG: block 170, no sparse keys, 1 global token\n")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for length in args.lengths:
-        dense = held_mib(F.scaled_dot_product_attention, projections(length, device, dtype))
+        mask = padding_mask(length, batch, device)
+        dense_mask = None if mask is None else mask[:, None, None, 1:]
+        dense = held_mib(
+            lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=dense_mask), projections(length, device, dtype, batch)
+        )
         cells = [str(length), f"{dense:.1f}"]
         for backend in args.backends:
             lsg = held_mib(
-                lambda q, k, v: lsg_self_attention(q, k, v, None, config, backend=backend),
-                projections(1 + length, device, dtype),
+                lambda q, k, v: lsg_self_attention(q, k, v, mask, config, backend=backend),
+                projections(1 + length, device, dtype, batch),
             )
             cells += [f"{lsg:.1f}", f"{lsg / dense:.2f}"]
         print("| " + " | ".join(cells) + " |", flush=True)
