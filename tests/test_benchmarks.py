@@ -111,3 +111,18 @@ def test_trained_terms_benchmark_holds_less_with_the_regathered_blocks():
     regathered, before = rows["regathered"], rows["gathered copies (before)"]
     assert float(regathered[3]) > 0 and float(before[3]) > 0
     assert float(regathered[4]) < float(before[4]), finished.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("padded", [False, True], ids=["one row", "padded batch"])
+def test_attention_memory_benchmark_prints_lsg_against_dense_per_length(padded):
+    command = [sys.executable, str(BENCHMARKS / "bench_attention_memory.py"), "--lengths", "1024", "2048"]
+
+    finished = subprocess.run(command + (["--padded"] if padded else []), capture_output=True, text=True, timeout=600)
+
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    rows = [line.split("|")[1:-1] for line in finished.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert [row[0].strip() for row in rows] == ["1024", "2048"]
+    for _, dense_mib, lsg_mib, ratio in rows:
+        assert float(dense_mib) > 0 and float(lsg_mib) > 0
+        assert float(ratio) == pytest.approx(float(lsg_mib) / float(dense_mib), abs=0.01)
