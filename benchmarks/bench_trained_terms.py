@@ -1,6 +1,6 @@
 """One attention call through position terms being trained (T5's bias table), forward + backward on the
-CPU: the sdpa backend's blocks through `RegatheredBlockAttention` (the softmax's weights and the layer's
-keys kept, the blocks' keys gathered again in the backward) against SDPA over the gathered copies, which
+CPU: the sdpa backend's blocks through `TrainedTermsAttention` (each block's keys read as views of the
+layer's, the softmax's weights kept) against SDPA over the blocks' gathered copies, which
 runs its math kernel for a mask with a gradient and keeps the copies (what ran before). One process, the
 two alternating; LSG-T5's default local pattern (block 128, one global token), T5-base's 12 heads of 64.
 
@@ -25,17 +25,26 @@ from lsg_converter.models.lsg_attention import lsg_self_attention
 HEADS, HEAD_DIM = 12, 64
 
 
-def gathered_sdpa(queries, key_rows, value_rows, rows, allowed, scaling, *position_scores):
+def gathered_sdpa(queries, allowed, layout, runs, scaling, *tensors):
     """The blocks as before: their keys and values gathered on the autograd path, the position terms
     joined into an additive mask, then SDPA."""
-    keys, values = (x[rows].transpose(1, 2) for x in (key_rows, value_rows))  # (n, H, K, D)
+    num_sequences = 2 * len(layout.padding)
+    padded, position_scores = layout.padded(list(tensors[:num_sequences]), queries.dtype), tensors[num_sequences:]
+    block = layout.windows[-1].step
+    block_queries, keys, values = [], [], []
+    for row, start, end, _ in runs:
+        blocks = torch.arange(start, end)[:, None]
+        block_queries.append(queries[row, start * block : end * block].unflatten(0, (-1, block)).transpose(1, 2))
+        for gathered, first in ((keys, 0), (values, 1)):
+            rows = [padded[2 * source + first][row][window.rows(blocks)] for source, window in zip(layout.sources, layout.windows)]
+            gathered.append(torch.cat(rows, dim=1).transpose(1, 2))  # (m, K, H, D) -> (m, H, K, D)
     shape = torch.broadcast_shapes(*(terms.shape[:-1] for terms in position_scores))  # (n, H, b)
     terms = torch.cat([terms.expand(*shape, -1) for terms in position_scores], dim=-1)  # (n, H, b, K)
     mask = torch.where(allowed, terms, torch.finfo(terms.dtype).min)
-    return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scaling)
+    return F.scaled_dot_product_attention(torch.cat(block_queries), torch.cat(keys), torch.cat(values), attn_mask=mask, scale=scaling)
 
 
-PATHS = {"regathered": lsg_sdpa.RegatheredBlockAttention.apply, "gathered copies (before)": gathered_sdpa}
+PATHS = {"window views": lsg_sdpa.TrainedTermsAttention.apply, "gathered copies (before)": gathered_sdpa}
 
 
 def step(attention: T5Attention, settings, inputs: list[torch.Tensor]) -> tuple[float, float]:
@@ -75,11 +84,11 @@ def main() -> None:
         seconds, held = {name: [] for name in PATHS}, {}
         for repeat in range(args.repeats + 1):
             for name, path in PATHS.items():
-                lsg_sdpa.RegatheredBlockAttention.apply = path
+                lsg_sdpa.TrainedTermsAttention.apply = path
                 elapsed, held[name] = step(attention, settings, inputs)
                 if repeat:
                     seconds[name].append(elapsed)
-        lsg_sdpa.RegatheredBlockAttention.apply = PATHS["regathered"]
+        lsg_sdpa.TrainedTermsAttention.apply = PATHS["window views"]
         before = statistics.median(seconds["gathered copies (before)"]), held["gathered copies (before)"]
         for name in PATHS:
             median = statistics.median(seconds[name])

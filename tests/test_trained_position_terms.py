@@ -1,12 +1,13 @@
 """A training step through position terms being trained (T5's bias table) on the CPU: SDPA runs its math
 kernel there, which keeps each block's gathered keys and values for the backward pass (every key three
-times and more); the sdpa backend keeps the softmax's weights and the layer's own keys instead, and its
-backward gathers the keys again (lsg_sdpa.RegatheredBlockAttention). Outputs and gradients, the bias
-table's included, are the eager backend's."""
+times and more); the sdpa backend reads each segment of a block's keys as a view of its sequence, forward
+and backward, and keeps the softmax's weights and the layer's own keys (lsg_sdpa.TrainedTermsAttention).
+Outputs and gradients, the bias table's included, are the eager backend's."""
 
 import pytest
 import torch
 import transformers
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers.models.t5.modeling_t5 import T5Attention
 
 from helpers import T5_SHAPE, lsg_config, padding_mask
@@ -83,6 +84,53 @@ def test_trained_position_terms_keep_no_gathered_keys(sparsity):
 
     assert kept_rows
     assert max(kept_rows) <= 2 * qkv[1].numel(), f"{max(kept_rows) / qkv[1].numel():.2f} times the layer's keys"
+
+
+class GatheredRows(TorchDispatchMode):
+    """Records the size of every tensor of rows of the head size gathered by tensor indexing."""
+
+    def __init__(self):
+        super().__init__()
+        self.sizes: list[int] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        if func.overloadpacket.__name__ == "index" and result.shape[-1] == HEAD_DIM:
+            self.sizes.append(result.numel())
+        return result
+
+
+@pytest.mark.parametrize("sparsity", list(CONFIGS))
+def test_trained_position_terms_gather_no_keys(sparsity):
+    """Forward and backward, no tensor indexing makes rows of keys (or of their gradients) as many as the
+    layer's keys: the blocks read their global, sparse and local keys as views, and their gradients add
+    back to the rows they were read from (a gathered copy holds each key three times and more)."""
+    qkv = projections(2)
+    with GatheredRows() as gathered:
+        output = attend("sdpa", qkv, padding_mask([LENGTH, 50], LENGTH), sparsity, t5_attention())
+        output.sum().backward()
+
+    assert max(gathered.sizes, default=0) < qkv[1].numel(), f"{max(gathered.sizes) / qkv[1].numel():.2f} times the layer's keys"
+
+
+@pytest.mark.parametrize("sparsity", list(CONFIGS))
+def test_trained_position_terms_in_bfloat16_give_the_eager_outputs_and_gradients(sparsity):
+    """Half precision on the CPU: the blocks are computed in float32 (as SDPA's math kernel) and the
+    outputs and gradients come back in bfloat16, the eager backend's to bfloat16's precision (each
+    tensor within 2% of it, relative to its norm)."""
+    mask = padding_mask([LENGTH, 50], LENGTH)
+    results = []
+    for backend in ("sdpa", "eager"):
+        attention = t5_attention().to(torch.bfloat16)
+        qkv = [x.detach().to(torch.bfloat16).requires_grad_() for x in projections(2)]
+        output = attend(backend, qkv, mask, sparsity, attention) * mask[:, None, :, None]
+        grads = torch.autograd.grad(output.float().square().sum(), [*qkv, attention.relative_attention_bias.weight])
+        assert output.dtype == torch.bfloat16 and all(grad.dtype == torch.bfloat16 for grad in grads)
+        results.append([x.float() for x in (output, *grads)])
+
+    for name, got, expected in zip(["output", "queries", "keys", "values", "bias table"], *results):
+        error = ((got - expected).norm() / expected.norm()).item()
+        assert error < 0.02, f"{name}: relative error {error:.4f}"
 
 
 def test_a_query_whose_every_key_is_masked_gives_the_table_no_gradient():

@@ -1,7 +1,9 @@
 """What every LSG attention backend shares: which keys a token query sees, and the backend contract.
 
 * `KeyPattern`: the keys of each block of token queries, described once (global tokens, local
-  blocks, sparse windows); every backend derives its masks from it.
+  blocks, sparse windows); every backend derives its masks from it. `KeyPattern.key_windows` gives
+  each segment of a block's keys as a window of its sequence (`KeyWindow`), from which the gathered
+  columns (`key_columns`) and the sdpa backend's views derive.
 * `SparseContext`: the compressed keys and values of the sparse windows (computed by the core).
 * `PositionTerms`: additive relative-position score terms (a bucketed table shared by all queries,
   as MPNet's; query-side and key-side rows per bucket, as DeBERTa's c2p and p2c), evaluated for the
@@ -55,6 +57,23 @@ def right_sparse_window_shift(config: Any) -> int:
 # --------------------------------------------------------------------------------------------------
 # The key pattern: which keys each token query sees, described once for every attention kernel
 # --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KeyWindow:
+    """One segment of every block's keys, as a window of a sequence: block i reads rows [first + i step,
+    first + i step + width) of the `source` sequence ("global": the g global tokens, every block the
+    same rows, step 0; "sparse": the compressed keys; "local": the tokens). Rows before 0 or past the
+    sequence's end are keys outside it (masked)."""
+
+    source: str
+    first: int
+    step: int
+    width: int
+
+    def rows(self, block_index: torch.Tensor) -> torch.Tensor:
+        """The rows of the blocks `block_index` (n, 1): (n, width)."""
+        return block_index * self.step + self.first + torch.arange(self.width, device=block_index.device)
 
 
 @dataclass(frozen=True)
@@ -142,24 +161,34 @@ class KeyPattern:
         sparse_keys = len(self.sparse_starts) * self.sparse_size
         return self.num_global + sparse_keys + token - self.local_start(query // self.block_size)
 
+    def key_windows(self) -> tuple[KeyWindow, ...]:
+        """The segments of each block's keys, in key order: the global tokens, each sparse window, the
+        local window (none of zero width)."""
+        windows = (
+            KeyWindow("global", 0, 0, self.num_global),
+            *(KeyWindow("sparse", start, self.compressed_per_block, self.sparse_size) for start in self.sparse_starts),
+            KeyWindow("local", self.local_start(0), self.block_size, self.local_size),
+        )
+        return tuple(window for window in windows if window.width)
+
     def key_columns(
         self, block_index: torch.Tensor, num_tokens: int, num_compressed: int, compressed_start: int = 0
     ) -> torch.Tensor:
         """Where each key of the blocks `block_index` (n,) lies in the sequence [g globals | num_tokens
         tokens | the compressed keys of positions [compressed_start, num_compressed)]: (n, keys per
-        block), in the blocks' key order. Keys outside the sequence (the zero padding of the windows)
-        get the column after the last one."""
-        device = block_index.device
-        compressed_rows = num_compressed - compressed_start
-        outside = self.num_global + num_tokens + compressed_rows
-        block_index = block_index[:, None]
-        columns = [torch.arange(self.num_global, device=device).expand(block_index.shape[0], -1)]
-        for start in self.sparse_starts:
-            position = block_index * self.compressed_per_block + start + torch.arange(self.sparse_size, device=device)
-            inside = (position >= compressed_start) & (position < num_compressed)
-            columns.append(torch.where(inside, self.num_global + num_tokens + position - compressed_start, outside))
-        token = self.local_start(block_index) + torch.arange(self.local_size, device=device)
-        columns.append(torch.where((token >= 0) & (token < num_tokens), self.num_global + token, outside))
+        block), in the blocks' key order (`key_windows`). Keys outside the sequence (the zero padding of
+        the windows) get the column after the last one."""
+        outside = self.num_global + num_tokens + num_compressed - compressed_start
+        sequences = {  # where each source's rows start in the sequence, and the rows it holds
+            "global": (0, 0, self.num_global),
+            "sparse": (self.num_global + num_tokens - compressed_start, compressed_start, num_compressed),
+            "local": (self.num_global, 0, num_tokens),
+        }
+        columns = []
+        for window in self.key_windows():
+            offset, first, end = sequences[window.source]
+            rows = window.rows(block_index[:, None])  # (n, width)
+            columns.append(torch.where((rows >= first) & (rows < end), offset + rows, outside))
         return torch.cat(columns, dim=1)
 
     def sparse_slot(self, query, position):
@@ -998,15 +1027,3 @@ def block_queries(
         queries = job.queries.unflatten(1, (job.num_blocks, job.pattern.block_size))  # (B, nb, b, H, D)
         return folded_blocks(queries, job.token_keys.shape[0], chosen).transpose(1, 2)
     return gather_block_rows(job.sequence[0], table.query_rows, chosen)
-
-
-def flat_block_rows(
-    columns: torch.Tensor, batch: int, length: int, chosen: tuple[torch.Tensor, torch.Tensor] | None
-) -> torch.Tensor:
-    """`columns` (nb, K), rows of a sequence of `length`, as rows of the batch's sequences laid end to end
-    ((B length, ...)) for every block of every row, or the `chosen` ones: (n, K)."""
-    if chosen is None:
-        starts = torch.arange(batch, device=columns.device) * length  # (B,)
-        return (starts[:, None, None] + columns).flatten(0, 1)
-    rows, blocks = chosen
-    return rows[:, None] * length + columns[blocks]

@@ -141,7 +141,7 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     PrivateName(
         "torch.ops.aten._softmax_backward_data",
         "SOFTMAX_BACKWARD: the softmax's backward in one pass over the weights (lsg_sdpa's "
-        "RegatheredBlockAttention, whose backward is written by hand)",
+        "TrainedTermsAttention, whose backward is written by hand)",
     ),
     PrivateName(
         "torch.autograd._unsafe_preserve_version_counter",
