@@ -321,7 +321,10 @@ class TrainedTermsAttention(torch.autograd.Function):
             ]
         if scaling != 1:
             grad_scores.mul_(scaling)
-        grad_queries = queries_cast.new_zeros(queries.shape[0], heads, queries.shape[1], queries.shape[3])  # (B, H, T, D)
+        # (B, H, T, D): every block's rows written where the runs cover them, else zero outside them
+        covered = sum(end - start for _, start, end, _ in runs) * block == queries.shape[0] * queries.shape[1]
+        allocate = queries_cast.new_empty if covered else queries_cast.new_zeros
+        grad_queries = allocate(queries.shape[0], heads, queries.shape[1], queries.shape[3])
         for (row, start, end, at), head, source, window, segment in run_segments(runs, heads, layout):
             keys = window_views(padded[2 * source][row], window, start, end)[:, :, head]  # (m, w, D)
             head_grad_scores = grad_scores[at : at + end - start, head, :, segment]
