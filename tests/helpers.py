@@ -182,23 +182,23 @@ def run_without_lsg_converter(script: str, cwd: Path) -> subprocess.CompletedPro
 
 
 class OpRecorder(TorchDispatchMode):
-    """Records every torch operation that runs under it (forward and backward): its name and the sizes
+    """Records every torch operation that runs under it (forward and backward): its name and the shapes
     of the tensors it produced (none for views, which produce no new memory)."""
 
     def __init__(self):
         super().__init__()
-        self.ops: list[tuple[str, list[int]]] = []
+        self.ops: list[tuple[str, list[torch.Size]]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         result = func(*args, **(kwargs or {}))
         outputs = [] if func.is_view else result if isinstance(result, (tuple, list)) else [result]
-        self.ops.append((func.overloadpacket.__name__, [t.numel() for t in outputs if isinstance(t, torch.Tensor)]))
+        self.ops.append((func.overloadpacket.__name__, [t.shape for t in outputs if isinstance(t, torch.Tensor)]))
         return result
 
     @property
     def largest(self) -> int:
         """Element count of the largest tensor any operation produced."""
-        return max((size for _, sizes in self.ops for size in sizes), default=0)
+        return max((shape.numel() for _, shapes in self.ops for shape in shapes), default=0)
 
     def count(self, name: str) -> int:
         """How many times the aten operation `name` (e.g. "_softmax") ran."""
@@ -206,7 +206,11 @@ class OpRecorder(TorchDispatchMode):
 
     def outputs_of_at_least(self, elements: int) -> list[str]:
         """Names of the operations that produced a tensor of at least `elements` elements."""
-        return [name for name, sizes in self.ops if any(size >= elements for size in sizes)]
+        return [name for name, shapes in self.ops if any(shape.numel() >= elements for shape in shapes)]
+
+    def shapes_made_by(self, name: str) -> list[torch.Size]:
+        """The shapes of the tensors the aten operation `name` produced, every time it ran."""
+        return [shape for op, shapes in self.ops if op == name for shape in shapes]
 
 
 # aten operations that read a value of a tensor on the host (on a GPU, waiting for the device): item, bool

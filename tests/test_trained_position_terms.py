@@ -7,10 +7,9 @@ Outputs and gradients, the bias table's included, are the eager backend's."""
 import pytest
 import torch
 import transformers
-from torch.utils._python_dispatch import TorchDispatchMode
 from transformers.models.t5.modeling_t5 import T5Attention
 
-from helpers import T5_SHAPE, lsg_config, padding_mask
+from helpers import T5_SHAPE, OpRecorder, lsg_config, padding_mask
 from lsg_converter.models import lsg_t5_bias
 from lsg_converter.models.lsg_attention import lsg_self_attention
 
@@ -86,31 +85,18 @@ def test_trained_position_terms_keep_no_gathered_keys(sparsity):
     assert max(kept_rows) <= 2 * qkv[1].numel(), f"{max(kept_rows) / qkv[1].numel():.2f} times the layer's keys"
 
 
-class GatheredRows(TorchDispatchMode):
-    """Records the size of every tensor of rows of the head size gathered by tensor indexing."""
-
-    def __init__(self):
-        super().__init__()
-        self.sizes: list[int] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        result = func(*args, **(kwargs or {}))
-        if func.overloadpacket.__name__ == "index" and result.shape[-1] == HEAD_DIM:
-            self.sizes.append(result.numel())
-        return result
-
-
 @pytest.mark.parametrize("sparsity", list(CONFIGS))
 def test_trained_position_terms_gather_no_keys(sparsity):
     """Forward and backward, no tensor indexing makes rows of keys (or of their gradients) as many as the
     layer's keys: the blocks read their global, sparse and local keys as views, and their gradients add
     back to the rows they were read from (a gathered copy holds each key three times and more)."""
     qkv = projections(2)
-    with GatheredRows() as gathered:
+    with OpRecorder() as recorder:
         output = attend("sdpa", qkv, padding_mask([LENGTH, 50], LENGTH), sparsity, t5_attention())
         output.sum().backward()
 
-    assert max(gathered.sizes, default=0) < qkv[1].numel(), f"{max(gathered.sizes) / qkv[1].numel():.2f} times the layer's keys"
+    gathered = [shape.numel() for shape in recorder.shapes_made_by("index") if shape[-1] == HEAD_DIM]
+    assert max(gathered, default=0) < qkv[1].numel(), f"{max(gathered) / qkv[1].numel():.2f} times the layer's keys"
 
 
 @pytest.mark.parametrize("sparsity", list(CONFIGS))

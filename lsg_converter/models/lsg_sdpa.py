@@ -133,7 +133,7 @@ def gathered_attention(
         allowed, position_scores = folded_mask_parts(job, chosen)
         layout, sources = window_layout(job)
         output = TrainedTermsAttention.apply(
-            job.queries, allowed, layout, chosen_runs(job, chosen), job.scaling, *sources, *position_scores
+            job.queries, allowed, layout, chosen_runs(job, chosen, chosen_name), job.scaling, *sources, *position_scores
         )  # (n, H, b, D)
         return output.transpose(1, 2)
     blocks = BlockKeys.of(job, chosen=chosen)
@@ -194,23 +194,24 @@ def window_layout(job: TokenAttention) -> tuple[WindowLayout, tuple[torch.Tensor
     return layout, tuple(x for name in names for x in sequences[name])
 
 
-def chosen_runs(job: TokenAttention, chosen: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[tuple[int, int, int, int], ...]:
+def chosen_runs(
+    job: TokenAttention, chosen: tuple[torch.Tensor, torch.Tensor] | None, chosen_name: str
+) -> tuple[tuple[int, int, int, int], ...]:
     """(row, start, end, at) of each run of consecutive blocks [start, end) of batch row `row` among every
-    block (row by row) or the `chosen` ones, `at` the index of its first block among them."""
+    block (row by row) or the `chosen` ones (in that order, as `nonzero` gives them; `chosen_name` names
+    them in the pass's memo), `at` the index of its first block among them."""
     batch, num_blocks = job.token_keys.shape[0], job.num_blocks
     if chosen is None:
         return tuple((row, 0, num_blocks, row * num_blocks) for row in range(batch))
 
     def runs() -> tuple[tuple[int, int, int, int], ...]:
-        found: list[list[int]] = []
-        for at, (row, index) in enumerate(zip(*(x.tolist() for x in chosen))):
-            if found and found[-1][0] == row and found[-1][2] == index:
-                found[-1][2] += 1
-            else:
-                found.append([row, index, index + 1, at])
-        return tuple(tuple(run) for run in found)
+        flags = torch.zeros(batch, num_blocks, dtype=torch.bool, device=chosen[0].device)
+        flags[chosen] = True
+        found = block_runs(flags)
+        starts = itertools.accumulate((end - start for _, start, end in found), initial=0)
+        return tuple((row, start, end, at) for (row, start, end), at in zip(found, starts))
 
-    return job.made_once("chosen runs", runs)
+    return job.made_once(("chosen runs", chosen_name), runs)
 
 
 def window_views(sequence: torch.Tensor, window: KeyWindow, start: int, end: int) -> torch.Tensor:
@@ -634,7 +635,7 @@ def block_query_views(pattern: KeyPattern, queries: torch.Tensor, start: int, en
 def local_window_views(pattern: KeyPattern, keys: torch.Tensor, start: int, end: int, size: int) -> torch.Tensor:
     """The local keys (t, H, D) of blocks [start, end), `size` rows from each one's `local_start`, as
     overlapping views: (n, H, size, D)."""
-    window = KeyWindow("local", pattern.local_start(0), pattern.block_size, size)
+    window = dataclasses.replace(pattern.key_windows()[-1], width=size)  # the local window, `size` rows
     return window_views(keys, window, start, end).transpose(1, 2)
 
 
