@@ -92,6 +92,39 @@ def test_a_zero_term_equals_no_term_where_sdpa_reads_window_views():
     torch.testing.assert_close(with_zero_term, without_term, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "block", [BLOCK, 170], ids=["local keys rounded up to 16", "blocks of 170 run as 192 kernel rows"]
+)
+def test_a_table_of_terms_without_gradients_gives_the_eager_output_where_sdpa_reads_window_views(block):
+    # a table's terms (T5's, MPNet's bias) are the same over every block's local keys: the sdpa backend
+    # reads the blocks' keys as views with one mask shared by every block, the edge blocks' added to theirs
+    config = lsg_config(block_size=block, sparsity_type="none", num_global_tokens=2)
+    length = 2 + 7 * block + 3
+    inputs = random_inputs(length)
+    mask = padding_mask([length, 2 + 4 * block + 1], length)
+    terms = random_terms(length, log_bucket, global_position=3, parts=("table",))
+
+    sdpa = run("sdpa", inputs, mask, config, terms)
+
+    torch.testing.assert_close(sdpa, run("eager", inputs, mask, config, terms), atol=1e-10, rtol=0)
+    assert not torch.allclose(sdpa, run("sdpa", inputs, mask, config, None), atol=1e-3)
+
+
+def test_a_table_of_terms_without_gradients_gathers_no_copy_of_the_keys():
+    # only the edge blocks (the first, the last, those beside padding) gather their own windows
+    config = lsg_config(block_size=BLOCK, sparsity_type="none", num_global_tokens=2)
+    length = 2 + 40 * BLOCK
+    inputs = random_inputs(length, dtype=torch.float32)
+    terms = random_terms(length, log_bucket, dtype=torch.float32, parts=("table",))
+
+    with OpRecorder() as recorder:
+        run("sdpa", inputs, padding_mask([length, length - 5 * BLOCK], length), config, terms)
+
+    gathered = [shape.numel() for shape in recorder.shapes_made_by("index") if shape[-1] == HEAD_DIM]
+    keys = inputs[1].numel()
+    assert max(gathered, default=0) < keys / 2, f"{max(gathered) / keys:.2f} times the layer's keys"
+
+
 @pytest.mark.parametrize("sparsity_type", SPARSITY_TYPES)
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 @pytest.mark.parametrize("bucket", sorted(BUCKET_FUNCTIONS))

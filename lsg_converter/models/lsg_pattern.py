@@ -247,6 +247,15 @@ class PositionTerms:
     # The block backends' additive masks made from these terms, kept for the next layer of the same
     # forward (see `cached_block_mask`): key -> (the masks they were made for, the additive mask).
     block_masks: dict = field(default_factory=dict, repr=False, compare=False)
+    # The window views' masks made from these terms (the sdpa backend's `window_view_masks`), made once
+    # per forward: key -> masks.
+    view_masks: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def same_in_every_block(self) -> bool:
+        """Whether the terms are the table's alone (no query or key rows): a block's local keys then get
+        the same terms in every block (`shared_local_scores`)."""
+        return self.table is not None and self.query_rows is None and self.key_rows is None
 
     def parts(self) -> list[tuple[str, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]]:
         """(side, rows, bucket) of each term present: side "table", "query" or "key"."""
@@ -334,6 +343,23 @@ def block_table_scores(terms: PositionTerms, block_size: int, key_offsets: torch
     rows_of_columns = table.transpose(0, 1).reshape(block_size, heads * width)  # (b, H W)
     scores = rows_of_columns.index_select(-1, head_columns.flatten()).view(block_size, *head_columns.shape)
     return scores.movedim(0, -2)  # (b, B or 1, nb, H, K) -> (B or 1, nb, H, b, K)
+
+
+def shared_local_scores(terms: PositionTerms, pattern: KeyPattern, device: torch.device) -> torch.Tensor:
+    """The terms of a block's rows over its local keys where every block gets the same ones
+    (`PositionTerms.same_in_every_block`): (1, H, b, local), from the rows' and the keys' offsets from
+    the block's start."""
+    rows = torch.arange(pattern.block_size, device=device).view(1, 1, -1, 1)
+    local = pattern.key_windows()[-1]
+    local_keys = local.rows(torch.zeros(1, 1, dtype=torch.long, device=device)).view(1, 1, 1, -1)
+    return relative_scores(terms, rows, local_keys)
+
+
+def token_global_scores(terms: PositionTerms, num_global: int, num_tokens: int, device: torch.device) -> torch.Tensor:
+    """The terms of `num_tokens` token queries over the global keys where they are the table's alone
+    (`PositionTerms.same_in_every_block`): (1, H, num_tokens, g)."""
+    tokens = torch.arange(num_tokens, device=device).view(1, 1, -1, 1)
+    return relative_scores(terms, tokens, global_query_positions(terms, num_global, device).view(1, 1, 1, -1))
 
 
 def global_query_positions(terms: PositionTerms, num_global: int, device: torch.device) -> torch.Tensor:
@@ -711,7 +737,7 @@ def block_position_scores(job: TokenAttention) -> list[torch.Tensor]:
     1 or H, b, K_i) that broadcast to (B, nb, H, b, K_i) and join on the last dimension.
 
     Local keys sit at the same distances from the rows of every block: without query or key rows
-    their piece is computed once, for block 1 (whose window lies inside the sequence), and broadcast.
+    their piece is computed once (`shared_local_scores`) and broadcast.
     Query and key rows are looked up where they are (`RowLookup`), not copied into each block's window.
     """
     terms, pattern, num_blocks, sparse = job.positions, job.pattern, job.num_blocks, job.sparse
@@ -733,8 +759,8 @@ def block_position_scores(job: TokenAttention) -> list[torch.Tensor]:
     token_positions = torch.arange(padded_tokens, device=device).view(1, padded_tokens, 1)
     local_positions = windows(local_windows(pattern, token_positions, num_blocks))
     local_rows = key_rows(terms.key_rows, num_global + local_positions.clamp(max=job.num_tokens - 1))  # padding: masked
-    if query_rows is None and local_rows is None:
-        local = relative_scores(terms, query_positions[:, 1:2], local_positions[:, 1:2])  # (1, 1, H, b, local)
+    if terms.same_in_every_block:
+        local = shared_local_scores(terms, pattern, device)[:, None]  # (1, 1, H, b, local)
     else:
         local = relative_scores(terms, query_positions, local_positions, query_rows, local_rows)
     pieces = [local]

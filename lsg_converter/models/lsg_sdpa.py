@@ -15,7 +15,8 @@ the core joins their outputs with the global queries' in one copy. No mask is re
 and nothing waits on the device (20 non-view ops per layer in a BERT forward, dense's 12). On the CPU in
 training its middle blocks read their local keys as views (`WindowViewAttention`, below).
 
-On the CPU, without gradients (and without sparse keys, position terms, DropKey or a causal mask), the
+On the CPU, without gradients (and without sparse keys, DropKey, a causal mask or position terms other
+than a table's, which are the same over every block's local keys: T5's and MPNet's bias), the
 blocks whose window holds real tokens only read their local keys as overlapping views of the layer's
 keys, with no copy, rounded up to `KEY_MULTIPLE` keys with masked rows, and blocks of 161 to 191
 queries run as 192 rows, the kernel's wider tiles (`window_view_attention`, `kernel_query_rows`); the
@@ -63,6 +64,8 @@ from .lsg_pattern import (
     local_windows,
     pad_rows,
     sdpa_dense_attention,
+    shared_local_scores,
+    token_global_scores,
     tracing,
 )
 from .lsg_transformers import CPU_FLASH_ATTENTION, CPU_FLASH_ATTENTION_BACKWARD, SOFTMAX_BACKWARD
@@ -503,10 +506,10 @@ class WindowViewPlan:
 def window_view_plan(job: TokenAttention, training: bool) -> WindowViewPlan | None:
     """How the blocks of `job` run on the window-view path, made from its padding alone: once per forward
     pass (`TokenAttention.made_once`), and once per shape where no key is masked; None where that path does
-    not apply (not on the CPU, tracing, sparse keys, position terms, DropKey, a causal mask, a padded
-    global token, half precision, values of another size than the keys; in `training`, an input whose
-    every key is seen, whose middle blocks `unmasked_attention` reads as views): every block's keys are
-    then gathered."""
+    not apply (not on the CPU, tracing, sparse keys, position terms other than `terms_in_window_views`
+    takes, DropKey, a causal mask, a padded global token, half precision, values of another size than the
+    keys; in `training`, an input whose every key is seen, whose middle blocks `unmasked_attention` reads
+    as views): every block's keys are then gathered."""
     pattern, keys = job.pattern, job.token_keys
     if not reads_window_views(job) or (training and (job.no_masked_keys or CPU_FLASH_ATTENTION_BACKWARD is None)):
         return None
@@ -524,8 +527,8 @@ def in_training(job: TokenAttention) -> bool:
 
 def reads_window_views(job: TokenAttention) -> bool:
     """Whether the CPU flash kernel can read `job`'s local keys as views of the layer's: on the CPU, in
-    float32 or float64, values of the keys' size, no sparse keys, position terms, DropKey or causal mask,
-    not while tracing."""
+    float32 or float64, values of the keys' size, no sparse keys, DropKey or causal mask, no position terms
+    other than those `terms_in_window_views` takes, not while tracing."""
     keys = job.token_keys
     return (
         CPU_FLASH_ATTENTION is not None
@@ -533,11 +536,18 @@ def reads_window_views(job: TokenAttention) -> bool:
         and keys.dtype in (torch.float32, torch.float64)
         and job.token_values.shape[-1] == keys.shape[-1]
         and job.sparse is None
-        and job.positions is None
+        and (job.positions is None or terms_in_window_views(job))
         and job.kept is None
         and not job.pattern.causal
         and not tracing()
     )
+
+
+def terms_in_window_views(job: TokenAttention) -> bool:
+    """Whether the window views can take `job`'s position terms: the table's alone, the same over every
+    block's local keys (`PositionTerms.same_in_every_block`), in a call without gradients
+    (`WindowViewAttention`'s backward takes no terms)."""
+    return job.positions.same_in_every_block and not in_training(job) and not trained_position_terms(job)
 
 
 def padded_window_view_plan(job: TokenAttention) -> WindowViewPlan | None:
@@ -611,18 +621,51 @@ def window_view_attention(job: TokenAttention, row: int, start: int, end: int, o
     """The output of blocks [start, end) of batch row `row` into `out` (n, b, H, D), n = end - start,
     blocks whose local keys are all real (`window_view_plan`): each block's local keys and values are
     an overlapping view of the layer's, no copy, with the `extra_keys` rows after it masked."""
-    pattern, dtype = job.pattern, job.token_keys.dtype
-    extra = extra_keys(pattern)
-    size = pattern.local_size + extra
-    mask = None
-    if extra:
-        mask = torch.zeros(1, 1, 1, size, dtype=dtype, device=job.token_keys.device)
-        mask[..., -extra:] = torch.finfo(dtype).min
-    # under 2 b: the rows after a block lie in its window's next block
-    queries = block_query_views(pattern, job.token_queries[row], start, end, kernel_query_rows(pattern.block_size))
+    pattern, block = job.pattern, job.pattern.block_size
+    size = pattern.local_size + extra_keys(pattern)
+    rows = kernel_query_rows(block)  # under 2 b: the rows after a block lie in its window's next block
+    queries = block_query_views(pattern, job.token_queries[row], start, end, rows)
     keys, values = (local_window_views(pattern, x[row], start, end, size) for x in (job.token_keys, job.token_values))
     global_keys, global_values = job.global_keys[row : row + 1], job.global_values[row : row + 1]
-    local_then_global(queries, keys, values, mask, global_keys, global_values, job.scaling, out)
+    global_mask = global_view_mask(job)
+    if global_mask is not None:
+        global_mask = global_mask[:, :, start * block : end * block]
+    local_then_global(
+        queries, keys, values, local_view_mask(job, rows, size), global_keys, global_values, job.scaling, out, global_mask
+    )
+
+
+def local_view_mask(job: TokenAttention, rows: int, size: int) -> torch.Tensor | None:
+    """The additive mask of every block's `rows` queries over its `size` local keys, the same in every
+    block: (1, H or 1, rows or 1, size), the position terms (0 in the rows past b, whose outputs are
+    dropped) and the keys past the local window (`extra_keys`) masked; None where it adds nothing. With
+    position terms, made once per forward."""
+    dtype, device, terms = job.token_keys.dtype, job.token_keys.device, job.positions
+    extra = size - job.pattern.local_size
+    if terms is None:
+        if not extra:
+            return None
+        no_terms = torch.zeros(1, 1, 1, job.pattern.local_size, dtype=dtype, device=device)
+        return torch.nn.functional.pad(no_terms, (0, extra), value=torch.finfo(dtype).min)
+    key = ("local", dtype, rows, size)
+    if key not in terms.view_masks:
+        scores = shared_local_scores(terms, job.pattern, device).to(dtype)  # (1, H, b, local)
+        scores = torch.nn.functional.pad(scores, (0, extra), value=torch.finfo(dtype).min)
+        terms.view_masks[key] = torch.nn.functional.pad(scores, (0, 0, 0, rows - job.pattern.block_size))
+    return terms.view_masks[key]
+
+
+def global_view_mask(job: TokenAttention) -> torch.Tensor | None:
+    """The position terms of the token queries over the global keys, (1, H, T, g) for the T tokens padded
+    to whole blocks, made once per forward; None without position terms or global tokens."""
+    terms, num_global = job.positions, job.pattern.num_global
+    if terms is None or not num_global:
+        return None
+    padded_tokens, dtype = job.token_mask.shape[1], job.token_keys.dtype
+    key = ("global", dtype, padded_tokens)
+    if key not in terms.view_masks:
+        terms.view_masks[key] = token_global_scores(terms, num_global, padded_tokens, job.token_keys.device).to(dtype)
+    return terms.view_masks[key]
 
 
 def block_query_views(pattern: KeyPattern, queries: torch.Tensor, start: int, end: int, rows: int) -> torch.Tensor:
@@ -810,16 +853,32 @@ def edge_block_attention(
     local_columns = table.columns[:, num_global:]  # (nb, local): the keys outside the sequence read row 0
     queries, keys, values = (gather_block_rows(x, columns, chosen) for x, columns in zip(job.sequence, (table.query_rows, local_columns, local_columns)))
     out = queries.new_empty(queries.shape[0], block, queries.shape[1], values.shape[-1])
-    local_then_global(queries, keys, values, mask, job.global_keys[rows], job.global_values[rows], job.scaling, out)
+    position_terms = local_view_mask(job, block, pattern.local_size)  # (1, H, b, local) or None
+    if position_terms is not None:
+        mask = mask + position_terms
+    global_mask = global_view_mask(job)  # (1, H, T, g) -> the chosen blocks', (n, H, b, g)
+    if global_mask is not None:
+        global_mask = global_mask[0].unflatten(1, (job.num_blocks, block))[:, chosen[1]].transpose(0, 1)
+    local_then_global(queries, keys, values, mask, job.global_keys[rows], job.global_values[rows], job.scaling, out, global_mask)
     return out
 
 
 def local_then_global(
-    queries, keys, values, mask: torch.Tensor | None, global_keys, global_values, scaling: float, out: torch.Tensor
+    queries,
+    keys,
+    values,
+    mask: torch.Tensor | None,
+    global_keys,
+    global_values,
+    scaling: float,
+    out: torch.Tensor,
+    global_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Attention of queries (n, H, b, D) over their local keys and values (n, H, local, D) and the g
     global ones (n or 1, g, H, D), written into `out` (n, b, H, D). Queries of more rows than b (see
-    `kernel_query_rows`) run through the kernel whole; only their first b rows are kept. Returns each
+    `kernel_query_rows`) run through the kernel whole; only their first b rows are kept. `mask`: additive,
+    over the local keys, broadcast to (n, H, rows, local); `global_mask`: additive, over the global keys,
+    (1, H or 1, n b, g) for global keys of every block (1, g, H, D), else (n, H or 1, b, g). Returns each
     query's log-sum-exp over its local keys and over its global keys (None without global keys), (n, H, b)
     each.
 
@@ -834,10 +893,14 @@ def local_then_global(
         return local_lse, None
     global_keys, global_values = global_keys.transpose(1, 2), global_values.transpose(1, 2)  # (n or 1, H, g, D)
     if global_keys.shape[0] == 1:  # every block's: the blocks' queries as one sequence
-        global_output, global_lse = CPU_FLASH_ATTENTION(as_one_sequence(queries), global_keys, global_values, 0.0, False, scale=scaling)
+        global_output, global_lse = CPU_FLASH_ATTENTION(
+            as_one_sequence(queries), global_keys, global_values, 0.0, False, attn_mask=global_mask, scale=scaling
+        )
         global_output, global_lse = as_blocks(global_output, block), as_blocks(global_lse.unsqueeze(-1), block).squeeze(-1)
     else:
-        global_output, global_lse = CPU_FLASH_ATTENTION(queries, global_keys, global_values, 0.0, False, scale=scaling)
+        global_output, global_lse = CPU_FLASH_ATTENTION(
+            queries, global_keys, global_values, 0.0, False, attn_mask=global_mask, scale=scaling
+        )
     global_share = torch.sigmoid(global_lse - local_lse).to(local_output.dtype).unsqueeze(-1)
     torch.lerp(local_output, global_output, global_share, out=out.transpose(1, 2))
     return local_lse, global_lse
