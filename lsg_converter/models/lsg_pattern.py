@@ -247,8 +247,8 @@ class PositionTerms:
     # The block backends' additive masks made from these terms, kept for the next layer of the same
     # forward (see `cached_block_mask`): key -> (the masks they were made for, the additive mask).
     block_masks: dict = field(default_factory=dict, repr=False, compare=False)
-    # The window views' masks made from these terms (the sdpa backend's `window_view_masks`), made once
-    # per forward: key -> masks.
+    # The sdpa backend's masks of its window views made from these terms (`lsg_sdpa.local_view_mask`,
+    # `global_view_mask`), made once per forward: key -> mask.
     view_masks: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property

@@ -620,7 +620,9 @@ def block_runs(blocks: torch.Tensor) -> list[tuple[int, int, int]]:
 def window_view_attention(job: TokenAttention, row: int, start: int, end: int, out: torch.Tensor) -> None:
     """The output of blocks [start, end) of batch row `row` into `out` (n, b, H, D), n = end - start,
     blocks whose local keys are all real (`window_view_plan`): each block's local keys and values are
-    an overlapping view of the layer's, no copy, with the `extra_keys` rows after it masked."""
+    an overlapping view of the layer's, no copy, with the `extra_keys` rows after it masked; position
+    terms, where there are (a table's), through masks shared by every block (`local_view_mask`,
+    `global_view_mask`)."""
     pattern, block = job.pattern, job.pattern.block_size
     size = pattern.local_size + extra_keys(pattern)
     rows = kernel_query_rows(block)  # under 2 b: the rows after a block lie in its window's next block
