@@ -208,9 +208,10 @@ class OpRecorder(TorchDispatchMode):
         """Names of the operations that produced a tensor of at least `elements` elements."""
         return [name for name, shapes in self.ops if any(shape.numel() >= elements for shape in shapes)]
 
-    def shapes_made_by(self, name: str) -> list[torch.Size]:
-        """The shapes of the tensors the aten operation `name` produced, every time it ran."""
-        return [shape for op, shapes in self.ops if op == name for shape in shapes]
+    def largest_rows_made_by(self, name: str, row_size: int) -> int:
+        """Element count of the largest tensor of rows of `row_size` (its last size) that the aten operation
+        `name` produced (0 where it made none): e.g. keys gathered by "index", rows of the head size."""
+        return max((shape.numel() for op, shapes in self.ops if op == name for shape in shapes if shape[-1] == row_size), default=0)
 
 
 # aten operations that read a value of a tensor on the host (on a GPU, waiting for the device): item, bool
