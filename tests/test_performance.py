@@ -194,11 +194,14 @@ def test_cached_decoding_step_work_does_not_grow_with_the_history(sparsity_type)
 # target: twice dense's, 24 and 76; it was 45 and 127 before that issue). In float32 the CPU reads the
 # middle blocks' local keys as views (lsg_sdpa.WindowViewAttention: two kernel calls and their join
 # instead of two gathers), and writes the edge blocks' and global queries' outputs into its own (two
-# copies instead of the core's join; their gradients, an index_select and a slice's, in the backward); in
-# bfloat16 it gathers them, as CUDA does.
+# copies instead of the core's join); the edge blocks' gathered keys, made again in the backward, add
+# their gradients into the layer's (76 when autograd kept the copies and joined their gradients); in
+# bfloat16 it gathers them, as CUDA does. Without gradients (inference), the edge blocks gather their
+# global keys with their local ones and run one kernel call (36 when they joined a call of the global keys).
 LAYER_OPS = {
+    ("inference", torch.float32): (26, 12),
     ("forward", torch.float32): (24, 12),
-    ("forward and backward", torch.float32): (76, 38),
+    ("forward and backward", torch.float32): (75, 38),
     ("forward", torch.bfloat16): (20, 12),
     ("forward and backward", torch.bfloat16): (67, 38),
 }
@@ -238,7 +241,7 @@ def ops_of_one_layer(
 def test_an_lsg_layer_runs_no_more_ops_than_measured(step, dtype):
     from transformers import BertConfig, BertForMaskedLM
 
-    with_backward = step != "forward"
+    with_backward = {"inference": None, "forward": False, "forward and backward": True}[step]
     lsg = ops_of_one_layer(LSGBertForMaskedLM, LSGBertConfig, with_backward, dtype=dtype, block_size=170,
                            sparse_block_size=0, sparsity_type="none", num_global_tokens=1)
     dense = ops_of_one_layer(BertForMaskedLM, BertConfig, with_backward, dtype=dtype)
@@ -253,8 +256,10 @@ def test_an_lsg_layer_runs_no_more_ops_than_measured(step, dtype):
 # (before: 91, 62 and 158). In training the blocks whose windows hold real tokens only read them as views
 # (lsg_sdpa.WindowViewAttention; 37 and 133 when every block gathered its window, with the backward's
 # once-per-shape structures counted as made in every step), and it writes the edge blocks' and the global
-# queries' outputs into its own (41 and 106 when the core joined them).
-PADDED_LAYER_OPS = {"inference": 48, "forward": 38, "forward and backward": 102}
+# queries' outputs into its own (41 and 106 when the core joined them). The edge blocks gather their
+# global keys with their local ones and run one kernel call (48, 38 and 102 when they gathered their local
+# keys only, joined to the global ones' call, and autograd kept their copies in training).
+PADDED_LAYER_OPS = {"inference": 38, "forward": 33, "forward and backward": 92}
 
 
 @pytest.mark.parametrize("step", PADDED_LAYER_OPS)

@@ -12,21 +12,22 @@ An input whose every key is seen (no padding, sparse keys, DropKey or position t
 training and inference call, has masks that depend on its shape only (`ShapeBlocks`, made once per
 shape): its middle blocks run in one SDPA call without a mask, its edge blocks in one with theirs, and
 the core joins their outputs with the global queries' in one copy. No mask is read or built per layer,
-and nothing waits on the device (20 non-view ops per layer in a BERT forward, dense's 12). On the CPU in
-training its middle blocks read their local keys as views (`WindowViewAttention`, below).
+and nothing waits on the device (20 non-view ops per layer in a BERT forward, dense's 12). That is the
+path of CUDA and of half precision.
 
-On the CPU, without gradients (and without sparse keys, DropKey, a causal mask or position terms other
-than a table's, which are the same over every block's local keys: T5's and MPNet's bias), the
-blocks whose window holds real tokens only read their local keys as overlapping views of the layer's
-keys, with no copy, rounded up to `KEY_MULTIPLE` keys with masked rows, and blocks of 161 to 191
-queries run as 192 rows, the kernel's wider tiles (`window_view_attention`, `kernel_query_rows`); the
-few others (at the edges, beside padding) gather their own window only (`edge_block_attention`). The
-global keys join through the log-sum-exp of each part (`local_then_global`). In training (float32 or
-float64) the same blocks read their windows as views through `WindowViewAttention`, whose backward runs
-the kernel's own; the others gather theirs on the autograd path. No gathered copy of those windows is
-kept for the backward pass. For an input whose every key is seen it also writes the edge blocks' and the
-global queries' outputs into its own (`TokenOutput.is_layer_output`): the output it keeps for its
-backward is the layer's, not a part that the core would join into a second copy.
+On the CPU in float32 or float64 (without sparse keys, DropKey, a causal mask or position terms other
+than a table's, which are the same over every block's local keys: T5's and MPNet's bias, and those
+without gradients only), the blocks whose window holds real tokens only read their local keys as
+overlapping views of the layer's keys, with no copy (`window_view_attention`): without gradients rounded
+up to `KEY_MULTIPLE` keys with masked rows, and blocks of 161 to 191 queries run as 192 rows, the
+kernel's wider tiles (`kernel_query_rows`). The global keys join through the log-sum-exp of each part
+(`local_then_global`). The few others (at the edges, beside padding: `EdgeBlocks`) gather their own
+queries and keys, the global ones among them, and run one kernel call with their mask. In training the
+same blocks run through `WindowViewAttention`, whose backward runs the kernel's own and gathers the edge
+blocks' keys again: no gathered copy is kept for the backward pass. It also writes the edge blocks' and
+the global queries' outputs into its own (`TokenOutput.is_layer_output`): the output it keeps for its
+backward is the layer's, not a part that the core would join into a second copy. A training call then
+keeps what dense SDPA keeps, and a second log-sum-exp per query.
 
 Position terms being trained (T5's bias table, MPNet's, DeBERTa's projections) give the mask a gradient,
 which SDPA computes with its math kernel only, keeping each block's gathered keys and values: on the
@@ -103,15 +104,10 @@ class SdpaBackend:
             output = gathered_attention(job, chosen)
             if chosen is not None:  # the blocks of padding only get zeros
                 output = output.new_zeros(shape).index_put_(chosen, output)
-        elif training:  # the edge blocks gathered, on the autograd path, their token rows written into the output
-            placed, pieces = global_rows_placed(job)
-            if plan.edges is not None:
-                edge_output = gathered_attention(job, plan.edges, "edge blocks").flatten(0, 1)  # (e b, H, D)
-                placed, pieces = (*placed, plan.edge_targets), (*pieces, edge_output[plan.edge_kept])
-            num_global = job.pattern.num_global
+        elif training:  # the edge blocks and the global queries' outputs written into the kernel's own
             output = WindowViewAttention.apply(
-                *token_and_global_parts(job), job.pattern, tuple(plan.viewed_runs), 0, job.num_blocks, job.scaling,
-                num_global + job.num_tokens, num_global, placed, *pieces,
+                job.token_queries, job.sequence[1], job.sequence[2], global_output(job), job.pattern,
+                tuple(plan.viewed_runs), plan.edges, plan.every_block, job.scaling,
             )  # fmt: skip
             return TokenOutput(output, None, None, is_layer_output=True)
         else:
@@ -119,7 +115,10 @@ class SdpaBackend:
             for row, start, end in plan.viewed_runs:
                 window_view_attention(job, row, start, end, out=output[row, start:end])
             if plan.edges is not None:
-                output[plan.edges] = edge_block_attention(job, plan.edges, plan.edge_mask)
+                edges = plan.edges
+                gathered = edges.gathered(job.token_queries, *job.sequence[1:])
+                edge_output, _ = CPU_FLASH_ATTENTION(*gathered, 0.0, False, attn_mask=edge_mask(job, edges), scale=job.scaling)
+                output[edges.batch, edges.blocks] = edge_output.transpose(1, 2)
         output = output.reshape(batch, padded_tokens, heads, -1)[:, : job.num_tokens]
         return TokenOutput(output, None, None)
 
@@ -448,10 +447,8 @@ def shape_blocks(
 def unmasked_attention(job: TokenAttention) -> TokenOutput:
     """The token queries' output of an `unmasked_input`, as pieces (B, t_i, H, D) in token order for the
     core to join: the middle blocks in one SDPA call without a mask, the edge blocks in one with theirs,
-    each block's keys gathered from the layer's sequence in one copy (`gather_block_rows`). On the CPU (in
-    training: without gradients the window-view plan runs) the middle blocks read theirs as views
-    (`WindowViewAttention`), which writes the edge blocks' and the global queries' outputs into its own:
-    the whole layer's output is then the one it keeps for its backward."""
+    each block's keys gathered from the layer's sequence in one copy (`gather_block_rows`): where the
+    window-view plan does not run (`window_view_plan`: on CUDA, in half precision, while tracing)."""
     pattern, queries = job.pattern, job.token_queries
     batch, _, heads, _ = queries.shape
     block = pattern.block_size
@@ -468,15 +465,6 @@ def unmasked_attention(job: TokenAttention) -> TokenOutput:
         return TokenOutput(edges[:, : job.num_tokens], None, None)
     start, end = plan.unmasked
     edge_outputs = edges[:, : len(plan.edge_rows)]  # (B, e b, H, D) -> (B, k, H, D): the tokens' rows
-    if CPU_FLASH_ATTENTION_BACKWARD is not None and reads_window_views(job):
-        runs = tuple((row, start, end) for row in range(batch))
-        placed, pieces = global_rows_placed(job)
-        output = WindowViewAttention.apply(
-            *token_and_global_parts(job), pattern, runs, start, end - start, job.scaling,
-            pattern.num_global + job.num_tokens, pattern.num_global + start * block,
-            (*placed, plan.edge_rows), *pieces, edge_outputs,
-        )  # fmt: skip
-        return TokenOutput(output, None, None, is_layer_output=True)
     middle_queries = queries[:, start * block : end * block].unflatten(1, (-1, block)).flatten(0, 1).transpose(1, 2)
     middle = run(middle_queries, plan.unmasked_columns, None)
     # the edge blocks before the middle, those after it
@@ -485,22 +473,92 @@ def unmasked_attention(job: TokenAttention) -> TokenOutput:
 
 
 @dataclass(frozen=True)
+class EdgeBlocks:
+    """The blocks of a call on the window-view path whose local window reaches outside the sequence or
+    over padding (`WindowViewPlan.edges`): each gathers its own queries and keys, the global keys among
+    them, in one copy (`gathered`) and runs through one kernel call with its mask; in training the copy is
+    made again in the backward pass, not kept for it (`WindowViewAttention`).
+
+    batch, blocks: (e,) each one's batch index and block index; query_rows: (e, b) its queries' rows
+    among the tokens (those past the last token read it: their outputs are dropped); key_rows: (e, K) its
+    keys' rows in the layer's sequence (g + t rows), in `KeyPattern.key_columns` order; mask: (e, 1, 1, K)
+    additive; kept: the rows of their outputs (e b) that are tokens', a slice where those come first, else
+    (k,); dropped: the others, (e b - k,), or None; targets: (batch index, row) of each kept row in the
+    layer's output (g + t rows), (k,) each."""
+
+    batch: torch.Tensor
+    blocks: torch.Tensor
+    query_rows: torch.Tensor
+    key_rows: torch.Tensor
+    mask: torch.Tensor
+    kept: slice | torch.Tensor
+    dropped: torch.Tensor | None
+    targets: tuple[torch.Tensor, torch.Tensor]
+
+    def gathered(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The blocks' queries (e, H, b, D) from the token queries (B, t, H, D), and their keys and values
+        (e, H, K, D) from the layer's (B, g + t, H, D), one copy each."""
+        batch = self.batch[:, None]
+        return (
+            queries[batch, self.query_rows].transpose(1, 2),
+            keys[batch, self.key_rows].transpose(1, 2),
+            values[batch, self.key_rows].transpose(1, 2),
+        )
+
+
+def edge_blocks(
+    pattern: KeyPattern, edges: tuple[torch.Tensor, torch.Tensor], local_mask: torch.Tensor, num_blocks: int,
+    num_tokens: int, dtype: torch.dtype,
+) -> EdgeBlocks:
+    """The `EdgeBlocks` of the blocks `edges` ((batch index, block index), each (e,)), `local_mask` (e,
+    local) bool the local keys each may see, every global key valid."""
+    batch, blocks = edges
+    block, num_global = pattern.block_size, pattern.num_global
+    table = block_table(pattern, num_blocks, num_tokens, 0, batch.device)
+    every_global = torch.ones(len(blocks), num_global, dtype=torch.bool, device=batch.device)
+    allowed = torch.cat([every_global, local_mask], dim=1)  # (e, K)
+    token_rows = (blocks[:, None] * block + torch.arange(block, device=batch.device)).flatten()  # (e b,)
+    inside = token_rows < num_tokens
+    num_kept = int(inside.sum())
+    first_ones = bool(inside[:num_kept].all())
+    kept = slice(0, num_kept) if first_ones else inside.nonzero().squeeze(1)
+    dropped = None if num_kept == len(inside) else (~inside).nonzero().squeeze(1)
+    return EdgeBlocks(
+        batch=batch,
+        blocks=blocks,
+        query_rows=table.query_rows[blocks] - num_global,
+        key_rows=table.columns[blocks],
+        mask=additive_mask(allowed[:, None, None, :], dtype),
+        kept=kept,
+        dropped=dropped,
+        targets=(batch.repeat_interleave(block)[kept], num_global + token_rows[kept]),
+    )
+
+
+def edge_mask(job: TokenAttention, edges: EdgeBlocks) -> torch.Tensor:
+    """The additive mask of the `edges` over their keys, (e, 1 or H, 1 or b, K): `edges.mask`, with `job`'s
+    position terms where it has (a table's, the same in every block: `global_view_mask`, `local_view_mask`)."""
+    if job.positions is None:
+        return edges.mask
+    pattern = job.pattern
+    terms = [local_view_mask(job, pattern.block_size, pattern.local_size).expand(len(edges.blocks), -1, -1, -1)]
+    global_terms = global_view_mask(job)  # (1, H, T, g) -> the edges' rows, (e, H, b, g)
+    if global_terms is not None:
+        terms.insert(0, global_terms[0].unflatten(1, (job.num_blocks, pattern.block_size))[:, edges.blocks].transpose(0, 1))
+    return edges.mask + torch.cat(terms, dim=-1)
+
+
+@dataclass(frozen=True)
 class WindowViewPlan:
     """How the blocks of a call on the window-view path run (`window_view_plan`). viewed_runs: (row, start,
     end) of each run of blocks whose local window lies inside the sequence and holds real tokens only,
-    whose keys `window_view_attention` reads as views; edges: (batch index, block index) of the other
-    blocks that hold a real token (`edge_block_attention`), each (e,), or None; edge_mask: their additive
-    mask over their local keys, (e, 1, 1, local), or None; every_block: whether every block is computed
-    (else the output starts as zeros, those of the blocks of padding only); edge_kept: the rows of the edge
-    blocks' outputs (e b) that are tokens' (not past the last token), (k,), or a whole slice; edge_targets:
-    their (batch index, row) in the layer's output of g + t rows, each (k,), or None."""
+    whose keys `window_view_attention` reads as views; edges: the other blocks that hold a real token, or
+    None; every_block: whether every block is computed (else the output starts as zeros, those of the
+    blocks of padding only)."""
 
     viewed_runs: list[tuple[int, int, int]]
-    edges: tuple[torch.Tensor, torch.Tensor] | None
-    edge_mask: torch.Tensor | None
+    edges: EdgeBlocks | None
     every_block: bool
-    edge_kept: torch.Tensor | slice
-    edge_targets: tuple[torch.Tensor, torch.Tensor] | None
 
 
 def window_view_plan(job: TokenAttention, training: bool) -> WindowViewPlan | None:
@@ -508,10 +566,10 @@ def window_view_plan(job: TokenAttention, training: bool) -> WindowViewPlan | No
     pass (`TokenAttention.made_once`), and once per shape where no key is masked; None where that path does
     not apply (not on the CPU, tracing, sparse keys, position terms other than `terms_in_window_views`
     takes, DropKey, a causal mask, a padded global token, half precision, values of another size than the
-    keys; in `training`, an input whose every key is seen, whose middle blocks `unmasked_attention` reads
-    as views): every block's keys are then gathered."""
+    keys; in `training`, a torch without the CPU flash kernel's backward): every block's keys are then
+    gathered."""
     pattern, keys = job.pattern, job.token_keys
-    if not reads_window_views(job) or (training and (job.no_masked_keys or CPU_FLASH_ATTENTION_BACKWARD is None)):
+    if not reads_window_views(job) or (training and CPU_FLASH_ATTENTION_BACKWARD is None):
         return None
     if job.no_masked_keys:
         return unmasked_window_view_plan(pattern, keys.shape[0], job.num_blocks, job.num_tokens, keys.dtype, keys.device)
@@ -578,16 +636,8 @@ def window_view_plan_of(
     viewed = local_mask.all(dim=-1) & (rounded_ends <= num_tokens)
     computed = torch.ones_like(viewed) if real_blocks is None else real_blocks
     edges = (computed & ~viewed).nonzero(as_tuple=True)
-    if not edges[0].numel():
-        return WindowViewPlan(block_runs(viewed), None, None, bool(computed.all()), slice(None), None)
-    edge_mask = additive_mask(local_mask[edges][:, None, None, :], dtype)  # (e, 1, 1, local)
-    block = pattern.block_size
-    edge_rows = (edges[1][:, None] * block + torch.arange(block, device=token_mask.device)).flatten()  # (e b,)
-    edge_batch = edges[0].repeat_interleave(block)
-    inside = edge_rows < num_tokens
-    kept = slice(None) if bool(inside.all()) else inside.nonzero().squeeze(1)
-    targets = (edge_batch[kept], pattern.num_global + edge_rows[kept])
-    return WindowViewPlan(block_runs(viewed), edges, edge_mask, bool(computed.all()), kept, targets)
+    found = edge_blocks(pattern, edges, local_mask[edges], num_blocks, num_tokens, dtype) if edges[0].numel() else None
+    return WindowViewPlan(block_runs(viewed), found, bool(computed.all()))
 
 
 def kernel_query_rows(block: int) -> int:
@@ -685,130 +735,121 @@ def local_window_views(pattern: KeyPattern, keys: torch.Tensor, start: int, end:
 
 
 class WindowViewAttention(torch.autograd.Function):
-    """Runs of blocks in training whose local windows lie inside the sequence and hold real tokens only (the
-    middle blocks of an `unmasked_input`, the `viewed_runs` of a padded batch's `WindowViewPlan`): their
-    local keys read as overlapping views of the layer's keys, as `window_view_attention` reads them, with a
-    backward, so that no gathered copy of the windows is made or kept for the backward pass (the gathered
-    keys and values are twice the layer's keys and values per local block).
+    """A call in training on the window-view path (`WindowViewPlan`): the runs of blocks whose local windows
+    lie inside the sequence and hold real tokens only read their local keys as overlapping views of the
+    layer's keys, as `window_view_attention` reads them, with a backward, so that no gathered copy of the
+    windows is made or kept for the backward pass (the gathered keys and values are twice the layer's
+    keys and values per local block); the few edge blocks (`EdgeBlocks`) gather theirs in the forward
+    pass and again in the backward pass, so that no copy is kept either. It writes the edge blocks' and
+    the global queries' outputs into its own: the output it keeps for its backward is the layer's whole
+    output (`TokenOutput.is_layer_output`), not a part of it that the core would copy again to join.
 
     Saved: the inputs (the layer's own tensors, which it keeps anyway), the output and each query's
-    log-sum-exp over all its keys. The backward runs the CPU flash kernel's backward over the local
-    views and over the global keys, each with that output and log-sum-exp, which gives the gradients of
-    the softmax over every key of the query restricted to those keys (as ring attention takes a softmax's
-    gradients part by part), and adds each window's key gradients back to the rows it viewed.
+    log-sum-exp over its keys. The backward runs the CPU flash kernel's backward over the local views and
+    over the global keys, each with that output and log-sum-exp, which gives the gradients of the softmax
+    over every key of the query restricted to those keys (as ring attention takes a softmax's gradients
+    part by part), and adds each window's key gradients back to the rows it viewed; and over each edge
+    block's gathered keys, its gradients added back to the rows they were gathered from.
 
-    queries, keys, values: the token queries, keys and values (B, t, H, D); global_keys, global_values:
-    (B, g, H, D); runs: (row, start, end) of each run of blocks; the output of blocks [first_block,
-    first_block + num_blocks) of every row, zero outside the runs, lies at rows [blocks_at, blocks_at +
-    num_blocks b) of the output (B, rows, H, D) (those past `rows` are in no run); each of `pieces`,
-    outputs of other parts of the layer computed beforehand (the edge blocks', the global queries'), is
-    written at its `placed` rows: a slice or an index of its r_i rows for a piece (B, r_i, H, D), or (batch
-    index, row) of each row of a piece (k, H, D). The output saved for the backward is then the layer's
-    whole output, not a part of it that the core would copy again to join."""
+    queries: the token queries (B, t, H, D); keys, values: the layer's (B, g + t, H, D), the global tokens'
+    first; global_output: the global queries' output (B, g, H, D), or None without global tokens; runs:
+    (row, start, end) of each run of viewed blocks; every_block: whether the runs and the edges cover
+    every block (else the rows of those of padding only are zero). Returns (B, g + t, H, D)."""
 
     @staticmethod
-    def forward(ctx, queries, keys, values, global_keys, global_values, pattern: KeyPattern,
-                runs: tuple[tuple[int, int, int], ...], first_block: int, num_blocks: int, scaling: float,
-                rows: int, blocks_at: int, placed: tuple[slice | torch.Tensor | tuple[torch.Tensor, torch.Tensor], ...], *pieces):  # fmt: skip
-        block = pattern.block_size
-        covered = sum(end - start for _, start, end in runs) == queries.shape[0] * num_blocks
-        shape = (queries.shape[0], rows, queries.shape[2], values.shape[-1])
-        output = queries.new_empty(shape) if covered else queries.new_zeros(shape)
-        for at, piece in zip(placed, pieces):
-            if isinstance(at, slice):
-                output[:, at] = piece
-            elif isinstance(at, tuple):  # (batch index, row) of each row of the piece (k, H, D)
-                output.index_put_(at, piece)
-            else:
-                output.index_copy_(1, at, piece)
+    def forward(ctx, queries, keys, values, global_output, pattern: KeyPattern, runs: tuple[tuple[int, int, int], ...],
+                edges: EdgeBlocks | None, every_block: bool, scaling: float):  # fmt: skip
+        block, num_global = pattern.block_size, pattern.num_global
+        shape = (*keys.shape[:3], values.shape[-1])
+        output = queries.new_empty(shape) if every_block else queries.new_zeros(shape)
+        if global_output is not None:
+            output[:, :num_global] = global_output
         local_lses, global_lses = [], []  # (n, H, b) per run
         for row, start, end in runs:
-            row_queries, row_keys, row_values = run_views(pattern, queries[row], keys[row], values[row], start, end)
-            first_row = blocks_at + (start - first_block) * block
+            row_queries, row_keys, row_values = run_views(pattern, queries[row], keys[row, num_global:], values[row, num_global:], start, end)
+            first_row = num_global + start * block
             row_output = output[row, first_row : first_row + (end - start) * block].unflatten(0, (-1, block))
-            global_row = (global_keys[row : row + 1], global_values[row : row + 1])
+            global_row = (keys[row : row + 1, :num_global], values[row : row + 1, :num_global])
             local_lse, global_lse = local_then_global(row_queries, row_keys, row_values, None, *global_row, scaling, row_output)
             local_lses.append(local_lse)
             if global_lse is not None:
                 global_lses.append(global_lse)
-        ctx.save_for_backward(queries, keys, values, global_keys, global_values, output, *local_lses, *global_lses)
-        ctx.pattern, ctx.runs, ctx.first_block, ctx.scaling = pattern, runs, first_block, scaling
-        ctx.blocks_at, ctx.placed = blocks_at, placed
+        edge_lses = []  # (e, H, b)
+        if edges is not None:
+            edge_output, edge_lse = CPU_FLASH_ATTENTION(
+                *edges.gathered(queries, keys, values), 0.0, False, attn_mask=edges.mask, scale=scaling
+            )  # (e, H, b, D), in the kernel's (e, b, H, D) memory
+            output.index_put_(edges.targets, edge_output.transpose(1, 2).flatten(0, 1)[edges.kept])
+            edge_lses.append(edge_lse)
+        ctx.save_for_backward(queries, keys, values, output, *local_lses, *global_lses, *edge_lses)
+        ctx.pattern, ctx.runs, ctx.edges, ctx.scaling = pattern, runs, edges, scaling
+        ctx.has_global_output = global_output is not None
         return output
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output):
-        queries, keys, values, global_keys, global_values, output, *lses = ctx.saved_tensors
-        pattern, first_block, scaling = ctx.pattern, ctx.first_block, ctx.scaling
-        block, size = pattern.block_size, pattern.local_size
-        local_lses, global_lses = lses[: len(ctx.runs)], lses[len(ctx.runs) :]
+        queries, keys, values, output, *lses = ctx.saved_tensors
+        pattern, runs, edges, scaling = ctx.pattern, ctx.runs, ctx.edges, ctx.scaling
+        block, size, num_global = pattern.block_size, pattern.local_size, pattern.num_global
+        local_lses, global_lses = lses[: len(runs)], lses[len(runs) : len(runs) + len(runs) * bool(num_global)]
         grad_queries, grad_keys, grad_values = (torch.zeros_like(x) for x in (queries, keys, values))
-        grad_global_keys, grad_global_values = [], []  # (row, its (g, H, D) gradient) per run
-        for index, (row, start, end) in enumerate(ctx.runs):
-            row_queries, row_keys, row_values = run_views(pattern, queries[row], keys[row], values[row], start, end)
+        for index, (row, start, end) in enumerate(runs):
+            token_keys, token_values = keys[row, num_global:], values[row, num_global:]
+            row_queries, row_keys, row_values = run_views(pattern, queries[row], token_keys, token_values, start, end)
             # (n, H, b, D): the output and its gradient as the kernel laid them out
-            first_row = ctx.blocks_at + (start - first_block) * block
+            first_row = num_global + start * block
             rows = slice(first_row, first_row + (end - start) * block)
             row_output, row_grad = (x[row, rows].unflatten(0, (-1, block)).transpose(1, 2) for x in (output, grad_output))
             # each query's log-sum-exp over all its keys
-            lse = torch.logaddexp(local_lses[index], global_lses[index]) if global_lses else local_lses[index]
+            lse = torch.logaddexp(local_lses[index], global_lses[index]) if num_global else local_lses[index]
             # the gradients of the softmax over all the queries' keys, at their local keys
             query_grad, key_grad, value_grad = CPU_FLASH_ATTENTION_BACKWARD(
                 row_grad, row_queries, row_keys, row_values, row_output, lse, 0.0, False, scale=scaling
             )
             # (n, H, b, D) -> the rows of the blocks' queries
             row_query_grad = grad_queries[row, start * block : end * block].unflatten(0, (-1, block)).transpose(1, 2)
-            if global_keys.shape[1]:  # at the global keys: the blocks' queries as one sequence over the row's
+            if num_global:  # at the global keys: the blocks' queries as one sequence over the row's
                 global_query_grad, global_key_grad, global_value_grad = CPU_FLASH_ATTENTION_BACKWARD(
                     *(as_one_sequence(x) for x in (row_grad, row_queries)),
-                    *(x[row : row + 1].transpose(1, 2) for x in (global_keys, global_values)),
+                    *(x[row : row + 1, :num_global].transpose(1, 2) for x in (keys, values)),
                     as_one_sequence(row_output), lse.transpose(0, 1).reshape(1, lse.shape[1], -1), 0.0, False, scale=scaling,
                 )  # fmt: skip
                 torch.add(query_grad, as_blocks(global_query_grad, block), out=row_query_grad)
-                grad_global_keys.append((row, global_key_grad[0].transpose(0, 1)))  # (1, H, g, D) -> (g, H, D)
-                grad_global_values.append((row, global_value_grad[0].transpose(0, 1)))
+                grad_keys[row, :num_global].add_(global_key_grad[0].transpose(0, 1))  # (1, H, g, D) -> (g, H, D)
+                grad_values[row, :num_global].add_(global_value_grad[0].transpose(0, 1))
             else:
                 row_query_grad.copy_(query_grad)
             # each window's key rows add to the rows it viewed: (n, H, w b, D) -> (n w, b, H, D), into (n + w - 1, b, H, D)
-            windowed_rows = slice(pattern.local_start(start), pattern.local_start(end - 1) + size)
+            windowed_rows = slice(num_global + pattern.local_start(start), num_global + pattern.local_start(end - 1) + size)
             window_blocks = window_block_indices(end - start, size // block, keys.device)
             for rows_grad, window_grad in ((grad_keys[row], key_grad), (grad_values[row], value_grad)):
                 window_grad = window_grad.transpose(1, 2).reshape(-1, block, *window_grad.shape[1:2], window_grad.shape[-1])
                 rows_grad[windowed_rows].unflatten(0, (-1, block)).index_add_(0, window_blocks, window_grad)
-        global_grads = (rows_summed(grad_global_keys, global_keys), rows_summed(grad_global_values, global_values))
-        grad_pieces = (
-            grad_output[:, at] if isinstance(at, slice) else grad_output[at] if isinstance(at, tuple) else grad_output.index_select(1, at)
-            for at in ctx.placed
-        )
-        return grad_queries, grad_keys, grad_values, *global_grads, *(None,) * 8, *grad_pieces
+        if edges is not None:
+            edge_rows = (edges.batch[:, None], num_global + edges.query_rows)  # (e, b) each
+            # the output and its gradient at the edge blocks' rows, (e, b, H, D); the rows past the last
+            # token (which read it) get no gradient: their keys' and queries' gradients are then zero
+            edge_output, edge_grad = output[edge_rows], grad_output[edge_rows]
+            if edges.dropped is not None:
+                edge_grad.flatten(0, 1)[edges.dropped] = 0
+            gathered = edges.gathered(queries, keys, values)
+            query_grad, key_grad, value_grad = CPU_FLASH_ATTENTION_BACKWARD(
+                edge_grad.transpose(1, 2), *gathered, edge_output.transpose(1, 2), lses[-1], 0.0, False,
+                attn_mask=edges.mask, scale=scaling,
+            )  # fmt: skip
+            gathered_rows = edges.batch[:, None], edges.key_rows
+            grad_queries.index_put_((edges.batch[:, None], edges.query_rows), query_grad.transpose(1, 2), accumulate=True)
+            grad_keys.index_put_(gathered_rows, key_grad.transpose(1, 2), accumulate=True)
+            grad_values.index_put_(gathered_rows, value_grad.transpose(1, 2), accumulate=True)
+        grad_global_output = grad_output[:, :num_global] if ctx.has_global_output else None
+        return grad_queries, grad_keys, grad_values, grad_global_output, *(None,) * 5
 
 
-def token_and_global_parts(job: TokenAttention) -> tuple[torch.Tensor, ...]:
-    """The token queries, keys and values and the global keys and values of `job`, as
-    `WindowViewAttention` takes them."""
-    return job.token_queries, job.token_keys, job.token_values, job.global_keys, job.global_values
-
-
-def global_rows_placed(job: TokenAttention) -> tuple[tuple[slice, ...], tuple[torch.Tensor, ...]]:
-    """The global queries' output (B, g, H, D) and its rows in the layer's output, as `WindowViewAttention`
-    places them; nothing without global tokens."""
-    if job.global_attention is None:
-        return (), ()
-    return (slice(0, job.pattern.num_global),), (job.global_attention(),)
-
-
-def rows_summed(parts: list[tuple[int, torch.Tensor]], like: torch.Tensor) -> torch.Tensor | None:
-    """The gradients of the runs, (row, gradient) each, summed per batch row, (B, ...) as `like` (None
-    without any): where each row has one run in order, stacked (a view for one row)."""
-    if not parts:
-        return None
-    if [row for row, _ in parts] == list(range(like.shape[0])):
-        return parts[0][1].unsqueeze(0) if len(parts) == 1 else torch.stack([part for _, part in parts])
-    summed = torch.zeros_like(like)
-    for row, part in parts:
-        summed[row] += part
-    return summed
+def global_output(job: TokenAttention) -> torch.Tensor | None:
+    """The global queries' output (B, g, H, D), for a backend that writes it into its own; None without
+    global tokens."""
+    return None if job.global_attention is None else job.global_attention()
 
 
 @shape_cached
@@ -840,29 +881,6 @@ def as_one_sequence(blocks: torch.Tensor) -> torch.Tensor:
 def as_blocks(sequence: torch.Tensor, block: int) -> torch.Tensor:
     """(1, H, n b, ...) -> (n, H, b, ...), a view: the inverse of `as_one_sequence`."""
     return sequence[0].unflatten(1, (-1, block)).transpose(0, 1)
-
-
-def edge_block_attention(
-    job: TokenAttention, chosen: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor
-) -> torch.Tensor:
-    """The output (n, b, H, D) of the `chosen` blocks ((batch index, block index), each (n,)), whose local
-    window reaches outside the sequence or over padding, `mask` (n, 1, 1, local) their additive mask: only
-    their own queries and windows are gathered (rows past the last token read the last one: their keys
-    are masked, their outputs dropped)."""
-    pattern, rows = job.pattern, chosen[0]
-    block, num_global = pattern.block_size, pattern.num_global
-    table = block_table(pattern, job.num_blocks, job.num_tokens, 0, job.token_keys.device)
-    local_columns = table.columns[:, num_global:]  # (nb, local): the keys outside the sequence read row 0
-    queries, keys, values = (gather_block_rows(x, columns, chosen) for x, columns in zip(job.sequence, (table.query_rows, local_columns, local_columns)))
-    out = queries.new_empty(queries.shape[0], block, queries.shape[1], values.shape[-1])
-    position_terms = local_view_mask(job, block, pattern.local_size)  # (1, H, b, local) or None
-    if position_terms is not None:
-        mask = mask + position_terms
-    global_mask = global_view_mask(job)  # (1, H, T, g) -> the chosen blocks', (n, H, b, g)
-    if global_mask is not None:
-        global_mask = global_mask[0].unflatten(1, (job.num_blocks, block))[:, chosen[1]].transpose(0, 1)
-    local_then_global(queries, keys, values, mask, job.global_keys[rows], job.global_values[rows], job.scaling, out, global_mask)
-    return out
 
 
 def local_then_global(
