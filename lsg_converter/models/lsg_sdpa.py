@@ -792,7 +792,7 @@ class WindowViewAttention(torch.autograd.Function):
         queries, keys, values, output, *lses = ctx.saved_tensors
         pattern, runs, edges, scaling = ctx.pattern, ctx.runs, ctx.edges, ctx.scaling
         block, size, num_global = pattern.block_size, pattern.local_size, pattern.num_global
-        local_lses, global_lses = lses[: len(runs)], lses[len(runs) : len(runs) + len(runs) * bool(num_global)]
+        local_lses, global_lses = lses[: len(runs)], lses[len(runs) : 2 * len(runs)] if num_global else []
         grad_queries, grad_keys, grad_values = (torch.zeros_like(x) for x in (queries, keys, values))
         for index, (row, start, end) in enumerate(runs):
             token_keys, token_values = keys[row, num_global:], values[row, num_global:]
