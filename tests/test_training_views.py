@@ -75,9 +75,8 @@ def test_a_training_call_keeps_the_layers_output_once(padded, num_global):
     lsg = saved_bytes(lambda q, k, v: lsg_self_attention(q, k, v, mask, config), projections(batch, num_global + length, dtype=torch.float32))
 
     # the middle blocks' kernel writes the edge blocks' and the global queries' outputs into its own, which it
-    # keeps for its backward: besides dense's queries, keys, values and output, LSG holds the edge blocks'
-    # gathered windows and the log-sum-exps only (1.3x dense's when it kept its part of the output besides
-    # the joined one, 2.8x with every window gathered)
+    # keeps for its backward: the layer's output is kept once (1.3x dense's when it kept its part of the
+    # output besides the joined one, 2.8x with every window gathered; what else it keeps: the next test)
     assert lsg <= 1.15 * dense
 
 
