@@ -107,6 +107,23 @@ def test_a_bias_table_block_mask_is_made_once_for_layers_with_the_same_padding()
     assert not torch.equal(first_layer, second_layer)
 
 
+def test_a_block_mask_is_made_once_for_layers_whose_sparse_keys_lie_beyond_the_max_distance():
+    # clamped at 4 and blocks of 8: every sparse key lies 9 or more tokens from its queries, so its term is
+    # its side's, whichever keys each layer selects
+    config = lsg_config(block_size=BLOCK, sparse_block_size=BLOCK, sparsity_type="norm", num_global_tokens=1)
+    lengths = [1 + 80, 1 + 64]
+    terms = bias_table_terms()
+    terms.max_distance = 4
+    attention(random_qkv(lengths, seed=0), lengths, config, terms=terms)
+    with OpRecorder() as recorder:
+        second_layer = attention(random_qkv(lengths, seed=1), lengths, config, terms=terms)
+
+    mask_elements = 2 * 10 * HEADS * BLOCK * (1 + 2 * BLOCK + 3 * BLOCK)  # (B, nb, H, b, K)
+    assert recorder.outputs_of_at_least(mask_elements) == []
+    fresh = attention(random_qkv(lengths, seed=1), lengths, config, terms=bias_table_terms())  # pair by pair
+    torch.testing.assert_close(second_layer, fresh, atol=0, rtol=0)
+
+
 def test_a_kept_block_mask_is_made_again_for_other_padding():
     config = lsg_config(block_size=BLOCK, sparsity_type="none", num_global_tokens=1)
     terms = bias_table_terms()

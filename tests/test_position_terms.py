@@ -254,6 +254,18 @@ def test_a_pooled_sparse_key_is_at_the_centre_of_the_real_tokens_of_its_window()
     assert sparse.positions[1, 0, -2].item() == round((72 + 73 + 74) / 3)  # the window [72, 76) holds 3 real tokens
 
 
+@pytest.mark.parametrize("sparsity_type", [kind for kind in SPARSITY_TYPES if kind != "none"])
+@pytest.mark.parametrize(("factor", "sparse_size"), [(1, BLOCK), (2, BLOCK), (2, BLOCK // 2), (4, BLOCK)])
+def test_every_sparse_key_comes_from_the_block_its_compressed_position_belongs_to(sparsity_type, factor, sparse_size):
+    config = lsg_config(block_size=BLOCK, sparse_block_size=sparse_size, sparsity_type=sparsity_type, sparsity_factor=factor)
+    keys, values, queries = random_inputs(80)
+    sparse = sparse_context(queries, keys, values, padding_mask([80, 75], 80), config, HEAD_DIM**-0.5, with_positions=True)
+
+    compressed_blocks = (torch.arange(sparse.positions.shape[-1]) // (BLOCK // factor)).expand_as(sparse.positions)
+    seen = sparse.mask.expand_as(sparse.positions)  # padding's keys are masked: their positions are never read
+    assert torch.equal(sparse.positions[seen] // BLOCK, compressed_blocks[seen])
+
+
 def test_position_terms_build_no_tensor_that_grows_faster_than_the_length():
     config = lsg_config(block_size=BLOCK, sparse_block_size=BLOCK, sparsity_type="norm", num_global_tokens=1)
 

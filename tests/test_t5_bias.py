@@ -13,7 +13,7 @@ from helpers import T5_SHAPE, TINY_CONFIGS, lsg_config, padded_batch, padding_ma
 from lsg_converter import LSGConverter
 from lsg_converter.models import lsg_t5_bias
 from lsg_converter.models.lsg_attention import lsg_self_attention
-from lsg_converter.models.lsg_pattern import PositionTerms
+from lsg_converter.models.lsg_pattern import KeyPattern, PositionTerms, far_sparse_scores
 from lsg_converter.models.lsg_transformers import relative_position_buckets
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -53,9 +53,13 @@ def test_the_bias_by_clamped_distance_is_transformers_bias_at_every_distance(arc
 
 @pytest.mark.parametrize("arch", list(ATTENTIONS))
 @pytest.mark.parametrize("sparsity_type", ["norm", "pooling", "stride"])
-def test_the_output_and_the_bias_gradient_equal_those_of_the_bucket_function_for_every_pair(arch, sparsity_type):
-    config = lsg_config(block_size=8, sparse_block_size=8, sparsity_factor=2, sparsity_type=sparsity_type, num_global_tokens=2)
-    length = 2 + 75  # 10 blocks of 8, the last one padded
+@pytest.mark.parametrize(
+    ("block", "length"),
+    [(8, 2 + 75), (24, 2 + 150)],  # sparse keys within and beyond MAX_DISTANCE; beyond it (25 tokens and more) only
+    ids=["sparse keys within reach", "sparse keys beyond reach"],
+)
+def test_the_output_and_the_bias_gradient_equal_those_of_the_bucket_function_for_every_pair(arch, sparsity_type, block, length):
+    config = lsg_config(block_size=block, sparse_block_size=block, sparsity_factor=2, sparsity_type=sparsity_type, num_global_tokens=2)
     generator = torch.Generator().manual_seed(1)
     inputs = [torch.randn(2, 4, length, 8, generator=generator, requires_grad=True) for _ in range(3)]
     mask = padding_mask([length, 50], length)
@@ -74,6 +78,31 @@ def test_the_output_and_the_bias_gradient_equal_those_of_the_bucket_function_for
     torch.testing.assert_close(bias_gradient, expected_bias_gradient, atol=1e-4, rtol=1e-5)
     for gradient, expected_gradient in zip(input_gradients, expected_input_gradients):
         torch.testing.assert_close(gradient, expected_gradient, atol=1e-4, rtol=1e-5)
+
+
+def test_sparse_keys_beyond_the_max_distance_get_the_bias_of_their_side_whatever_their_position():
+    attention = encoder_attention("t5")
+    terms = lsg_t5_bias.t5_position_terms(attention, global_position=0)
+    pattern = KeyPattern.of(lsg_config(block_size=24, sparse_block_size=24, sparsity_factor=2, sparsity_type="norm"))
+    scores = far_sparse_scores(terms, pattern, torch.device("cpu"))
+
+    bias = attention.relative_attention_bias.weight  # (buckets, H)
+    left, right = relative_position_buckets(attention, torch.tensor([-MAX_DISTANCE, MAX_DISTANCE]))
+    expected = torch.cat([bias[left][:, None].expand(-1, 24), bias[right][:, None].expand(-1, 24)], dim=1)
+    assert scores.shape == (1, 1, T5_SHAPE["num_heads"], 1, 48)
+    torch.testing.assert_close(scores[0, 0, :, 0], expected, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [dict(block_size=8, sparse_block_size=8), dict(block_size=24, sparse_block_size=24, legacy_sparse_window=True, sparsity_factor=24)],
+    ids=["blocks shorter than the max distance", "the 2023 reference's right window over the next block"],
+)
+def test_sparse_keys_within_the_max_distance_are_looked_up_key_by_key(settings):
+    terms = lsg_t5_bias.t5_position_terms(encoder_attention("t5"), global_position=0)
+    pattern = KeyPattern.of(lsg_config(**{"sparsity_factor": 2, "sparsity_type": "norm", **settings}))
+
+    assert far_sparse_scores(terms, pattern, torch.device("cpu")) is None
 
 
 @pytest.mark.parametrize(("arch", "calls_per_forward"), [("t5", 1), ("mt5", 1), ("umt5", T5_SHAPE["num_layers"])])

@@ -161,6 +161,18 @@ class KeyPattern:
         sparse_keys = len(self.sparse_starts) * self.sparse_size
         return self.num_global + sparse_keys + token - self.local_start(query // self.block_size)
 
+    def sparse_distances(self) -> tuple[tuple[int, int], ...]:
+        """Per sparse window, in key order, the least and the greatest distance (key - query, in tokens)
+        between a block's queries and the tokens its compressed keys come from, compressed position p
+        coming from the tokens of block p // c (c = `compressed_per_block`), as every compressor of
+        lsg_sparse keeps it."""
+        block, per_block = self.block_size, self.compressed_per_block
+        distances = []
+        for start in self.sparse_starts:
+            first_block, last_block = start // per_block, (start + self.sparse_size - 1) // per_block
+            distances.append((first_block * block - (block - 1), (last_block + 1) * block - 1))
+        return tuple(distances)
+
     def key_windows(self) -> tuple[KeyWindow, ...]:
         """The segments of each block's keys, in key order: the global tokens, each sparse window, the
         local window (none of zero width)."""
@@ -231,7 +243,9 @@ class PositionTerms:
         max_distance: where `bucket` is constant beyond: bucket(r) = bucket(max_distance) for r >=
             max_distance, bucket(-max_distance) for r <= -max_distance (T5's bias), or None. With a
             table only, the block backends then look a block's sparse keys up by their offset from
-            the block's start (`block_table_scores`), not by the distance of each pair.
+            the block's start (`block_table_scores`), not by the distance of each pair, and where
+            every sparse window lies that far from its block, give it its side's terms whatever its
+            keys' positions (`far_sparse_scores`).
     """
 
     bucket: Callable[[torch.Tensor], torch.Tensor]
@@ -242,8 +256,9 @@ class PositionTerms:
     key_bucket: Callable[[torch.Tensor], torch.Tensor] | None = None
     global_position: int = 0
     max_distance: int | None = None
-    # `block_row_table` of each block size, made once per forward (the terms are)
-    row_tables: dict = field(default_factory=dict, repr=False, compare=False)
+    # Lookups made once per forward (the terms are): `block_row_table` by block size, `far_sparse_scores`
+    # by key pattern
+    lookups: dict = field(default_factory=dict, repr=False, compare=False)
     # The block backends' additive masks made from these terms, kept for the next layer of the same
     # forward (see `cached_block_mask`): key -> (the masks they were made for, the additive mask).
     block_masks: dict = field(default_factory=dict, repr=False, compare=False)
@@ -322,12 +337,12 @@ def block_row_table(terms: PositionTerms, block_size: int) -> torch.Tensor:
     """The table's score for row j of a block and a key k tokens after the block's start, k clamped into
     [-M, M + b) (M = `PositionTerms.max_distance`: beyond, every row of the block gets the same
     score): (H, b, 2 M + b), column k + M. Made once per block size and kept in the terms."""
-    table = terms.row_tables.get(block_size)
+    table = terms.lookups.get(block_size)
     if table is None:
         device, max_distance = terms.table.device, terms.max_distance
         offsets = torch.arange(-max_distance, max_distance + block_size, device=device)
         rows = torch.arange(block_size, device=device)[:, None]
-        table = terms.row_tables[block_size] = terms.table[:, terms.bucket(offsets - rows)]  # (H, b, 2 M + b)
+        table = terms.lookups[block_size] = terms.table[:, terms.bucket(offsets - rows)]  # (H, b, 2 M + b)
     return table
 
 
@@ -343,6 +358,28 @@ def block_table_scores(terms: PositionTerms, block_size: int, key_offsets: torch
     rows_of_columns = table.transpose(0, 1).reshape(block_size, heads * width)  # (b, H W)
     scores = rows_of_columns.index_select(-1, head_columns.flatten()).view(block_size, *head_columns.shape)
     return scores.movedim(0, -2)  # (b, B or 1, nb, H, K) -> (B or 1, nb, H, b, K)
+
+
+def far_sparse_scores(terms: PositionTerms, pattern: KeyPattern, device: torch.device) -> torch.Tensor | None:
+    """The terms of a block's rows over its sparse keys where every sparse window lies at `max_distance`
+    or more from every row of the block (`KeyPattern.sparse_distances`), each window on one side, so that
+    a table's terms are constant over it: (1, 1, H, 1, sparse keys), the same for every block, row and
+    sparse key's position; None where that does not hold (rows, no table, no `max_distance`, a window
+    within reach). Made once per pattern and kept in the terms."""
+    if not terms.same_in_every_block or terms.max_distance is None:
+        return None
+    key = ("far sparse scores", pattern)
+    if key not in terms.lookups:
+        reach, sides = terms.max_distance, []
+        for least, greatest in pattern.sparse_distances():
+            if greatest > -reach and least < reach:
+                terms.lookups[key] = None
+                return None
+            sides.append(-reach if greatest <= -reach else reach)
+        distances = torch.tensor(sides, device=device).repeat_interleave(pattern.sparse_size)
+        origin = torch.zeros(1, 1, 1, 1, dtype=torch.long, device=device)
+        terms.lookups[key] = relative_scores(terms, origin, distances.view(1, 1, 1, -1))[None]  # (1, 1, H, 1, S)
+    return terms.lookups[key]
 
 
 def shared_local_scores(terms: PositionTerms, pattern: KeyPattern, device: torch.device) -> torch.Tensor:
@@ -734,10 +771,11 @@ def block_dropout(job: TokenAttention, heads: int, dropout: float) -> torch.Tens
 
 def block_position_scores(job: TokenAttention) -> list[torch.Tensor]:
     """The position terms of each block's queries over its keys, in key order: pieces (B or 1, nb or 1,
-    1 or H, b, K_i) that broadcast to (B, nb, H, b, K_i) and join on the last dimension.
+    1 or H, 1 or b, K_i) that broadcast to (B, nb, H, b, K_i) and join on the last dimension.
 
     Local keys sit at the same distances from the rows of every block: without query or key rows
-    their piece is computed once (`shared_local_scores`) and broadcast.
+    their piece is computed once (`shared_local_scores`) and broadcast; so is the sparse keys' where
+    they all lie beyond the table's `max_distance` (`far_sparse_scores`).
     Query and key rows are looked up where they are (`RowLookup`), not copied into each block's window.
     """
     terms, pattern, num_blocks, sparse = job.positions, job.pattern, job.num_blocks, job.sparse
@@ -764,7 +802,10 @@ def block_position_scores(job: TokenAttention) -> list[torch.Tensor]:
     else:
         local = relative_scores(terms, query_positions, local_positions, query_rows, local_rows)
     pieces = [local]
-    if sparse is not None:
+    far_sparse = None if sparse is None else far_sparse_scores(terms, pattern, device)
+    if far_sparse is not None:
+        pieces.insert(0, far_sparse)
+    elif sparse is not None:
         sparse_positions = windows(sparse_windows(pattern, sparse.positions.transpose(1, 2), num_blocks))
         compressed = torch.arange(sparse.keys.shape[2], device=device).view(1, -1, 1)
         sparse_rows = key_rows(sparse.key_rows, windows(sparse_windows(pattern, compressed, num_blocks)))
@@ -912,11 +953,11 @@ def folded_mask_parts(
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """`block_additive_mask`'s parts, not joined, folded into the batch (every block or the `chosen`
     ones, `folded_blocks`): which keys each block may attend, (n, 1 or H, 1 or b, K) bool, and the
-    position terms of each segment of its keys, in key order, (n, 1 or H, b, K_i) in the queries' dtype
+    position terms of each segment of its keys, in key order, (n, 1 or H, 1 or b, K_i) in the queries' dtype
     (broadcast views where they do not vary between blocks)."""
     allowed = block_mask(job) if job.kept is None else job.kept  # (B, nb, 1 or H, 1 or b, K)
     batch, num_blocks, dtype = job.token_keys.shape[0], job.num_blocks, job.token_queries.dtype
-    pieces = block_position_scores(job)  # (B or 1, nb or 1, 1 or H, b, K_i)
+    pieces = block_position_scores(job)  # (B or 1, nb or 1, 1 or H, 1 or b, K_i)
     pieces = [folded_blocks(piece.to(dtype).expand(batch, num_blocks, *piece.shape[2:]), batch, chosen) for piece in pieces]
     return folded_blocks(allowed, batch, chosen), pieces
 
@@ -926,7 +967,7 @@ def cached_block_mask(job: TokenAttention, chosen: tuple[torch.Tensor, torch.Ten
     (n, 1 or H, 1 or b, K). Made once per forward where every layer would make the same one: position
     terms without query or key rows (MPNet's and T5's bias: one table for all layers, one `PositionTerms`
     per forward), no gradients, no dropout. It is kept in the terms for the next layer and reused when
-    that layer's padding (and sparse keys) are equal, which also makes the chosen blocks the same. Where
+    that layer's padding and sparse keys (their mask; their positions unless `far_sparse_scores`) are equal, which also makes the chosen blocks the same. Where
     the masks depend on the padding alone, made once per forward pass (`TokenAttention.made_once`)."""
     terms, batch = job.positions, job.token_keys.shape[0]
     if job.masks_of_padding_alone:
@@ -943,8 +984,10 @@ def cached_block_mask(job: TokenAttention, chosen: tuple[torch.Tensor, torch.Ten
     ):
         return folded_blocks(block_additive_mask(job), batch, chosen)
     made_for = [job.token_mask, job.global_mask]
-    if job.sparse is not None:
-        made_for += [job.sparse.mask, job.sparse.positions]
+    if job.sparse is not None:  # the sparse keys' positions alone where their terms depend on them
+        made_for.append(job.sparse.mask)
+        if far_sparse_scores(terms, job.pattern, job.token_keys.device) is None:
+            made_for.append(job.sparse.positions)
     if job.real_blocks is not None:
         made_for.append(job.real_blocks)
     key = (job.pattern, job.token_queries.dtype, job.token_queries.device, job.num_tokens, chosen is None, len(made_for))

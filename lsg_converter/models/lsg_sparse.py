@@ -8,7 +8,8 @@ the first query and the mask only, so
 
 * a position compresses to the selected token's (norm, stride, block_stride), the masked mean of its
   window (pooling: the window's centre) or the weighted mean (bos_pooling, lsh), rounded to the
-  nearest token;
+  nearest token: sparse key p of a real token comes from the tokens of block p // (b / f), which
+  `KeyPattern.sparse_distances` relies on;
 * compressing the identity matrix gives each sparse key's share of every token's value, which the
   eager backend uses to spread a sparse key's weight over the tokens.
 
