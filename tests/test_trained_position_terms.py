@@ -1,7 +1,8 @@
 """A training step through position terms being trained (T5's bias table) on the CPU: SDPA runs its math
 kernel there, which keeps each block's gathered keys and values for the backward pass (every key three
 times and more); the sdpa backend reads each segment of a block's keys as a view of its sequence, forward
-and backward, and keeps the softmax's weights and the layer's own keys (lsg_sdpa.TrainedTermsAttention).
+and backward, and keeps the layer's own keys and each query's log-sum-exp, not the softmax's weights
+(lsg_sdpa.TrainedTermsAttention).
 Outputs and gradients, the bias table's included, are the eager backend's."""
 
 import pytest
@@ -83,6 +84,20 @@ def test_trained_position_terms_keep_no_gathered_keys(sparsity):
 
     assert kept_rows
     assert max(kept_rows) <= 2 * qkv[1].numel(), f"{max(kept_rows) / qkv[1].numel():.2f} times the layer's keys"
+
+
+@pytest.mark.parametrize("sparsity", list(CONFIGS))
+def test_trained_position_terms_keep_no_weights(sparsity):
+    """Nothing kept for the backward pass is as large as the softmax's weights, (blocks, H, b, K): the
+    backward makes them again from the scores and each query's log-sum-exp."""
+    qkv = projections(2)
+    kept = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda tensor: kept.append(tensor.numel()) or tensor, lambda tensor: tensor):
+        attend("sdpa", qkv, None, sparsity, t5_attention())
+
+    keys_per_block = 2 + 3 * 8 + (2 * 8 if sparsity == "norm" else 0)  # global, local and sparse keys
+    weights = 2 * 10 * HEADS * 8 * keys_per_block  # 2 rows of 10 blocks of 8 queries
+    assert kept and max(kept) < weights, f"{max(kept) / weights:.2f} times the weights"
 
 
 @pytest.mark.parametrize("sparsity", list(CONFIGS))

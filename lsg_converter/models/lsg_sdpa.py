@@ -69,7 +69,7 @@ from .lsg_pattern import (
     token_global_scores,
     tracing,
 )
-from .lsg_transformers import CPU_FLASH_ATTENTION, CPU_FLASH_ATTENTION_BACKWARD, SOFTMAX_BACKWARD
+from .lsg_transformers import CPU_FLASH_ATTENTION, CPU_FLASH_ATTENTION_BACKWARD
 
 # The CPU flash kernel (CPU_FLASH_ATTENTION, absent from older torch builds) runs key counts of a multiple
 # of 16 fastest (its vector width: 510 keys take 14% longer than 512):
@@ -250,8 +250,10 @@ class TrainedTermsAttention(torch.autograd.Function):
     local window) is a view of its sequence, and each head's scores of a run of blocks over a segment are
     one batched product written into that segment's columns. SDPA computes a mask's gradient with its math
     kernel only, which keeps each block's gathered keys and values (every key three times and more). Kept
-    here for the backward pass: the softmax's weights and the layer's queries, keys and values (each
-    sequence is padded to its windows again in the backward). The position terms are added to the scores
+    here for the backward pass: the layer's queries, keys and values (each sequence is padded to its
+    windows again in the backward), the position terms, the output and each query's log-sum-exp, from
+    which the backward makes the softmax's weights again (as flash attention does: no (n, H, b, K) tensor
+    is kept). The position terms are added to the scores
     segment by segment and their gradients read from the scores' gradient: no additive mask is made.
 
     queries: (B, T, H, D), the token queries padded to whole blocks; allowed: (n, 1 or H, 1 or b, K) bool,
@@ -268,48 +270,44 @@ class TrainedTermsAttention(torch.autograd.Function):
         sequences, position_scores = tensors[:num_sequences], tensors[num_sequences:]
         dtype = torch.promote_types(queries.dtype, torch.float32)  # as SDPA's math kernel: float32 at least
         padded, queries_cast = layout.padded(list(sequences), dtype), queries.to(dtype)
-        heads, block = queries.shape[2], layout.windows[-1].step
-        scores = queries_cast.new_empty(allowed.shape[0], heads, block, allowed.shape[-1])  # (n, H, b, K)
-        for (row, start, end, at), head, source, window, segment in run_segments(runs, heads, layout):
-            keys = window_views(padded[2 * source][row], window, start, end)[:, :, head]  # (m, w, D)
-            block_queries = block_rows(queries_cast[row], start, end, block, head)  # (m, b, D)
-            product_into(scores[at : at + end - start, head, :, segment], block_queries, keys.transpose(1, 2))
-        if scaling != 1:
-            scores.mul_(scaling)
-        for segment, terms in zip(key_segments([terms.shape[-1] for terms in position_scores]), position_scores):
-            scores[..., segment].add_(terms)
         hidden = allowed.logical_not()
-        for start, end, masked in mask_runs(hidden):  # the blocks that hide keys (at the edges, beside padding)
-            if masked:
-                scores[start:end].masked_fill_(hidden[start:end], torch.finfo(dtype).min)
-        weights = scores.softmax(dim=-1)
-        output = queries_cast.new_empty(allowed.shape[0], heads, block, sequences[1].shape[-1])  # (n, H, b, D)
+        numerators = block_scores(queries_cast, padded, layout, runs, scaling, position_scores, hidden)  # (n, H, b, K)
+        largest = numerators.amax(dim=-1, keepdim=True)
+        sums = numerators.sub_(largest).exp_().sum(dim=-1, keepdim=True)  # in place: exp(scores - largest)
+        heads = queries.shape[2]
+        output = queries_cast.new_empty(*numerators.shape[:3], sequences[1].shape[-1])  # (n, H, b, D)
         for (row, start, end, at), head, source, window, segment in run_segments(runs, heads, layout):
             values = window_views(padded[2 * source + 1][row], window, start, end)[:, :, head]  # (m, w, D)
-            head_output, head_weights = output[at : at + end - start, head], weights[at : at + end - start, head, :, segment]
+            head_output, head_weights = output[at : at + end - start, head], numerators[at : at + end - start, head, :, segment]
             if window is layout.windows[-1]:  # the local window, first: written, the others added
                 torch.bmm(head_weights, values, out=head_output)
             else:
                 head_output.baddbmm_(head_weights, values)
-        ctx.save_for_backward(queries, hidden, weights, *sequences)
-        ctx.layout, ctx.runs, ctx.scaling = layout, runs, scaling
+        output.div_(sums)  # the softmax's division, on the D columns of the output rather than the K of the weights
+        log_sums = sums.log_().add_(largest)  # (n, H, b, 1): the weights are exp(scores - log_sums)
+        ctx.save_for_backward(queries, hidden, output, log_sums, *sequences, *position_scores)
+        ctx.layout, ctx.runs, ctx.scaling, ctx.num_sequences = layout, runs, scaling, num_sequences
         ctx.terms_shapes = [(terms.shape, terms.dtype) for terms in position_scores]
         return output.to(queries.dtype)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output):
-        queries, hidden, weights, *sequences = ctx.saved_tensors
-        layout, runs, scaling, dtype = ctx.layout, ctx.runs, ctx.scaling, weights.dtype
+        queries, hidden, output, log_sums, *tensors = ctx.saved_tensors
+        sequences, position_scores = tensors[: ctx.num_sequences], tensors[ctx.num_sequences :]
+        layout, runs, scaling, dtype = ctx.layout, ctx.runs, ctx.scaling, log_sums.dtype
         heads, block = queries.shape[2], layout.windows[-1].step
         padded, queries_cast = layout.padded(sequences, dtype), queries.to(dtype)
+        weights = block_scores(queries_cast, padded, layout, runs, scaling, position_scores, hidden)
+        weights.sub_(log_sums).exp_()  # the forward's softmax again, from its scores made again
         grad_output = grad_output.to(dtype)
         grad_weights = torch.empty_like(weights)  # (n, H, b, K)
         for (row, start, end, at), head, source, window, segment in run_segments(runs, heads, layout):
             values = window_views(padded[2 * source + 1][row], window, start, end)[:, :, head]  # (m, w, D)
             blocks = slice(at, at + end - start)
             product_into(grad_weights[blocks, head, :, segment], grad_output[blocks, head], values.transpose(1, 2))
-        grad_scores = SOFTMAX_BACKWARD(grad_weights, weights, -1, dtype)  # (n, H, b, K)
+        # the softmax's backward, in place: w (dw - sum_k w_k dw_k), the sum read from the output (dO . O)
+        grad_scores = grad_weights.sub_((grad_output * output).sum(dim=-1, keepdim=True)).mul_(weights)  # (n, H, b, K)
         needs = ctx.needs_input_grad
         terms_needs = needs[5 + len(sequences) :]
         grad_terms = [None] * len(ctx.terms_shapes)
@@ -358,6 +356,34 @@ class TrainedTermsAttention(torch.autograd.Function):
         ]
         grad_queries = grad_queries.transpose(1, 2).to(queries.dtype) if needs[0] else None
         return grad_queries, None, None, None, None, *grad_sequences, *grad_terms
+
+
+def block_scores(
+    queries: torch.Tensor,
+    padded: list[torch.Tensor],
+    layout: WindowLayout,
+    runs: tuple[tuple[int, int, int, int], ...],
+    scaling: float,
+    position_scores: list[torch.Tensor],
+    hidden: torch.Tensor,
+) -> torch.Tensor:
+    """`TrainedTermsAttention`'s scores of each block over its keys, (n, H, b, K): q k^T * scaling plus the
+    position terms, the `hidden` keys (n, 1 or H, 1 or b, K) at finfo.min. queries: (B, T, H, D) and the
+    `padded` sequences in the scores' dtype."""
+    heads, block = queries.shape[2], layout.windows[-1].step
+    scores = queries.new_empty(hidden.shape[0], heads, block, hidden.shape[-1])
+    for (row, start, end, at), head, source, window, segment in run_segments(runs, heads, layout):
+        keys = window_views(padded[2 * source][row], window, start, end)[:, :, head]  # (m, w, D)
+        block_queries = block_rows(queries[row], start, end, block, head)  # (m, b, D)
+        product_into(scores[at : at + end - start, head, :, segment], block_queries, keys.transpose(1, 2))
+    if scaling != 1:
+        scores.mul_(scaling)
+    for segment, terms in zip(key_segments([terms.shape[-1] for terms in position_scores]), position_scores):
+        scores[..., segment].add_(terms)
+    for start, end, masked in mask_runs(hidden):  # the blocks that hide keys (at the edges, beside padding)
+        if masked:
+            scores[start:end].masked_fill_(hidden[start:end], torch.finfo(scores.dtype).min)
+    return scores
 
 
 def product_into(out: torch.Tensor, first: torch.Tensor, second: torch.Tensor) -> None:

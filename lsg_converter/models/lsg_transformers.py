@@ -16,8 +16,7 @@ method an LSG class must define), and where a name in the table is gone from the
   ``torch._check`` (`shape_check`), ``torch._inductor.compile_fx.compile_fx`` (`inductor_compile`),
   ``torch._dynamo.exc.TorchDynamoException`` (`compile_error`), the CPU flash kernel
   ``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu`` (`CPU_FLASH_ATTENTION`) and its backward
-  (`CPU_FLASH_ATTENTION_BACKWARD`), the softmax's backward ``torch.ops.aten._softmax_backward_data``
-  (`SOFTMAX_BACKWARD`), a tensor's ``_version`` (`tensor_version`),
+  (`CPU_FLASH_ATTENTION_BACKWARD`), a tensor's ``_version`` (`tensor_version`),
   ``torch.autograd._unsafe_preserve_version_counter`` (`unchanged_version`); a config's
   ``_attn_implementation``, ``_attn_implementation_internal`` and ``_output_attentions``
   (`attn_implementation`, `stored_attn_implementation` / `store_attn_implementation`,
@@ -72,7 +71,6 @@ __all__ = [
     "CPU_FLASH_ATTENTION",
     "CPU_FLASH_ATTENTION_BACKWARD",
     "LSG_CODE_VERSION",
-    "SOFTMAX_BACKWARD",
     "PRIVATE_NAMES",
     "TESTED_TRANSFORMERS",
     "attn_implementation",
@@ -137,11 +135,6 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward",
         "CPU_FLASH_ATTENTION_BACKWARD: the CPU flash kernel's backward, given the output and log-sum-exp of "
         "all of a query's keys (lsg_sdpa's window views in training: the local keys' gradients without a copy of them)",
-    ),
-    PrivateName(
-        "torch.ops.aten._softmax_backward_data",
-        "SOFTMAX_BACKWARD: the softmax's backward in one pass over the weights (lsg_sdpa's "
-        "TrainedTermsAttention, whose backward is written by hand)",
     ),
     PrivateName(
         "torch.autograd._unsafe_preserve_version_counter",
@@ -230,8 +223,6 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
 # The CPU flash kernel, which also returns each query's log-sum-exp (absent from older torch builds)
 CPU_FLASH_ATTENTION = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 CPU_FLASH_ATTENTION_BACKWARD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
-# softmax's backward: (gradient of the weights, weights, dim, input dtype) -> gradient of the scores
-SOFTMAX_BACKWARD = torch.ops.aten._softmax_backward_data
 
 RESAVE_ADVICE = (
     "re-save it with the newest lsg-converter (`pip install -U lsg-converter`, then "
