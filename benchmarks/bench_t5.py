@@ -17,8 +17,9 @@ gated-gelu, ``--layers`` layers, dropout 0, batch 1) fed random token ids:
 
 For each length: the median time of ``--repeats`` calls after a warm-up call of the forward pass (eval
 mode, no grad) and of a training step (train mode, forward + backward of the mean square of the last
-hidden states), interleaved: each round calls every model's forward and training step once in turn,
-starting one model later than the round before (`interleaved_seconds`);
+hidden states), interleaved: each round calls every model's forward and training step in turn, starting
+one model later than the round before, each timed call right after an untimed one of the same step
+(`interleaved_seconds`);
 then the peak memory of each above the loaded model (rise of the resident set over one call after a
 warm-up call, each model in a process of its own; on CUDA, the allocator's peak over one call). A second
 table gives the LSG forward peaks at ``--scaling-lengths``. Ratios, not absolute times, carry over between
@@ -105,10 +106,11 @@ def interleaved_seconds(
     names: list[str], length: int, layers: int, repeats: int, device: str = "cpu", dtype: torch.dtype = torch.float32
 ) -> dict[tuple[str, str], float]:
     """Median seconds of each model's forward pass and training step: a warm-up round, then `repeats`
-    rounds, each calling every model's forward and training step once in turn, so that a machine that
-    slows down or speeds up during the run weighs on every model alike; each round starts one model later
-    than the one before, so that no model always runs after the same one (the largest step frees the
-    most memory, which the next call faults in again)."""
+    rounds, each calling every model's forward and training step in turn, so that a machine that slows
+    down or speeds up during the run weighs on every model alike; each round starts one model later than
+    the one before. Each timed call follows an untimed call of the same step, as in a loop that runs one
+    model: a call right after another model's pays for faulting in again the memory that model's step
+    freed (the largest steps free the most), a cost of the order of the benchmark, not of the model."""
     models = {name: build_model(name, layers, device, dtype) for name in names}
     steps = [((name, mode), step_function(model, length, mode)) for name, model in models.items()
              for mode in ("forward", "train")]
@@ -116,6 +118,7 @@ def interleaved_seconds(
     for round_index in range(1 + repeats):
         first = 2 * (round_index % len(models))
         for key, step in steps[first:] + steps[:first]:
+            step()
             start = time.perf_counter()
             step()
             times[key].append(time.perf_counter() - start)

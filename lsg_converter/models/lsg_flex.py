@@ -119,12 +119,11 @@ def block_structure(
     """The key tiles each tile of queries reads, as a BlockMask (its mask_mod unset), over the layout of
     `KeyLayout.of`: the `num_tokens` token queries over [globals | tokens | sparse keys], or, whole
     sequence, the layer's g + t queries over its own g + t keys (a global query row sees no key: a tile of
-    them only reads none)
-    and the sparse segment after them.
+    them only reads none) and the sparse segment after them.
 
-    Index arithmetic on the pattern, on `device`: per query tile, the range of keys of each kind its
-    blocks see, then the tiles those ranges touch: (n / tile)^2 booleans, built once per shape and
-    cached (and inside a compiled graph, device ops that CUDA graphs can capture).
+    Index arithmetic on the pattern, on `device`: per query tile, the range of keys of each window of
+    `KeyPattern.key_windows` its blocks see, then the tiles those ranges touch: (n / tile)^2 booleans,
+    built once per shape and cached (and inside a compiled graph, device ops that CUDA graphs can capture).
     """
     block, step = pattern.block_size, pattern.compressed_per_block
     padded_tokens = _round_up(num_tokens, block)
@@ -139,19 +138,19 @@ def block_structure(
     first_block = torch.div(first_query, block, rounding_mode="trunc")
     last_block = torch.div(last_query.clamp(min=0), block, rounding_mode="trunc")
 
-    token_end = pattern.local_end(last_block)
-    if pattern.causal:
-        token_end = torch.minimum(token_end, last_query + 1)
-    key_ranges = [  # (first, end) key rows of each kind, per query tile
-        (torch.zeros_like(first_row), torch.where(holds_tokens, pattern.num_global, 0)),
-        (layout.token_offset + pattern.local_start(first_block).clamp(min=0),
-         torch.where(holds_tokens, layout.token_offset + token_end.clamp(max=num_tokens), 0)),  # keys past the last query are padding
-    ]
-    compressed = padded_tokens // block * step
-    for start in pattern.sparse_starts:
-        first = (first_block * step + start).clamp(0, compressed)
-        end = (last_block * step + start + pattern.sparse_size).clamp(0, compressed)
-        key_ranges.append((layout.sparse_offset + first, torch.where(holds_tokens, layout.sparse_offset + end, 0)))
+    sources = {  # where each source's rows start in the layout, and how many it holds (tokens past the last query: padding)
+        "global": (0, pattern.num_global),
+        "local": (layout.token_offset, num_tokens),
+        "sparse": (layout.sparse_offset, padded_tokens // block * step),
+    }
+    key_ranges = []  # (first, end) key rows of each window of the pattern (`KeyPattern.key_windows`), per query tile
+    for window in pattern.key_windows():
+        offset, rows = sources[window.source]
+        first = window.first + first_block * window.step  # the tile's first block's window starts there
+        end = window.first + last_block * window.step + window.width  # and its last block's ends there
+        if window.source == "local" and pattern.causal:
+            end = torch.minimum(end, last_query + 1)
+        key_ranges.append((offset + first.clamp(0, rows), torch.where(holds_tokens, offset + end.clamp(0, rows), 0)))
 
     tile_start = torch.arange(0, layout.length, tile, device=device)  # (nk,)
     needed = torch.zeros(len(first_row), len(tile_start), dtype=torch.bool, device=device)

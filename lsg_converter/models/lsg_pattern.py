@@ -263,7 +263,7 @@ class PositionTerms:
     # forward (see `cached_block_mask`): key -> (the masks they were made for, the additive mask).
     block_masks: dict = field(default_factory=dict, repr=False, compare=False)
     # The sdpa backend's masks of its window views made from these terms (`lsg_sdpa.local_view_mask`,
-    # `global_view_mask`), made once per forward: key -> mask.
+    # `global_view_mask`; `edge_mask`: with the edge blocks they are for), made once per forward: key -> mask.
     view_masks: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -1034,7 +1034,13 @@ def gather_block_rows(
     if chosen is None:
         return sequence[:, columns].flatten(0, 1).transpose(1, 2)  # (B, nb, K, H, D) -> (B nb, H, K, D)
     rows, blocks = chosen
-    return sequence[rows[:, None], columns[blocks]].transpose(1, 2)  # (n, K, H, D) -> (n, H, K, D)
+    return gather_rows(sequence, rows, columns[blocks])
+
+
+def gather_rows(sequence: torch.Tensor, batch_index: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Rows `rows` (n, K) of the batch entries `batch_index` (n,) of `sequence` (B, N, H, D), one copy:
+    (n, H, K, D)."""
+    return sequence[batch_index[:, None], rows].transpose(1, 2)  # (n, K, H, D) -> (n, H, K, D)
 
 
 def key_sequences(job: TokenAttention) -> tuple[torch.Tensor, torch.Tensor]:

@@ -55,6 +55,7 @@ from .lsg_pattern import (
     folded_mask_parts,
     trained_position_terms,
     gather_block_rows,
+    gather_rows,
     local_causal_mask,
     shape_cached,
     TokenAttention,
@@ -524,11 +525,10 @@ class EdgeBlocks:
     def gathered(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The blocks' queries (e, H, b, D) from the token queries (B, t, H, D), and their keys and values
         (e, H, K, D) from the layer's (B, g + t, H, D), one copy each."""
-        batch = self.batch[:, None]
         return (
-            queries[batch, self.query_rows].transpose(1, 2),
-            keys[batch, self.key_rows].transpose(1, 2),
-            values[batch, self.key_rows].transpose(1, 2),
+            gather_rows(queries, self.batch, self.query_rows),
+            gather_rows(keys, self.batch, self.key_rows),
+            gather_rows(values, self.batch, self.key_rows),
         )
 
 
@@ -563,15 +563,21 @@ def edge_blocks(
 
 def edge_mask(job: TokenAttention, edges: EdgeBlocks) -> torch.Tensor:
     """The additive mask of the `edges` over their keys, (e, 1 or H, 1 or b, K): `edges.mask`, with `job`'s
-    position terms where it has (a table's, the same in every block: `global_view_mask`, `local_view_mask`)."""
+    position terms where it has (a table's, the same in every block: `global_view_mask`, `local_view_mask`),
+    then made once per forward for the edges of its layers (one plan, the same `edges`)."""
     if job.positions is None:
         return edges.mask
-    pattern = job.pattern
+    key, pattern = ("edges", edges.mask.dtype), job.pattern
+    made = job.positions.view_masks.get(key)
+    if made is not None and made[0] is edges:
+        return made[1]
     terms = [local_view_mask(job, pattern.block_size, pattern.local_size).expand(len(edges.blocks), -1, -1, -1)]
     global_terms = global_view_mask(job)  # (1, H, T, g) -> the edges' rows, (e, H, b, g)
     if global_terms is not None:
         terms.insert(0, global_terms[0].unflatten(1, (job.num_blocks, pattern.block_size))[:, edges.blocks].transpose(0, 1))
-    return edges.mask + torch.cat(terms, dim=-1)
+    mask = edges.mask + torch.cat(terms, dim=-1)
+    job.positions.view_masks[key] = (edges, mask)
+    return mask
 
 
 @dataclass(frozen=True)
