@@ -727,16 +727,21 @@ def local_view_mask(job: TokenAttention, rows: int, size: int) -> torch.Tensor |
     dtype, device, terms = job.token_keys.dtype, job.token_keys.device, job.positions
     extra = size - job.pattern.local_size
     if terms is None:
-        if not extra:
-            return None
-        no_terms = torch.zeros(1, 1, 1, job.pattern.local_size, dtype=dtype, device=device)
-        return torch.nn.functional.pad(no_terms, (0, extra), value=torch.finfo(dtype).min)
+        return extra_keys_mask(job.pattern.local_size, extra, dtype, device) if extra else None
     key = ("local", dtype, rows, size)
     if key not in terms.view_masks:
         scores = shared_local_scores(terms, job.pattern, device).to(dtype)  # (1, H, b, local)
         scores = torch.nn.functional.pad(scores, (0, extra), value=torch.finfo(dtype).min)
         terms.view_masks[key] = torch.nn.functional.pad(scores, (0, 0, 0, rows - job.pattern.block_size))
     return terms.view_masks[key]
+
+
+@shape_cached
+def extra_keys_mask(local_size: int, extra: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """(1, 1, 1, local_size + extra) additive: 0 over a local window's keys, finfo.min over the `extra`
+    rows after it (`extra_keys`); made once per shape and shared by the layers and the forwards."""
+    no_terms = torch.zeros(1, 1, 1, local_size, dtype=dtype, device=device)
+    return torch.nn.functional.pad(no_terms, (0, extra), value=torch.finfo(dtype).min)
 
 
 def global_view_mask(job: TokenAttention) -> torch.Tensor | None:
