@@ -967,8 +967,9 @@ def cached_block_mask(job: TokenAttention, chosen: tuple[torch.Tensor, torch.Ten
     (n, 1 or H, 1 or b, K). Made once per forward where every layer would make the same one: position
     terms without query or key rows (MPNet's and T5's bias: one table for all layers, one `PositionTerms`
     per forward), no gradients, no dropout. It is kept in the terms for the next layer and reused when
-    that layer's padding and sparse keys (their mask; their positions unless `far_sparse_scores`) are equal, which also makes the chosen blocks the same. Where
-    the masks depend on the padding alone, made once per forward pass (`TokenAttention.made_once`)."""
+    that layer's padding and sparse keys (their mask; their positions unless `far_sparse_scores`) are
+    equal, which also makes the chosen blocks the same. Where the masks depend on the padding alone, made
+    once per forward pass (`TokenAttention.made_once`)."""
     terms, batch = job.positions, job.token_keys.shape[0]
     if job.masks_of_padding_alone:
         return job.made_once(

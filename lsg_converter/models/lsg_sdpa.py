@@ -254,8 +254,8 @@ class TrainedTermsAttention(torch.autograd.Function):
     here for the backward pass: the layer's queries, keys and values (each sequence is padded to its
     windows again in the backward), the position terms, the output and each query's log-sum-exp, from
     which the backward makes the softmax's weights again (as flash attention does: no (n, H, b, K) tensor
-    is kept). The position terms are added to the scores
-    segment by segment and their gradients read from the scores' gradient: no additive mask is made.
+    is kept). The position terms are added to the scores segment by segment and their gradients read
+    from the scores' gradient: no additive mask is made.
 
     queries: (B, T, H, D), the token queries padded to whole blocks; allowed: (n, 1 or H, 1 or b, K) bool,
     the keys each query may attend; layout: where each segment's keys lie (`window_layout`), the last
