@@ -22,12 +22,12 @@ overlapping views of the layer's keys, with no copy (`window_view_attention`): w
 up to `KEY_MULTIPLE` keys with masked rows, and blocks of 161 to 191 queries run as 192 rows, the
 kernel's wider tiles (`kernel_query_rows`). The global keys join through the log-sum-exp of each part
 (`local_then_global`). The few others (at the edges, beside padding: `EdgeBlocks`) gather their own
-queries and keys, the global ones among them, and run one kernel call with their mask. In training the
-same blocks run through `WindowViewAttention`, whose backward runs the kernel's own and gathers the edge
-blocks' keys again: no gathered copy is kept for the backward pass. It also writes the edge blocks' and
-the global queries' outputs into its own (`TokenOutput.is_layer_output`): the output it keeps for its
-backward is the layer's, not a part that the core would join into a second copy. A training call then
-keeps what dense SDPA keeps, and a second log-sum-exp per query.
+queries and keys, the global ones among them, and run one kernel call with their mask. The edge blocks'
+and the global queries' outputs are written into the one output of the layer (`window_view_output`,
+`TokenOutput.is_layer_output`), which the core does not join again. In training the same blocks run
+through `WindowViewAttention`, whose backward runs the kernel's own and gathers the edge blocks' keys
+again: no gathered copy is kept for the backward pass, and the output it keeps for its backward is the
+layer's. A training call then keeps what dense SDPA keeps, and a second log-sum-exp per query.
 
 Position terms being trained (T5's bias table, MPNet's, DeBERTa's projections) give the mask a gradient,
 which SDPA computes with its math kernel only, keeping each block's gathered keys and values: on the
@@ -93,33 +93,25 @@ class SdpaBackend:
         return True
 
     def token_attention(self, job: TokenAttention) -> TokenOutput:
-        batch, _, heads, _ = job.token_queries.shape
-        padded_tokens = job.token_mask.shape[1]
-        shape = (batch, job.num_blocks, job.pattern.block_size, heads, job.token_values.shape[-1])
         training = in_training(job)
         plan = window_view_plan(job, training)
-        if plan is None and unmasked_input(job):
-            return unmasked_attention(job)
-        if plan is None:  # every block gathered
-            chosen = job.query_blocks  # None: every block
-            output = gathered_attention(job, chosen)
-            if chosen is not None:  # the blocks of padding only get zeros
-                output = output.new_zeros(shape).index_put_(chosen, output)
-        elif training:  # the edge blocks and the global queries' outputs written into the kernel's own
-            output = WindowViewAttention.apply(
-                job.token_queries, job.sequence[1], job.sequence[2], global_output(job), job.pattern,
-                tuple(plan.viewed_runs), plan.edges, plan.every_block, job.scaling,
-            )  # fmt: skip
+        if plan is not None:  # the edge blocks' and the global queries' outputs written into the layer's
+            if training:
+                output = WindowViewAttention.apply(
+                    job.token_queries, job.sequence[1], job.sequence[2], global_output(job), job.pattern,
+                    tuple(plan.viewed_runs), plan.edges, plan.every_block, job.scaling,
+                )  # fmt: skip
+            else:
+                output = window_view_output(job, plan)
             return TokenOutput(output, None, None, is_layer_output=True)
-        else:
-            output = job.token_queries.new_empty(shape) if plan.every_block else job.token_queries.new_zeros(shape)
-            for row, start, end in plan.viewed_runs:
-                window_view_attention(job, row, start, end, out=output[row, start:end])
-            if plan.edges is not None:
-                edges = plan.edges
-                gathered = edges.gathered(job.token_queries, *job.sequence[1:])
-                edge_output, _ = CPU_FLASH_ATTENTION(*gathered, 0.0, False, attn_mask=edge_mask(job, edges), scale=job.scaling)
-                output[edges.batch, edges.blocks] = edge_output.transpose(1, 2)
+        if unmasked_input(job):
+            return unmasked_attention(job)
+        batch, padded_tokens, heads = job.token_queries.shape[0], job.token_mask.shape[1], job.token_queries.shape[2]
+        chosen = job.query_blocks  # None: every block
+        output = gathered_attention(job, chosen)  # every block's keys gathered
+        if chosen is not None:  # the blocks of padding only get zeros
+            shape = (batch, job.num_blocks, job.pattern.block_size, heads, job.token_values.shape[-1])
+            output = output.new_zeros(shape).index_put_(chosen, output)
         output = output.reshape(batch, padded_tokens, heads, -1)[:, : job.num_tokens]
         return TokenOutput(output, None, None)
 
@@ -717,6 +709,28 @@ def window_view_attention(job: TokenAttention, row: int, start: int, end: int, o
     local_then_global(
         queries, keys, values, local_view_mask(job, rows, size), global_keys, global_values, job.scaling, out, global_mask
     )
+
+
+def window_view_output(job: TokenAttention, plan: WindowViewPlan) -> torch.Tensor:
+    """The layer's output (B, g + t, H, D) of a call without gradients on the window-view path: the global
+    queries' rows, each run of viewed blocks (`window_view_attention`) and the edge blocks' kernel call
+    written into it, the rows of blocks of padding only zero."""
+    queries, keys, values = job.token_queries, job.sequence[1], job.sequence[2]
+    block, num_global = job.pattern.block_size, job.pattern.num_global
+    shape = (*keys.shape[:3], values.shape[-1])
+    output = queries.new_empty(shape) if plan.every_block else queries.new_zeros(shape)
+    global_rows = global_output(job)
+    if global_rows is not None:
+        output[:, :num_global] = global_rows
+    for row, start, end in plan.viewed_runs:
+        first_row = num_global + start * block
+        window_view_attention(job, row, start, end, out=output[row, first_row : first_row + (end - start) * block].unflatten(0, (-1, block)))
+    if plan.edges is not None:
+        edges = plan.edges
+        gathered = edges.gathered(queries, keys, values)
+        edge_output, _ = CPU_FLASH_ATTENTION(*gathered, 0.0, False, attn_mask=edge_mask(job, edges), scale=job.scaling)
+        output.index_put_(edges.targets, edge_output.transpose(1, 2).flatten(0, 1)[edges.kept])  # (e b, H, D) rows
+    return output
 
 
 def local_view_mask(job: TokenAttention, rows: int, size: int) -> torch.Tensor | None:
