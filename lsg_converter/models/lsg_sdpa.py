@@ -523,6 +523,18 @@ class EdgeBlocks:
             gather_rows(values, self.batch, self.key_rows),
         )
 
+    def attend_into(
+        self, output: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+        mask: torch.Tensor, scaling: float,
+    ) -> torch.Tensor:  # fmt: skip
+        """Runs the blocks' one kernel call with `mask` and writes their token rows into the layer's `output`
+        (B, g + t, H, D); returns their log-sum-exps (e, H, b)."""
+        edge_output, edge_lse = CPU_FLASH_ATTENTION(
+            *self.gathered(queries, keys, values), 0.0, False, attn_mask=mask, scale=scaling
+        )  # (e, H, b, D), in the kernel's (e, b, H, D) memory
+        output.index_put_(self.targets, edge_output.transpose(1, 2).flatten(0, 1)[self.kept])
+        return edge_lse
+
 
 def edge_blocks(
     pattern: KeyPattern, edges: tuple[torch.Tensor, torch.Tensor], local_mask: torch.Tensor, num_blocks: int,
@@ -716,21 +728,32 @@ def window_view_output(job: TokenAttention, plan: WindowViewPlan) -> torch.Tenso
     queries' rows, each run of viewed blocks (`window_view_attention`) and the edge blocks' kernel call
     written into it, the rows of blocks of padding only zero."""
     queries, keys, values = job.token_queries, job.sequence[1], job.sequence[2]
-    block, num_global = job.pattern.block_size, job.pattern.num_global
-    shape = (*keys.shape[:3], values.shape[-1])
-    output = queries.new_empty(shape) if plan.every_block else queries.new_zeros(shape)
-    global_rows = global_output(job)
-    if global_rows is not None:
-        output[:, :num_global] = global_rows
+    output = layer_output(queries, keys, values, global_output(job), job.pattern.num_global, plan.every_block)
     for row, start, end in plan.viewed_runs:
-        first_row = num_global + start * block
-        window_view_attention(job, row, start, end, out=output[row, first_row : first_row + (end - start) * block].unflatten(0, (-1, block)))
+        window_view_attention(job, row, start, end, out=run_rows(output, job.pattern, row, start, end))
     if plan.edges is not None:
-        edges = plan.edges
-        gathered = edges.gathered(queries, keys, values)
-        edge_output, _ = CPU_FLASH_ATTENTION(*gathered, 0.0, False, attn_mask=edge_mask(job, edges), scale=job.scaling)
-        output.index_put_(edges.targets, edge_output.transpose(1, 2).flatten(0, 1)[edges.kept])  # (e b, H, D) rows
+        plan.edges.attend_into(output, queries, keys, values, edge_mask(job, plan.edges), job.scaling)
     return output
+
+
+def layer_output(
+    queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, global_output: torch.Tensor | None,
+    num_global: int, every_block: bool,
+) -> torch.Tensor:  # fmt: skip
+    """The layer's output (B, g + t, H, D) that the window-view path writes into, the global queries'
+    output (B, g, H, D) in its first rows; zeros where not `every_block` is computed (blocks of padding only)."""
+    shape = (*keys.shape[:3], values.shape[-1])
+    output = queries.new_empty(shape) if every_block else queries.new_zeros(shape)
+    if global_output is not None:
+        output[:, :num_global] = global_output
+    return output
+
+
+def run_rows(output: torch.Tensor, pattern: KeyPattern, row: int, start: int, end: int) -> torch.Tensor:
+    """The rows of blocks [start, end) of batch row `row` in the layer's output (B, g + t, H, D): a view
+    (end - start, b, H, D)."""
+    first = pattern.num_global + start * pattern.block_size
+    return output[row, first : first + (end - start) * pattern.block_size].unflatten(0, (-1, pattern.block_size))
 
 
 def local_view_mask(job: TokenAttention, rows: int, size: int) -> torch.Tensor | None:
@@ -810,28 +833,20 @@ class WindowViewAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, queries, keys, values, global_output, pattern: KeyPattern, runs: tuple[tuple[int, int, int], ...],
                 edges: EdgeBlocks | None, every_block: bool, scaling: float):  # fmt: skip
-        block, num_global = pattern.block_size, pattern.num_global
-        shape = (*keys.shape[:3], values.shape[-1])
-        output = queries.new_empty(shape) if every_block else queries.new_zeros(shape)
-        if global_output is not None:
-            output[:, :num_global] = global_output
+        num_global = pattern.num_global
+        output = layer_output(queries, keys, values, global_output, num_global, every_block)
         local_lses, global_lses = [], []  # (n, H, b) per run
         for row, start, end in runs:
             row_queries, row_keys, row_values = run_views(pattern, queries[row], keys[row, num_global:], values[row, num_global:], start, end)
-            first_row = num_global + start * block
-            row_output = output[row, first_row : first_row + (end - start) * block].unflatten(0, (-1, block))
             global_row = (keys[row : row + 1, :num_global], values[row : row + 1, :num_global])
+            row_output = run_rows(output, pattern, row, start, end)
             local_lse, global_lse = local_then_global(row_queries, row_keys, row_values, None, *global_row, scaling, row_output)
             local_lses.append(local_lse)
             if global_lse is not None:
                 global_lses.append(global_lse)
         edge_lses = []  # (e, H, b)
         if edges is not None:
-            edge_output, edge_lse = CPU_FLASH_ATTENTION(
-                *edges.gathered(queries, keys, values), 0.0, False, attn_mask=edges.mask, scale=scaling
-            )  # (e, H, b, D), in the kernel's (e, b, H, D) memory
-            output.index_put_(edges.targets, edge_output.transpose(1, 2).flatten(0, 1)[edges.kept])
-            edge_lses.append(edge_lse)
+            edge_lses.append(edges.attend_into(output, queries, keys, values, edges.mask, scaling))
         ctx.save_for_backward(queries, keys, values, output, *local_lses, *global_lses, *edge_lses)
         ctx.pattern, ctx.runs, ctx.edges, ctx.scaling = pattern, runs, edges, scaling
         ctx.has_global_output = global_output is not None
