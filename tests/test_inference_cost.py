@@ -6,6 +6,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from helpers import OpRecorder, lsg_config, padding_mask
+from lsg_converter.models import lsg_sdpa
 from lsg_converter.models.lsg_attention import lsg_self_attention
 from lsg_converter.models.lsg_pattern import PositionTerms
 from lsg_converter.models.lsg_sdpa import mask_runs
@@ -164,11 +165,12 @@ def test_mask_runs_scan_a_bool_mask_with_rows_per_head():
     assert mask_runs(torch.zeros(6, 2, 3, 5, dtype=torch.bool)) == [(0, 6, True)]  # rows per query: not scanned
 
 
-def test_the_gathered_blocks_away_from_the_edges_run_without_a_mask():
+def test_the_gathered_blocks_away_from_the_edges_run_without_a_mask(monkeypatch):
+    monkeypatch.setattr(lsg_sdpa, "WINDOW_VIEW_DEVICES", ())  # CUDA's path, on the CPU: every block's keys gathered
     config = lsg_config(block_size=BLOCK, sparsity_type="none", num_global_tokens=1)
     lengths = [1 + 80]  # 10 blocks: the first and the last lack a neighbour
-    queries, keys, values = random_qkv(lengths, dtype=torch.bfloat16)
-    with SdpaCalls() as calls:  # with gradients, in bfloat16 (as on CUDA): every block's keys gathered
+    queries, keys, values = random_qkv(lengths)
+    with SdpaCalls() as calls:
         lsg_self_attention(queries.requires_grad_(), keys, values, padding_mask(lengths, max(lengths)), config)
 
     assert calls.rows[False] == 8 * BLOCK

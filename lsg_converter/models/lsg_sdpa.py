@@ -13,9 +13,9 @@ training and inference call, has masks that depend on its shape only (`ShapeBloc
 shape): its middle blocks run in one SDPA call without a mask, its edge blocks in one with theirs, and
 the core joins their outputs with the global queries' in one copy. No mask is read or built per layer,
 and nothing waits on the device (20 non-view ops per layer in a BERT forward, dense's 12). That is the
-path of CUDA and of half precision.
+path of CUDA.
 
-On the CPU in float32 or float64 (without sparse keys, DropKey, a causal mask or position terms other
+On the CPU, in every precision (without sparse keys, DropKey, a causal mask or position terms other
 than a table's, which are the same over every block's local keys: T5's and MPNet's bias, and those
 without gradients only), the blocks whose window holds real tokens only read their local keys as
 overlapping views of the layer's keys, with no copy (`window_view_attention`): without gradients rounded
@@ -72,6 +72,9 @@ from .lsg_pattern import (
 )
 from .lsg_transformers import CPU_FLASH_ATTENTION, CPU_FLASH_ATTENTION_BACKWARD
 
+# The devices whose keys the window-view path reads as views: those of the flash kernel it calls
+# (CPU_FLASH_ATTENTION, which returns each query's log-sum-exp); elsewhere (CUDA) blocks gather their keys
+WINDOW_VIEW_DEVICES = ("cpu",)
 # The CPU flash kernel (CPU_FLASH_ATTENTION, absent from older torch builds) runs key counts of a multiple
 # of 16 fastest (its vector width: 510 keys take 14% longer than 512):
 # window views round the local keys up with the rows that follow, masked
@@ -467,7 +470,7 @@ def unmasked_attention(job: TokenAttention) -> TokenOutput:
     """The token queries' output of an `unmasked_input`, as pieces (B, t_i, H, D) in token order for the
     core to join: the middle blocks in one SDPA call without a mask, the edge blocks in one with theirs,
     each block's keys gathered from the layer's sequence in one copy (`gather_block_rows`): where the
-    window-view plan does not run (`window_view_plan`: on CUDA, in half precision, while tracing)."""
+    window-view plan does not run (`window_view_plan`: on CUDA, while tracing)."""
     pattern, queries = job.pattern, job.token_queries
     batch, _, heads, _ = queries.shape
     block = pattern.block_size
@@ -601,9 +604,8 @@ def window_view_plan(job: TokenAttention, training: bool) -> WindowViewPlan | No
     """How the blocks of `job` run on the window-view path, made from its padding alone: once per forward
     pass (`TokenAttention.made_once`), and once per shape where no key is masked; None where that path does
     not apply (not on the CPU, tracing, sparse keys, position terms other than `terms_in_window_views`
-    takes, DropKey, a causal mask, a padded global token, half precision, values of another size than the
-    keys; in `training`, a torch without the CPU flash kernel's backward): every block's keys are then
-    gathered."""
+    takes, DropKey, a causal mask, a padded global token, values of another size than the keys; in
+    `training`, a torch without the CPU flash kernel's backward): every block's keys are then gathered."""
     pattern, keys = job.pattern, job.token_keys
     if not reads_window_views(job) or (training and CPU_FLASH_ATTENTION_BACKWARD is None):
         return None
@@ -620,14 +622,14 @@ def in_training(job: TokenAttention) -> bool:
 
 
 def reads_window_views(job: TokenAttention) -> bool:
-    """Whether the CPU flash kernel can read `job`'s local keys as views of the layer's: on the CPU, in
-    float32 or float64, values of the keys' size, no sparse keys, DropKey or causal mask, no position terms
-    other than those `terms_in_window_views` takes, not while tracing."""
+    """Whether the CPU flash kernel can read `job`'s local keys as views of the layer's: on the CPU (every
+    precision the kernel takes: float64, float32, bfloat16, float16), values of the keys' size, no sparse
+    keys, DropKey or causal mask, no position terms other than those `terms_in_window_views` takes, not
+    while tracing."""
     keys = job.token_keys
     return (
         CPU_FLASH_ATTENTION is not None
-        and keys.device.type == "cpu"
-        and keys.dtype in (torch.float32, torch.float64)
+        and keys.device.type in WINDOW_VIEW_DEVICES
         and job.token_values.shape[-1] == keys.shape[-1]
         and job.sparse is None
         and (job.positions is None or terms_in_window_views(job))
