@@ -170,6 +170,43 @@ def test_whole_sequence_block_structure_reads_exactly_the_tiles_of_visible_keys(
     assert torch.equal(tiles_read, tiles_needed)
 
 
+def tile_lists_as_dense(counts: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """A BlockMask's (1, 1, nq) counts and (1, 1, nq, nk) indices -> (nq, nk) bool, the tiles listed."""
+    listed = torch.arange(indices.shape[-1]) < counts[0, 0, :, None]
+    return torch.zeros(indices.shape[2:], dtype=torch.bool).scatter_(1, indices[0, 0].long(), listed)
+
+
+@pytest.mark.parametrize("block, num_global", [(8, 0), (8, 3), (12, 3), (8, 20)])
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+@pytest.mark.parametrize("num_tokens, tile", [(50, 8), (97, 16)])
+def test_full_tiles_of_the_whole_sequence_are_tiles_whose_every_query_sees_every_key(block, num_global, causal, num_tokens, tile):
+    settings = dict(sparsity_type="none", block_size=block, num_global_tokens=num_global)
+    pattern = KeyPattern.of(lsg_config(**settings), causal)
+    rows = num_global + num_tokens
+    visible = create_mask(whole_sequence_mask_mod(pattern), 1, 1, rows, rows, device="cpu")[0, 0]  # (queries, keys)
+    tiles = -(-rows // tile)
+    outside = F.pad(torch.zeros(rows, rows, dtype=torch.bool), (0, tiles * tile - rows, 0, tiles * tile - rows), value=True)
+    by_tile = (F.pad(visible, (0, tiles * tile - rows, 0, tiles * tile - rows)) | outside).unflatten(0, (tiles, tile)).unflatten(2, (-1, tile))
+    every_key_seen = by_tile.all(dim=(1, 3))  # by every query of the tile (rows past the sequence aside)
+
+    structure = block_structure(pattern, num_tokens, tile, torch.device("cpu"), whole_sequence=True, rule_only=True)
+    full = tile_lists_as_dense(structure.full_kv_num_blocks, structure.full_kv_indices)
+    partial = tile_lists_as_dense(structure.kv_num_blocks, structure.kv_indices)
+    read = block_structure(pattern, num_tokens, tile, torch.device("cpu"), whole_sequence=True).to_dense()[0, 0].bool()
+
+    assert not (full & ~every_key_seen).any()  # the kernel skips the mask_mod only where it holds everywhere
+    assert not (full & partial).any() and torch.equal(full | partial, read)  # the same tiles read
+
+
+def test_blocks_aligned_with_the_tiles_read_full_tiles_only():
+    pattern = KeyPattern.of(lsg_config(sparsity_type="none", block_size=16, num_global_tokens=0), False)
+
+    structure = block_structure(pattern, 256, 16, torch.device("cpu"), whole_sequence=True, rule_only=True)
+
+    assert int(structure.kv_num_blocks.sum()) == 0  # no tile evaluates the mask_mod
+    assert structure.full_kv_num_blocks[0, 0].tolist() == [2] + [3] * 14 + [2]  # each block's window: 3 tiles
+
+
 @pytest.mark.parametrize(
     "settings, causal", [geometry for geometry in tile_geometries() if geometry[0]["sparsity_type"] != "none"], ids=geometry_id
 )

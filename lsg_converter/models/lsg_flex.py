@@ -114,8 +114,9 @@ class KeyLayout:
 
 @shape_cached
 def block_structure(
-    pattern: KeyPattern, num_tokens: int, tile: int, device: torch.device, whole_sequence: bool = False
-) -> BlockMask:
+    pattern: KeyPattern, num_tokens: int, tile: int, device: torch.device, whole_sequence: bool = False,
+    rule_only: bool = False,
+) -> BlockMask:  # fmt: skip
     """The key tiles each tile of queries reads, as a BlockMask (its mask_mod unset), over the layout of
     `KeyLayout.of`: the `num_tokens` token queries over [globals | tokens | sparse keys], or, whole
     sequence, the layer's g + t queries over its own g + t keys (a global query row sees no key: a tile of
@@ -124,6 +125,9 @@ def block_structure(
     Index arithmetic on the pattern, on `device`: per query tile, the range of keys of each window of
     `KeyPattern.key_windows` its blocks see, then the tiles those ranges touch: (n / tile)^2 booleans,
     built once per shape and cached (and inside a compiled graph, device ops that CUDA graphs can capture).
+    `rule_only`: the mask_mod is the pattern's rule alone (every key valid, no sparse keys): the tiles every
+    query of which sees every key, inside the part of a global or local window that all the tile's blocks
+    share, are full tiles, which the kernel reads without evaluating the mask_mod.
     """
     block, step = pattern.block_size, pattern.compressed_per_block
     padded_tokens = _round_up(num_tokens, block)
@@ -143,27 +147,38 @@ def block_structure(
         "local": (layout.token_offset, num_tokens),
         "sparse": (layout.sparse_offset, padded_tokens // block * step),
     }
-    key_ranges = []  # (first, end) key rows of each window of the pattern (`KeyPattern.key_windows`), per query tile
+    tile_start = torch.arange(0, layout.length, tile, device=device)  # (nk,)
+    needed = torch.zeros(len(first_row), len(tile_start), dtype=torch.bool, device=device)  # (nq, nk)
+    full = torch.zeros_like(needed)
+    only_tokens = first_row >= layout.query_offset  # a tile of token query rows only
     for window in pattern.key_windows():
         offset, rows = sources[window.source]
         first = window.first + first_block * window.step  # the tile's first block's window starts there
         end = window.first + last_block * window.step + window.width  # and its last block's ends there
+        # the part every block of the tile sees: from its last block's start to its first block's end
+        shared_first, shared_end = window.first + last_block * window.step, window.first + first_block * window.step + window.width
         if window.source == "local" and pattern.causal:
-            end = torch.minimum(end, last_query + 1)
-        key_ranges.append((offset + first.clamp(0, rows), torch.where(holds_tokens, offset + end.clamp(0, rows), 0)))
-
-    tile_start = torch.arange(0, layout.length, tile, device=device)  # (nk,)
-    needed = torch.zeros(len(first_row), len(tile_start), dtype=torch.bool, device=device)
-    for first, end in key_ranges:
+            end, shared_end = torch.minimum(end, last_query + 1), torch.minimum(shared_end, first_query + 1)
+        first, end = offset + first.clamp(0, rows), torch.where(holds_tokens, offset + end.clamp(0, rows), 0)
         needed |= (first[:, None] < tile_start + tile) & (end[:, None] > tile_start) & (first < end)[:, None]
-    kv_num_blocks = needed.sum(dim=-1, dtype=torch.int32)
-    kv_indices = torch.argsort((~needed).to(torch.int32), dim=-1, stable=True).to(torch.int32)  # needed tiles first
+        if rule_only and window.source != "sparse":
+            shared_first, shared_end = offset + shared_first.clamp(0, rows), offset + shared_end.clamp(0, rows)
+            full |= (shared_first[:, None] <= tile_start) & (tile_start + tile <= shared_end[:, None]) & only_tokens[:, None]
+    partial = needed & ~full
     return BlockMask.from_kv_blocks(
-        kv_num_blocks[None, None],
-        kv_indices[None, None],
+        *tile_lists(partial),
+        *tile_lists(full),
         BLOCK_SIZE=tile,
         seq_lengths=(query_rows, layout.length),
     )
+
+
+def tile_lists(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(nq, nk) bool, the key tiles each query tile reads -> how many, (1, 1, nq) int32, and which, those
+    first, (1, 1, nq, nk) int32: a BlockMask's lists."""
+    count = tiles.sum(dim=-1, dtype=torch.int32)
+    indices = torch.argsort((~tiles).to(torch.int32), dim=-1, stable=True).to(torch.int32)
+    return count[None, None], indices[None, None]
 
 
 @dataclass(frozen=True)
@@ -530,7 +545,8 @@ class FlexBackend:
         else:  # (B, H, length, D)
             keys = _laid_out([keys.transpose(1, 2), sparse.keys], segment_ends)
             values = _laid_out([values.transpose(1, 2), sparse.values], segment_ends)
-        structure = block_structure(pattern, num_tokens, TILE, queries.device, whole_sequence=True)
+        rule_only = bounds is None and sparse is None  # the mask_mod reads no tensor: full tiles skip it
+        structure = block_structure(pattern, num_tokens, TILE, queries.device, whole_sequence=True, rule_only=rule_only)
         score_mod = None
         terms = job.positions
         if terms is not None:
