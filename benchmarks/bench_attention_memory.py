@@ -3,6 +3,7 @@
     python benchmarks/bench_attention_memory.py --lengths 4096 8192 16384 32768
     python benchmarks/bench_attention_memory.py --device cuda --dtype bfloat16 --backends sdpa flex_attention
     python benchmarks/bench_attention_memory.py --lengths 4096 16384 --padded   # a padded batch of 2
+    python benchmarks/bench_attention_memory.py --lengths 4096 --detail         # then what each call holds
 
 What one call (one layer's attention: batch 1, 12 heads of 64) holds until its backward pass: its
 queries, keys and values, its output and every tensor autograd saved, each storage once (`held_mib`):
@@ -52,6 +53,29 @@ def held_mib(attention, inputs: list[torch.Tensor]) -> float:
     return sum(storages.values()) / 2**20
 
 
+def held_tensors(attention, inputs: list[torch.Tensor]) -> list[str]:
+    """What one call of `attention(*inputs)` holds until its backward, storage by storage (the tensors autograd
+    saved, through its hooks, and the output): a line each, its shape, dtype and MiB, and whether it is an
+    input's or the output's storage. On CUDA it names what the allocator's rise (`held_mib`) is made of."""
+    attention(*inputs)  # a first call compiles flex_attention's kernel
+    inputs_storages = {x.untyped_storage().data_ptr(): f"input {index}" for index, x in enumerate(inputs)}
+    held: dict[int, tuple[torch.Tensor, str]] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        pointer = tensor.untyped_storage().data_ptr()
+        held.setdefault(pointer, (tensor, inputs_storages.get(pointer, "saved")))
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        output = attention(*inputs)
+    pointer = output.untyped_storage().data_ptr()
+    held[pointer] = (output, "output" if pointer not in held else f"{held[pointer][1]}, output")
+    return [
+        f"{what}: {tuple(x.shape)} {str(x.dtype).removeprefix('torch.')}, {x.untyped_storage().nbytes() / 2**20:.1f} MiB"
+        for x, what in held.values()
+    ]
+
+
 def projections(length: int, device: torch.device, dtype: torch.dtype, batch: int = 1) -> list[torch.Tensor]:
     """Queries, keys and values as a model's projections lay them out: (B, L, 12, 64) seen as (B, 12, L, 64)."""
     return [torch.randn(batch, length, 12, 64, device=device, dtype=dtype).transpose(1, 2).requires_grad_() for _ in range(3)]
@@ -73,6 +97,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--backends", nargs="+", default=["sdpa"], choices=["sdpa", "flex_attention"])
     parser.add_argument("--padded", action="store_true", help="a batch of 2, the second row's last quarter padding")
+    parser.add_argument("--detail", action="store_true", help="then list what each LSG call holds, storage by storage")
     args = parser.parse_args()
     batch = 2 if args.padded else 1
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
@@ -97,6 +122,16 @@ def main() -> None:
             )
             cells += [f"{lsg:.1f}", f"{lsg / dense:.2f}"]
         print("| " + " | ".join(cells) + " |", flush=True)
+    if args.detail:
+        for length in args.lengths:
+            mask = padding_mask(length, batch, device)
+            for backend in args.backends:
+                print(f"\nLSG {backend}, {length} tokens, what one call holds until its backward:")
+                lines = held_tensors(
+                    lambda q, k, v: lsg_self_attention(q, k, v, mask, config, backend=backend),
+                    projections(1 + length, device, dtype, batch),
+                )
+                print("\n".join(f"- {line}" for line in lines), flush=True)
 
 
 if __name__ == "__main__":

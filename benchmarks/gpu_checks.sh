@@ -59,6 +59,9 @@ fi
 if step "${MEMORY_SECONDS:-60}" benchmarks/bench_attention_memory.py; then
     timeout "${MEMORY_SECONDS:-60}" python3 benchmarks/bench_attention_memory.py --device cuda --dtype bfloat16 \
         --lengths "${lengths[@]}" --backends sdpa flex_attention 2>&1 | grep -v Warning | tee "$out/memory.md"
+    # what flex_attention's call holds beyond dense's (1.26x in the last lease), storage by storage
+    timeout "${MEMORY_SECONDS:-60}" python3 benchmarks/bench_attention_memory.py --device cuda --dtype bfloat16 \
+        --lengths 4096 --backends flex_attention --detail 2>&1 | grep -v Warning | tee "$out/memory-detail.md"
 fi
 
 read -r -a compiled_lengths <<<"${COMPILED_LENGTHS:-4096 16384}"
