@@ -126,3 +126,15 @@ def test_attention_memory_benchmark_prints_lsg_against_dense_per_length(padded):
     for _, dense_mib, lsg_mib, ratio in rows:
         assert float(dense_mib) > 0 and float(lsg_mib) > 0
         assert float(ratio) == pytest.approx(float(lsg_mib) / float(dense_mib), abs=0.01)
+
+
+def test_attention_memory_benchmark_lists_what_a_call_holds_storage_by_storage():
+    command = [sys.executable, str(BENCHMARKS / "bench_attention_memory.py"), "--lengths", "1024", "--detail"]
+
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=600)
+
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    held = [line for line in finished.stdout.splitlines() if line.startswith("- ")]
+    # the queries, keys and values, and the output, which the CPU's window views save for the backward
+    assert sum(line.startswith("- input") for line in held) == 3
+    assert any(line.startswith("- saved, output: (1, 12, 1025, 64) float32, 3.0 MiB") for line in held)
