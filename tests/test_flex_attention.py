@@ -149,9 +149,18 @@ def test_block_structure_reads_every_tile_holding_a_visible_key(settings, causal
         assert torch.equal(tiles_read, tiles_needed)
 
 
-@pytest.mark.parametrize("block, num_global", [(8, 0), (8, 3), (12, 3), (8, 20)])
-@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
-@pytest.mark.parametrize("num_tokens, tile", [(50, 8), (97, 16)])
+def whole_sequence_geometries(test):
+    """Parametrizes `test` with whole-sequence geometries: block and global tokens, causal or not, tokens and tile."""
+    for decorator in (
+        pytest.mark.parametrize("num_tokens, tile", [(50, 8), (97, 16)]),
+        pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"]),
+        pytest.mark.parametrize("block, num_global", [(8, 0), (8, 3), (12, 3), (8, 20)]),
+    ):
+        test = decorator(test)
+    return test
+
+
+@whole_sequence_geometries
 def test_whole_sequence_block_structure_reads_exactly_the_tiles_of_visible_keys(block, num_global, causal, num_tokens, tile):
     settings = dict(sparsity_type="none", block_size=block, num_global_tokens=num_global)
     pattern = KeyPattern.of(lsg_config(**settings), causal)
@@ -176,9 +185,7 @@ def tile_lists_as_dense(counts: torch.Tensor, indices: torch.Tensor) -> torch.Te
     return torch.zeros(indices.shape[2:], dtype=torch.bool).scatter_(1, indices[0, 0].long(), listed)
 
 
-@pytest.mark.parametrize("block, num_global", [(8, 0), (8, 3), (12, 3), (8, 20)])
-@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
-@pytest.mark.parametrize("num_tokens, tile", [(50, 8), (97, 16)])
+@whole_sequence_geometries
 def test_full_tiles_of_the_whole_sequence_are_tiles_whose_every_query_sees_every_key(block, num_global, causal, num_tokens, tile):
     settings = dict(sparsity_type="none", block_size=block, num_global_tokens=num_global)
     pattern = KeyPattern.of(lsg_config(**settings), causal)
