@@ -21,7 +21,15 @@ from lsg_converter.models import lsg_flex
 from lsg_converter.models.lsg_attention import DEFAULT_BACKEND, lsg_backend, lsg_self_attention, prefers_flex_attention
 from lsg_converter.models.lsg_pattern import KeyPattern
 from lsg_converter.models.lsg_sparse import SPARSITY_TYPES, lsh_hyperplanes
-from lsg_converter.models.lsg_flex import FLEX_ATTENTION_AVAILABLE, KeyLayout, RowBounds, block_structure, lsg_mask_mod, whole_sequence_mask_mod
+from lsg_converter.models.lsg_flex import (
+    FLEX_ATTENTION_AVAILABLE,
+    KeyLayout,
+    RowBounds,
+    block_structure,
+    lsg_mask_mod,
+    row_block_structure,
+    whole_sequence_mask_mod,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
@@ -205,6 +213,36 @@ def test_full_tiles_of_the_whole_sequence_are_tiles_whose_every_query_sees_every
     assert not (full & partial).any() and torch.equal(full | partial, read)  # the same tiles read
 
 
+@pytest.mark.parametrize("block, num_global, tile", [(8, 2, 8), (8, 2, 16), (12, 3, 16), (8, 0, 8)])
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_a_padded_batch_reads_no_tile_of_its_padding_and_full_tiles_where_every_key_is_seen(block, num_global, tile, causal):
+    pattern = KeyPattern.of(lsg_config(sparsity_type="none", block_size=block, num_global_tokens=num_global), causal)
+    num_tokens, rows = 97, num_global + 97
+    token_bounds = torch.tensor([[0, 97], [0, 41], [30, 97]])  # every token; right padding; left padding
+    layout = KeyLayout.of(pattern, -(-num_tokens // block) * block, tile, num_tokens)
+    mask_mod = whole_sequence_mask_mod(pattern, layout, RowBounds(token_bounds, None))
+    visible = create_mask(mask_mod, 3, 1, rows, rows, device="cpu")[:, 0]  # (B, queries, keys)
+    tiles = -(-rows // tile)
+    outside = F.pad(torch.zeros(rows, rows, dtype=torch.bool), (0, tiles * tile - rows, 0, tiles * tile - rows), value=True)
+    by_tile = F.pad(visible, (0, tiles * tile - rows, 0, tiles * tile - rows)).unflatten(1, (tiles, tile)).unflatten(3, (-1, tile))
+    some_key_seen = by_tile.any(dim=(2, 4))  # (B, query tiles, key tiles)
+    every_key_seen = (by_tile | outside.unflatten(0, (tiles, tile)).unflatten(2, (-1, tile))).all(dim=(2, 4))
+    query_rows = torch.arange(tiles * tile) - num_global  # the token each query row is, per tile
+    block_of = torch.div(query_rows.clamp(min=0), block, rounding_mode="floor")
+    real_block = (query_rows >= 0) & (query_rows < num_tokens)
+    real_block = real_block & (block_of[None] >= token_bounds[:, :1] // block) & (block_of[None] * block < token_bounds[:, 1:])
+    holds_real_block = real_block.unflatten(1, (tiles, tile)).any(dim=2)  # (B, query tiles)
+
+    structure = row_block_structure(pattern, num_tokens, tile, token_bounds)
+    full = torch.stack([tile_lists_as_dense(structure.full_kv_num_blocks[r : r + 1], structure.full_kv_indices[r : r + 1]) for r in range(3)])
+    read = full | torch.stack([tile_lists_as_dense(structure.kv_num_blocks[r : r + 1], structure.kv_indices[r : r + 1]) for r in range(3)])
+
+    assert not (full & ~every_key_seen).any()  # the mask_mod is skipped only where it holds everywhere
+    assert not (read & ~some_key_seen).any()  # no tile of padding keys alone
+    assert not (some_key_seen & holds_real_block[..., None] & ~read).any()  # every key a real block's query sees
+    assert not read[~holds_real_block].any()  # nothing for the queries of blocks of padding only (their rows get zeros)
+
+
 def test_blocks_aligned_with_the_tiles_read_full_tiles_only():
     pattern = KeyPattern.of(lsg_config(sparsity_type="none", block_size=16, num_global_tokens=0), False)
 
@@ -212,6 +250,15 @@ def test_blocks_aligned_with_the_tiles_read_full_tiles_only():
 
     assert int(structure.kv_num_blocks.sum()) == 0  # no tile evaluates the mask_mod
     assert structure.full_kv_num_blocks[0, 0].tolist() == [2] + [3] * 14 + [2]  # each block's window: 3 tiles
+
+
+def test_a_row_padded_at_a_block_edge_reads_full_tiles_of_its_tokens_only():
+    pattern = KeyPattern.of(lsg_config(sparsity_type="none", block_size=16, num_global_tokens=0), False)
+
+    structure = row_block_structure(pattern, 256, 16, torch.tensor([[0, 256], [0, 128]]))  # row 1: 8 blocks of padding
+
+    assert int(structure.kv_num_blocks.sum()) == 0  # no tile evaluates the mask_mod
+    assert structure.full_kv_num_blocks[1, 0].tolist() == [2] + [3] * 6 + [2] + [0] * 8
 
 
 @pytest.mark.parametrize(
@@ -377,18 +424,23 @@ def test_block_structure_is_built_once_per_shape_whatever_the_padding():
     assert block_structure(pattern, TOKENS, lsg_flex.TILE, cpu) is block_structure(pattern, TOKENS, lsg_flex.TILE, cpu)
 
 
-def test_compiled_flex_attention_does_not_recompile_when_only_the_padding_changes(monkeypatch):
+@pytest.mark.parametrize(
+    "sparsity_type, paddings",
+    [("norm", [(0, 0), (0, 35), (45, 15)]), ("none", [(0, 35), (45, 15), (0, 60)])],  # tokens of padding per row
+    ids=["sparse-keys", "each-row-its-tiles"],
+)
+def test_compiled_flex_attention_does_not_recompile_when_only_the_padding_changes(sparsity_type, paddings, monkeypatch):
     # the kernel compiled as on CUDA (here with a backend that needs no C++ compiler), called with
-    # the BlockMask and mask_mod each call builds
+    # the BlockMask and mask_mod each call builds (without sparse keys, a padded batch's tiles per row)
     compiled = torch.compile(flex_attention, backend="aot_eager")
     monkeypatch.setattr(lsg_flex, "_flex_kernel", lambda device: compiled)
-    config = lsg_config(block_size=8, sparse_block_size=8, num_global_tokens=2)
+    config = lsg_config(block_size=8, sparse_block_size=8, num_global_tokens=2, sparsity_type=sparsity_type)
     length = 2 + TOKENS
     query, key, value = random_qkv(2, length)
     torch.compiler.reset()
     counters.clear()
 
-    for lengths in [(length, length), (length, 40), (30, 60)]:
+    for lengths in [(length - first, length - second) for first, second in paddings]:
         mask = padding_mask(lengths, length)
         sdpa, flex = both_backends(query, key, value, mask, config)
         real = mask[:, None, :, None].expand_as(sdpa)

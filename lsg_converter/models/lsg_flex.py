@@ -18,11 +18,14 @@ keys the padding and the sparse selection allow.
   [ g global keys | T token keys | T / f sparse keys ], each segment zero-padded to whole tiles, the
   token queries apart; the mask_mod reads each key's validity and DropKey's choice (drawn once by the
   core, `TokenAttention.kept`, the same for every backend).
-* The tile structure depends on the pattern, the length and the layout only: it is built once per
-  shape by index arithmetic (`block_structure`, cached, shared by every layer and call), never by
-  evaluating the mask on every element. What changes from call to call (padding, sparse selection,
-  dropout) reaches the kernel through tensors read by the mask_mod: a new padding neither rebuilds
-  the structure nor recompiles.
+* The tile structure is built by index arithmetic, never by evaluating the mask on every element.
+  It depends on the pattern, the length and the layout only (`block_structure`, cached, shared by
+  every layer and call), except over the whole sequence of a padded batch without sparse keys: there
+  each row has its own, made once per forward pass from the rows' bounds (`row_block_structure`: no
+  tile of the row's padding keys, none for its blocks of padding only). Where the mask_mod is the
+  pattern's rule, the key tiles every query of a tile sees whole are full tiles, which the kernel
+  reads without evaluating it. What else changes from call to call (sparse selection, dropout)
+  reaches the kernel through tensors read by the mask_mod: a new padding never recompiles.
 * `flex_attention` runs compiled, on CUDA and on the CPU alike (uncompiled it would materialise
   every score). One compiled kernel per `KernelSignature` (the pattern, the score_mod's terms,
   dropout, the layout and its mask_mod, training or inference, device, dtype), compiled once per
@@ -120,15 +123,38 @@ def block_structure(
     """The key tiles each tile of queries reads, as a BlockMask (its mask_mod unset), over the layout of
     `KeyLayout.of`: the `num_tokens` token queries over [globals | tokens | sparse keys], or, whole
     sequence, the layer's g + t queries over its own g + t keys (a global query row sees no key: a tile of
-    them only reads none) and the sparse segment after them.
+    them only reads none) and the sparse segment after them. Built once per shape and cached
+    (`tile_sets`). `rule_only`: the mask_mod is the pattern's rule alone (every key valid, no sparse
+    keys): the tiles every query of which sees every key are full tiles, which the kernel reads without
+    evaluating the mask_mod."""
+    partial, full = tile_sets(pattern, num_tokens, tile, device, whole_sequence, rule_only)
+    return tile_block_mask(partial, full, tile, pattern, num_tokens, whole_sequence)
+
+
+def row_block_structure(pattern: KeyPattern, num_tokens: int, tile: int, token_bounds: torch.Tensor) -> BlockMask:
+    """The key tiles each tile of queries of each row reads over the whole sequence of a padded batch
+    without sparse keys, `token_bounds` (B, 2) each row's valid tokens [first, end) (`RowBounds.tokens`):
+    no tile of the row's padding keys, no query tile of its blocks of padding only (their rows get zeros),
+    and full tiles, where every query sees every key of the tile, valid ones only (`tile_sets`). Made
+    once per forward pass: a BlockMask of one structure per row."""
+    partial, full = tile_sets(pattern, num_tokens, tile, token_bounds.device, True, True, token_bounds)
+    return tile_block_mask(partial, full, tile, pattern, num_tokens, True)
+
+
+def tile_sets(
+    pattern: KeyPattern, num_tokens: int, tile: int, device: torch.device, whole_sequence: bool, rule_only: bool,
+    token_bounds: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The key tiles each query tile reads (`block_structure`), (R, nq, nk) bool, apart as those whose
+    mask_mod the kernel evaluates (partial) and, where the mask_mod is the pattern's rule alone
+    (`rule_only`), those every query of which sees every key (full: inside the part of a global or local
+    window that all the tile's blocks share). R = 1, or with `token_bounds` (B, 2), each row's valid tokens
+    [first, end), one per row (B): the local windows clipped to them, the query tiles of blocks of padding
+    only left out.
 
     Index arithmetic on the pattern, on `device`: per query tile, the range of keys of each window of
-    `KeyPattern.key_windows` its blocks see, then the tiles those ranges touch: (n / tile)^2 booleans,
-    built once per shape and cached (and inside a compiled graph, device ops that CUDA graphs can capture).
-    `rule_only`: the mask_mod is the pattern's rule alone (every key valid, no sparse keys): the tiles every
-    query of which sees every key, inside the part of a global or local window that all the tile's blocks
-    share, are full tiles, which the kernel reads without evaluating the mask_mod.
-    """
+    `KeyPattern.key_windows` its blocks see, then the tiles those ranges touch: (n / tile)^2 booleans per
+    row (inside a compiled graph, device ops that CUDA graphs can capture)."""
     block, step = pattern.block_size, pattern.compressed_per_block
     padded_tokens = _round_up(num_tokens, block)
     layout = KeyLayout.of(pattern, padded_tokens, tile, num_tokens if whole_sequence else None)
@@ -141,44 +167,55 @@ def block_structure(
     # arange, and computes `arange // block` wrong past the last whole vector
     first_block = torch.div(first_query, block, rounding_mode="trunc")
     last_block = torch.div(last_query.clamp(min=0), block, rounding_mode="trunc")
+    token_first, token_end = (0, num_tokens) if token_bounds is None else token_bounds[:, None].unbind(-1)  # (B, 1) each
+    if token_bounds is not None:  # a tile of queries of blocks of padding only reads no key
+        holds_tokens = holds_tokens & (last_block >= token_first // block) & (first_block * block < token_end)
 
-    sources = {  # where each source's rows start in the layout, and how many it holds (tokens past the last query: padding)
-        "global": (0, pattern.num_global),
-        "local": (layout.token_offset, num_tokens),
-        "sparse": (layout.sparse_offset, padded_tokens // block * step),
+    sources = {  # where each source's rows start in the layout, and the rows [first, end) of its valid keys
+        "global": (0, 0, pattern.num_global),
+        "local": (layout.token_offset, token_first, token_end),
+        "sparse": (layout.sparse_offset, 0, padded_tokens // block * step),
     }
     tile_start = torch.arange(0, layout.length, tile, device=device)  # (nk,)
-    needed = torch.zeros(len(first_row), len(tile_start), dtype=torch.bool, device=device)  # (nq, nk)
+    needed = torch.zeros(1, len(first_row), len(tile_start), dtype=torch.bool, device=device)  # (R, nq, nk)
     full = torch.zeros_like(needed)
     only_tokens = first_row >= layout.query_offset  # a tile of token query rows only
     for window in pattern.key_windows():
-        offset, rows = sources[window.source]
+        offset, valid_first, valid_end = sources[window.source]
         first = window.first + first_block * window.step  # the tile's first block's window starts there
         end = window.first + last_block * window.step + window.width  # and its last block's ends there
         # the part every block of the tile sees: from its last block's start to its first block's end
         shared_first, shared_end = window.first + last_block * window.step, window.first + first_block * window.step + window.width
         if window.source == "local" and pattern.causal:
             end, shared_end = torch.minimum(end, last_query + 1), torch.minimum(shared_end, first_query + 1)
-        first, end = offset + first.clamp(0, rows), torch.where(holds_tokens, offset + end.clamp(0, rows), 0)
-        needed |= (first[:, None] < tile_start + tile) & (end[:, None] > tile_start) & (first < end)[:, None]
+        first, end = offset + first.clamp(valid_first, valid_end), torch.where(holds_tokens, offset + end.clamp(valid_first, valid_end), 0)
+        needed = needed | ((first[..., None] < tile_start + tile) & (end[..., None] > tile_start) & (first < end)[..., None])
         if rule_only and window.source != "sparse":
-            shared_first, shared_end = offset + shared_first.clamp(0, rows), offset + shared_end.clamp(0, rows)
-            full |= (shared_first[:, None] <= tile_start) & (tile_start + tile <= shared_end[:, None]) & only_tokens[:, None]
-    partial = needed & ~full
+            shared_first, shared_end = (offset + x.clamp(valid_first, valid_end) for x in (shared_first, shared_end))
+            inside = (shared_first[..., None] <= tile_start) & (tile_start + tile <= shared_end[..., None])
+            full = full | (inside & (only_tokens & holds_tokens)[..., None])
+    return needed & ~full, full
+
+
+def tile_block_mask(
+    partial: torch.Tensor, full: torch.Tensor, tile: int, pattern: KeyPattern, num_tokens: int, whole_sequence: bool
+) -> BlockMask:
+    """The BlockMask of `tile_sets`' tiles, (R, nq, nk) each, over the layout of `KeyLayout.of`."""
+    layout = KeyLayout.of(pattern, _round_up(num_tokens, pattern.block_size), tile, num_tokens if whole_sequence else None)
     return BlockMask.from_kv_blocks(
         *tile_lists(partial),
         *tile_lists(full),
         BLOCK_SIZE=tile,
-        seq_lengths=(query_rows, layout.length),
+        seq_lengths=(layout.query_offset + num_tokens, layout.length),
     )
 
 
 def tile_lists(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(nq, nk) bool, the key tiles each query tile reads -> how many, (1, 1, nq) int32, and which, those
-    first, (1, 1, nq, nk) int32: a BlockMask's lists."""
+    """(R, nq, nk) bool, the key tiles each query tile reads -> how many, (R, 1, nq) int32, and which,
+    those first, (R, 1, nq, nk) int32: a BlockMask's lists."""
     count = tiles.sum(dim=-1, dtype=torch.int32)
     indices = torch.argsort((~tiles).to(torch.int32), dim=-1, stable=True).to(torch.int32)
-    return count[None, None], indices[None, None]
+    return count[:, None], indices[:, None]
 
 
 @dataclass(frozen=True)
@@ -545,8 +582,10 @@ class FlexBackend:
         else:  # (B, H, length, D)
             keys = _laid_out([keys.transpose(1, 2), sparse.keys], segment_ends)
             values = _laid_out([values.transpose(1, 2), sparse.values], segment_ends)
-        rule_only = bounds is None and sparse is None  # the mask_mod reads no tensor: full tiles skip it
-        structure = block_structure(pattern, num_tokens, TILE, queries.device, whole_sequence=True, rule_only=rule_only)
+        if sparse is None and bounds is not None:  # a padded batch: each row's tiles, made once per forward
+            structure = job.made_once("flex row structure", lambda: row_block_structure(pattern, num_tokens, TILE, bounds.tokens))
+        else:  # the pattern's rule alone (full tiles skip the mask_mod), or with sparse keys
+            structure = block_structure(pattern, num_tokens, TILE, queries.device, whole_sequence=True, rule_only=sparse is None)
         score_mod = None
         terms = job.positions
         if terms is not None:
