@@ -187,6 +187,13 @@ def test_whole_sequence_block_structure_reads_exactly_the_tiles_of_visible_keys(
     assert torch.equal(tiles_read, tiles_needed)
 
 
+def tiled(mask: torch.Tensor, tile: int, outside: bool = False) -> torch.Tensor:
+    """(..., q, k) -> (..., q tiles, tile, k tiles, tile), the rows and columns past the end `outside`."""
+    rows, keys = mask.shape[-2:]
+    padded = F.pad(mask, (0, -keys % tile, 0, -rows % tile), value=outside)
+    return padded.unflatten(-1, (-1, tile)).unflatten(-3, (-1, tile))
+
+
 def tile_lists_as_dense(counts: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
     """A BlockMask's (1, 1, nq) counts and (1, 1, nq, nk) indices -> (nq, nk) bool, the tiles listed."""
     listed = torch.arange(indices.shape[-1]) < counts[0, 0, :, None]
@@ -199,10 +206,7 @@ def test_full_tiles_of_the_whole_sequence_are_tiles_whose_every_query_sees_every
     pattern = KeyPattern.of(lsg_config(**settings), causal)
     rows = num_global + num_tokens
     visible = create_mask(whole_sequence_mask_mod(pattern), 1, 1, rows, rows, device="cpu")[0, 0]  # (queries, keys)
-    tiles = -(-rows // tile)
-    outside = F.pad(torch.zeros(rows, rows, dtype=torch.bool), (0, tiles * tile - rows, 0, tiles * tile - rows), value=True)
-    by_tile = (F.pad(visible, (0, tiles * tile - rows, 0, tiles * tile - rows)) | outside).unflatten(0, (tiles, tile)).unflatten(2, (-1, tile))
-    every_key_seen = by_tile.all(dim=(1, 3))  # by every query of the tile (rows past the sequence aside)
+    every_key_seen = (tiled(visible, tile) | tiled(torch.zeros_like(visible), tile, True)).all(dim=(1, 3))  # rows past the end aside
 
     structure = block_structure(pattern, num_tokens, tile, torch.device("cpu"), whole_sequence=True, rule_only=True)
     full = tile_lists_as_dense(structure.full_kv_num_blocks, structure.full_kv_indices)
@@ -222,11 +226,9 @@ def test_a_padded_batch_reads_no_tile_of_its_padding_and_full_tiles_where_every_
     layout = KeyLayout.of(pattern, -(-num_tokens // block) * block, tile, num_tokens)
     mask_mod = whole_sequence_mask_mod(pattern, layout, RowBounds(token_bounds, None))
     visible = create_mask(mask_mod, 3, 1, rows, rows, device="cpu")[:, 0]  # (B, queries, keys)
+    some_key_seen = tiled(visible, tile).any(dim=(2, 4))  # (B, query tiles, key tiles)
+    every_key_seen = (tiled(visible, tile) | tiled(torch.zeros_like(visible), tile, True)).all(dim=(2, 4))
     tiles = -(-rows // tile)
-    outside = F.pad(torch.zeros(rows, rows, dtype=torch.bool), (0, tiles * tile - rows, 0, tiles * tile - rows), value=True)
-    by_tile = F.pad(visible, (0, tiles * tile - rows, 0, tiles * tile - rows)).unflatten(1, (tiles, tile)).unflatten(3, (-1, tile))
-    some_key_seen = by_tile.any(dim=(2, 4))  # (B, query tiles, key tiles)
-    every_key_seen = (by_tile | outside.unflatten(0, (tiles, tile)).unflatten(2, (-1, tile))).all(dim=(2, 4))
     query_rows = torch.arange(tiles * tile) - num_global  # the token each query row is, per tile
     block_of = torch.div(query_rows.clamp(min=0), block, rounding_mode="floor")
     real_block = (query_rows >= 0) & (query_rows < num_tokens)
@@ -234,8 +236,11 @@ def test_a_padded_batch_reads_no_tile_of_its_padding_and_full_tiles_where_every_
     holds_real_block = real_block.unflatten(1, (tiles, tile)).any(dim=2)  # (B, query tiles)
 
     structure = row_block_structure(pattern, num_tokens, tile, token_bounds)
-    full = torch.stack([tile_lists_as_dense(structure.full_kv_num_blocks[r : r + 1], structure.full_kv_indices[r : r + 1]) for r in range(3)])
-    read = full | torch.stack([tile_lists_as_dense(structure.kv_num_blocks[r : r + 1], structure.kv_indices[r : r + 1]) for r in range(3)])
+    def per_row(counts, indices):  # (B, 1, nq), (B, 1, nq, nk) -> (B, nq, nk) bool
+        return torch.stack([tile_lists_as_dense(counts[row : row + 1], indices[row : row + 1]) for row in range(len(counts))])
+
+    full = per_row(structure.full_kv_num_blocks, structure.full_kv_indices)
+    read = full | per_row(structure.kv_num_blocks, structure.kv_indices)
 
     assert not (full & ~every_key_seen).any()  # the mask_mod is skipped only where it holds everywhere
     assert not (read & ~some_key_seen).any()  # no tile of padding keys alone

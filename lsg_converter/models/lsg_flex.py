@@ -124,37 +124,35 @@ def block_structure(
     `KeyLayout.of`: the `num_tokens` token queries over [globals | tokens | sparse keys], or, whole
     sequence, the layer's g + t queries over its own g + t keys (a global query row sees no key: a tile of
     them only reads none) and the sparse segment after them. Built once per shape and cached
-    (`tile_sets`). `rule_only`: the mask_mod is the pattern's rule alone (every key valid, no sparse
+    (`tile_structure`). `rule_only`: the mask_mod is the pattern's rule alone (every key valid, no sparse
     keys): the tiles every query of which sees every key are full tiles, which the kernel reads without
     evaluating the mask_mod."""
-    partial, full = tile_sets(pattern, num_tokens, tile, device, whole_sequence, rule_only)
-    return tile_block_mask(partial, full, tile, pattern, num_tokens, whole_sequence)
+    return tile_structure(pattern, num_tokens, tile, device, whole_sequence, rule_only)
 
 
 def row_block_structure(pattern: KeyPattern, num_tokens: int, tile: int, token_bounds: torch.Tensor) -> BlockMask:
     """The key tiles each tile of queries of each row reads over the whole sequence of a padded batch
     without sparse keys, `token_bounds` (B, 2) each row's valid tokens [first, end) (`RowBounds.tokens`):
     no tile of the row's padding keys, no query tile of its blocks of padding only (their rows get zeros),
-    and full tiles, where every query sees every key of the tile, valid ones only (`tile_sets`). Made
+    and full tiles, where every query sees every key of the tile, valid ones only (`tile_structure`). Made
     once per forward pass: a BlockMask of one structure per row."""
-    partial, full = tile_sets(pattern, num_tokens, tile, token_bounds.device, True, True, token_bounds)
-    return tile_block_mask(partial, full, tile, pattern, num_tokens, True)
+    return tile_structure(pattern, num_tokens, tile, token_bounds.device, True, True, token_bounds)
 
 
-def tile_sets(
+def tile_structure(
     pattern: KeyPattern, num_tokens: int, tile: int, device: torch.device, whole_sequence: bool, rule_only: bool,
     token_bounds: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """The key tiles each query tile reads (`block_structure`), (R, nq, nk) bool, apart as those whose
-    mask_mod the kernel evaluates (partial) and, where the mask_mod is the pattern's rule alone
-    (`rule_only`), those every query of which sees every key (full: inside the part of a global or local
-    window that all the tile's blocks share). R = 1, or with `token_bounds` (B, 2), each row's valid tokens
-    [first, end), one per row (B): the local windows clipped to them, the query tiles of blocks of padding
-    only left out.
+) -> BlockMask:  # fmt: skip
+    """The BlockMask of the key tiles each query tile reads (`block_structure`), R = 1 structure or, with
+    `token_bounds` (B, 2), each row's valid tokens [first, end), one per row (the local windows clipped to
+    them, the query tiles of blocks of padding only left out): the tiles whose mask_mod the kernel
+    evaluates and, where the mask_mod is the pattern's rule alone (`rule_only`), apart from them the full
+    tiles, every query of which sees every key (inside the part of a global or local window that all the
+    tile's blocks share).
 
     Index arithmetic on the pattern, on `device`: per query tile, the range of keys of each window of
-    `KeyPattern.key_windows` its blocks see, then the tiles those ranges touch: (n / tile)^2 booleans per
-    row (inside a compiled graph, device ops that CUDA graphs can capture)."""
+    `KeyPattern.key_windows` its blocks see, then the tiles those ranges touch: (R, nq, nk) booleans
+    (inside a compiled graph, device ops that CUDA graphs can capture)."""
     block, step = pattern.block_size, pattern.compressed_per_block
     padded_tokens = _round_up(num_tokens, block)
     layout = KeyLayout.of(pattern, padded_tokens, tile, num_tokens if whole_sequence else None)
@@ -185,28 +183,22 @@ def tile_sets(
         first = window.first + first_block * window.step  # the tile's first block's window starts there
         end = window.first + last_block * window.step + window.width  # and its last block's ends there
         # the part every block of the tile sees: from its last block's start to its first block's end
-        shared_first, shared_end = window.first + last_block * window.step, window.first + first_block * window.step + window.width
+        shared_first = window.first + last_block * window.step
+        shared_end = window.first + first_block * window.step + window.width
         if window.source == "local" and pattern.causal:
             end, shared_end = torch.minimum(end, last_query + 1), torch.minimum(shared_end, first_query + 1)
-        first, end = offset + first.clamp(valid_first, valid_end), torch.where(holds_tokens, offset + end.clamp(valid_first, valid_end), 0)
+        first = offset + first.clamp(valid_first, valid_end)
+        end = torch.where(holds_tokens, offset + end.clamp(valid_first, valid_end), 0)
         needed = needed | ((first[..., None] < tile_start + tile) & (end[..., None] > tile_start) & (first < end)[..., None])
         if rule_only and window.source != "sparse":
             shared_first, shared_end = (offset + x.clamp(valid_first, valid_end) for x in (shared_first, shared_end))
             inside = (shared_first[..., None] <= tile_start) & (tile_start + tile <= shared_end[..., None])
             full = full | (inside & (only_tokens & holds_tokens)[..., None])
-    return needed & ~full, full
-
-
-def tile_block_mask(
-    partial: torch.Tensor, full: torch.Tensor, tile: int, pattern: KeyPattern, num_tokens: int, whole_sequence: bool
-) -> BlockMask:
-    """The BlockMask of `tile_sets`' tiles, (R, nq, nk) each, over the layout of `KeyLayout.of`."""
-    layout = KeyLayout.of(pattern, _round_up(num_tokens, pattern.block_size), tile, num_tokens if whole_sequence else None)
     return BlockMask.from_kv_blocks(
-        *tile_lists(partial),
+        *tile_lists(needed & ~full),
         *tile_lists(full),
         BLOCK_SIZE=tile,
-        seq_lengths=(layout.query_offset + num_tokens, layout.length),
+        seq_lengths=(query_rows, layout.length),
     )
 
 
