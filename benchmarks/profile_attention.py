@@ -83,7 +83,7 @@ def flex_kernel_variants(length: int, device: torch.device, dtype: torch.dtype, 
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     from lsg_converter.models.lsg_flex import TILE, KeyLayout, RowBounds, _with_mask_mod, block_structure, lsg_mask_mod
-    from lsg_converter.models.lsg_flex import whole_sequence_mask_mod
+    from lsg_converter.models.lsg_flex import row_block_structure, whole_sequence_mask_mod
     from lsg_converter.models.lsg_settings import LSGSettings
 
     pattern = LSGSettings.of(LSGBertConfig(**ATTENTION_ONLY_SETTINGS[DEFAULTS])).pattern()
@@ -128,6 +128,10 @@ def flex_kernel_variants(length: int, device: torch.device, dtype: torch.dtype, 
         "LSG whole sequence, the row's bounds read (padded)": (
             whole_sequence, whole_sequence,
             _with_mask_mod(whole_structure, whole_sequence_mask_mod(pattern, whole_layout, padded_row))),
+        "LSG whole sequence, padded, the row's own tiles (as the backend runs it)": (
+            whole_sequence, whole_sequence,
+            _with_mask_mod(row_block_structure(pattern, length, TILE, padded_row.tokens),
+                           whole_sequence_mask_mod(pattern, whole_layout, padded_row))),
         "create_block_mask, tokens only, local rule": (queries, tokens, plain),
         "create_block_mask, tokens only, local rule + validity read": (
             queries, tokens, create_block_mask(local_rule_reading_validity, 1, 1, length, length, device=device, BLOCK_SIZE=TILE)),
