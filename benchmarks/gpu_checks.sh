@@ -11,7 +11,7 @@
 # A lent machine has no network and an older transformers: wheels in .gpu-wheels/ (for example
 # `pip download transformers==5.23.0 --no-deps -d .gpu-wheels`) are installed into /tmp/site first.
 # Logs, the device and the results sections (RESULTS-GPU.md, to paste into benchmarks/RESULTS.md)
-# land in OUTPUT_FOLDER. TEST_SECONDS, BENCH_SECONDS, PADDED_SECONDS (each of its two runs), MEMORY_SECONDS,
+# land in OUTPUT_FOLDER. TEST_SECONDS, BENCH_SECONDS, PADDED_SECONDS (each of its two runs), MEMORY_SECONDS (each of its two),
 # COMPILED_SECONDS, PROFILE_SECONDS and T5_SECONDS bound the seven steps (0 leaves a step out); BENCH_LENGTHS and BENCH_MODELS
 # narrow the benchmark, PADDED_LENGTHS the sparse and padded one,
 # COMPILED_LENGTHS and COMPILED_MODELS the compiled one, PROFILE_LENGTHS the profile, T5_LENGTHS bench_t5.
