@@ -41,38 +41,33 @@ def held_mib(attention, inputs: list[torch.Tensor]) -> float:
         held = torch.cuda.memory_allocated() - before
         del output
         return (held + inputs_bytes) / 2**20
-    storages = {x.untyped_storage().data_ptr(): x.untyped_storage().nbytes() for x in inputs}
+    return sum(x.untyped_storage().nbytes() for x, _ in held_storages(attention, inputs).values()) / 2**20
+
+
+def held_storages(attention, inputs: list[torch.Tensor]) -> dict[int, tuple[torch.Tensor, str]]:
+    """The storages one call of `attention(*inputs)` holds until its backward, each once: its inputs, the
+    tensors autograd saved (through its hooks) and its output, by address: a tensor on each and what it is."""
+    held = {x.untyped_storage().data_ptr(): (x, f"input {index}") for index, x in enumerate(inputs)}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
-        storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        output = attention(*inputs)
-    storages[output.untyped_storage().data_ptr()] = output.untyped_storage().nbytes()
-    return sum(storages.values()) / 2**20
-
-
-def held_tensors(attention, inputs: list[torch.Tensor]) -> list[str]:
-    """What one call of `attention(*inputs)` holds until its backward, storage by storage (the tensors autograd
-    saved, through its hooks, and the output): a line each, its shape, dtype and MiB, and whether it is an
-    input's or the output's storage. On CUDA it names what the allocator's rise (`held_mib`) is made of."""
-    attention(*inputs)  # a first call compiles flex_attention's kernel
-    inputs_storages = {x.untyped_storage().data_ptr(): f"input {index}" for index, x in enumerate(inputs)}
-    held: dict[int, tuple[torch.Tensor, str]] = {}
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        pointer = tensor.untyped_storage().data_ptr()
-        held.setdefault(pointer, (tensor, inputs_storages.get(pointer, "saved")))
+        held.setdefault(tensor.untyped_storage().data_ptr(), (tensor, "saved"))
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         output = attention(*inputs)
     pointer = output.untyped_storage().data_ptr()
     held[pointer] = (output, "output" if pointer not in held else f"{held[pointer][1]}, output")
+    return held
+
+
+def held_tensors(attention, inputs: list[torch.Tensor]) -> list[str]:
+    """What one call of `attention(*inputs)` holds until its backward, storage by storage (`held_storages`):
+    a line each, its shape, dtype and MiB, and what it is. On CUDA it names what the allocator's rise
+    (`held_mib`) is made of."""
+    attention(*inputs)  # a first call compiles flex_attention's kernel
     return [
         f"{what}: {tuple(x.shape)} {str(x.dtype).removeprefix('torch.')}, {x.untyped_storage().nbytes() / 2**20:.1f} MiB"
-        for x, what in held.values()
+        for x, what in held_storages(attention, inputs).values()
     ]
 
 
