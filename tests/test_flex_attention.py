@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch._dynamo.utils import counters
 from torch.nn.attention.flex_attention import create_mask, flex_attention
 
-from helpers import lsg_config, padding_mask
+from helpers import host_syncs, lsg_config, padding_mask
 from lsg_converter import LSGBartConfig, LSGBartForConditionalGeneration, LSGBertConfig, LSGBertForMaskedLM
 from lsg_converter.models import lsg_flex
 from lsg_converter.models.lsg_attention import DEFAULT_BACKEND, lsg_backend, lsg_self_attention, prefers_flex_attention
@@ -215,6 +215,82 @@ def test_full_tiles_of_the_whole_sequence_are_tiles_whose_every_query_sees_every
 
     assert not (full & ~every_key_seen).any()  # the kernel skips the mask_mod only where it holds everywhere
     assert not (full & partial).any() and torch.equal(full | partial, read)  # the same tiles read
+
+
+@pytest.mark.parametrize(
+    "settings, causal", [geometry for geometry in tile_geometries() if geometry[0]["sparsity_type"] != "none"], ids=geometry_id
+)
+@pytest.mark.parametrize("blocks, tile", [(6, 8), (9, 16)])
+def test_full_tiles_of_the_whole_sequence_with_every_sparse_key_valid_are_tiles_whose_every_query_sees_every_key(
+    settings, causal, blocks, tile
+):
+    pattern = KeyPattern.of(lsg_config(**settings), causal)
+    num_tokens = blocks * pattern.block_size  # whole blocks: every compressed key is valid
+    layout = KeyLayout.of(pattern, num_tokens, tile, whole_sequence_tokens=num_tokens)
+    rows = pattern.num_global + num_tokens
+    visible = create_mask(whole_sequence_mask_mod(pattern, layout), 1, 1, rows, layout.length, device="cpu")[0, 0]
+    some_key_seen = tiled(visible, tile).any(dim=(1, 3))
+    every_key_seen = (tiled(visible, tile) | tiled(torch.zeros_like(visible), tile, True)).all(dim=(1, 3))
+
+    structure = block_structure(pattern, num_tokens, tile, torch.device("cpu"), whole_sequence=True, rule_only=True)
+    full = tile_lists_as_dense(structure.full_kv_num_blocks, structure.full_kv_indices)
+    partial = tile_lists_as_dense(structure.kv_num_blocks, structure.kv_indices)
+
+    assert not (full & ~every_key_seen).any()  # the kernel skips the mask_mod only where it holds everywhere
+    assert not (full & partial).any() and not (some_key_seen & ~(full | partial)).any()  # every visible key read
+
+
+def test_sparse_windows_aligned_with_the_tiles_are_read_as_full_tiles():
+    config = lsg_config(sparsity_type="norm", block_size=16, sparsity_factor=2, sparse_block_size=16, num_global_tokens=0)
+    pattern = KeyPattern.of(config)  # each block: 2 windows of 16 compressed keys, 8 blocks apart, starting on a tile
+    layout = KeyLayout.of(pattern, 256, 8, whole_sequence_tokens=256)
+
+    structure = block_structure(pattern, 256, 8, torch.device("cpu"), whole_sequence=True, rule_only=True)
+
+    full = tile_lists_as_dense(structure.full_kv_num_blocks, structure.full_kv_indices)
+    sparse_tiles = full[:, layout.sparse_offset // 8 :].sum(dim=1)  # per query tile
+    assert sparse_tiles[8:-8].tolist() == [4] * 16  # the blocks whose two windows lie inside the sequence
+
+
+def test_the_whole_sequence_mask_mod_without_bounds_masks_the_zero_padding_of_each_segment():
+    pattern = KeyPattern.of(lsg_config(sparsity_type="pooling", sparsity_factor=2, sparse_block_size=8, block_size=8,
+                                       num_global_tokens=2))
+    layout = KeyLayout.of(pattern, 40, 16, whole_sequence_tokens=40)  # tokens end at row 42, sparse keys at 48 + 20
+    visible = create_mask(whole_sequence_mask_mod(pattern, layout), 1, 1, 42, layout.length, device="cpu")[0, 0]
+
+    assert (layout.token_end, layout.sparse_offset, layout.sparse_end, layout.length) == (42, 48, 68, 80)
+    assert not visible[:, 42:48].any() and not visible[:, 68:].any()
+    assert visible[2:, 48:68].any(dim=0).all()  # every compressed key is some query's
+
+
+@pytest.mark.parametrize("sparsity_type", [kind for kind in SPARSITY_TYPES if kind != "none"])
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+@pytest.mark.parametrize("num_global", [0, 2])
+def test_unpadded_tokens_of_whole_blocks_with_sparse_keys_take_the_whole_sequence_reading_no_tensor(
+    sparsity_type, causal, num_global, monkeypatch
+):
+    config = lsg_config(block_size=8, sparse_block_size=8, sparsity_type=sparsity_type, num_global_tokens=num_global)
+    query, key, value = random_qkv(2, num_global + 80, seed=7)  # 10 whole blocks, no padding mask
+    calls = recorded_flex_calls(monkeypatch)
+
+    sdpa, flex = both_backends(query, key, value, None, config, causal=causal)
+
+    (taken, block_mask), = calls
+    if sparsity_type == "lsh":  # an empty bucket is a masked key: read through the rows' bounds
+        assert taken in ("whole sequence, row bounds", "gathered")
+    else:
+        assert taken == "whole sequence" and captured_tensors(block_mask.mask_mod) == []
+    torch.testing.assert_close(flex, sdpa, atol=1e-5, rtol=0)
+
+
+def test_unpadded_tokens_of_whole_blocks_with_sparse_keys_make_no_host_sync():
+    config = lsg_config(block_size=8, sparse_block_size=8, sparsity_type="norm", num_global_tokens=1)
+    query, key, value = random_qkv(2, 1 + 80)
+    attend = lambda: lsg_self_attention(query, key, value, None, config, backend="flex_attention")  # noqa: E731
+    with torch.no_grad():
+        attend()  # the tile structure, made once per shape
+
+        assert host_syncs(attend) == []
 
 
 @pytest.mark.parametrize("block, num_global, tile", [(8, 2, 8), (8, 2, 16), (12, 3, 16), (8, 0, 8)])

@@ -115,10 +115,18 @@ def test_a_call_without_a_mask_reaches_the_attention_as_no_mask(monkeypatch):
     torch.testing.assert_close(without, with_ones, rtol=0, atol=0)
 
 
-def test_compiled_flex_reads_the_layers_keys_where_they_lie_when_no_key_is_masked(monkeypatch):
+@pytest.mark.parametrize(
+    "sparsity_type, sparse_block_size, tokens",
+    [("none", 0, TOKENS), ("norm", 16, 288)],  # sparse keys: 18 whole blocks, every compressed key valid
+    ids=["local", "sparse"],
+)
+def test_compiled_flex_reads_the_layers_keys_where_they_lie_when_no_key_is_masked(
+    sparsity_type, sparse_block_size, tokens, monkeypatch
+):
     config = LSGBertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                           intermediate_size=37, max_position_embeddings=512, block_size=16, sparse_block_size=0,
-                           sparsity_type="none", num_global_tokens=1, attn_implementation="flex_attention")
+                           intermediate_size=37, max_position_embeddings=512, block_size=16,
+                           sparse_block_size=sparse_block_size, sparsity_type=sparsity_type, num_global_tokens=1,
+                           attn_implementation="flex_attention")
     model = LSGBertForMaskedLM(config).eval()
     layouts = []
     whole_sequence = lsg_flex.FlexBackend._whole_sequence_attention
@@ -131,7 +139,7 @@ def test_compiled_flex_reads_the_layers_keys_where_they_lie_when_no_key_is_maske
     torch.compiler.reset()
     compiled = torch.compile(model, backend="eager", fullgraph=True)
     with torch.no_grad():
-        compiled(input_ids=torch.randint(5, 100, (1, TOKENS)))
+        compiled(input_ids=torch.randint(5, 100, (1, tokens)))
 
     assert layouts == ["whole sequence"]
 

@@ -310,6 +310,7 @@ def lsg_attention(
             key_rows=job.token_key_rows,
             with_positions=position_terms is not None,
             with_token_weights=kernel.returns_weights,
+            every_token_valid=no_masked_keys and not padding,
         )
     if dropout:
         job.kept = block_dropout(job, heads, dropout)

@@ -7,8 +7,9 @@ keys the padding and the sparse selection allow.
 
 * The whole sequence: the layer's own g + t queries, and keys, read where they lie; with sparse keys,
   their T / f compressed keys after them, from the next whole tile on (one copy of the keys and
-  values). Where no key is masked and there are no sparse keys, the mask_mod is the pattern's rule
-  alone and reads no tensor; where a padded batch masks keys, it reads the rows' bounds
+  values). Where no key is masked (no padding mask; with sparse keys, the tokens filling whole blocks
+  and a compressor that leaves no key empty: `SparseContext.every_key_valid`), the mask_mod is the
+  pattern's rule alone and reads no tensor; where a padded batch masks keys, it reads the rows' bounds
   (`RowBounds`: the first and last valid token, and compressed key, of each row): a few numbers per
   row, never a tensor per key (on an H100, reading the keys' validity made the forward kernel 12-18x
   slower: benchmarks/RESULTS.md, "GPU H100 (issue 36)"). Taken where each row's valid keys are one
@@ -90,10 +91,13 @@ def _round_up(value: int, multiple: int) -> int:
 @dataclass(frozen=True)
 class KeyLayout:
     """Where each kind of key sits in the flex key sequence [globals | tokens | sparse keys], and where
-    the token queries start in the query sequence."""
+    the token queries start in the query sequence. Each segment's keys are rows [offset, end), zero
+    padding follows them up to the next segment."""
 
     token_offset: int  # = rows of the global segment
+    token_end: int
     sparse_offset: int
+    sparse_end: int
     length: int
     query_offset: int = 0  # query row of token 0: g in the whole-sequence layout, else 0
 
@@ -107,12 +111,14 @@ class KeyLayout:
         if whole_sequence_tokens is not None:
             num_global, end = pattern.num_global, pattern.num_global + whole_sequence_tokens
             if not pattern.sparse_starts:
-                return cls(num_global, end, end, query_offset=num_global)
+                return cls(num_global, end, end, end, end, query_offset=num_global)
             sparse_offset = _round_up(end, tile)
-            return cls(num_global, sparse_offset, sparse_offset + _round_up(compressed, tile), query_offset=num_global)
+            length = sparse_offset + _round_up(compressed, tile)
+            return cls(num_global, end, sparse_offset, sparse_offset + compressed, length, query_offset=num_global)
         global_rows = _round_up(pattern.num_global, tile)
-        token_rows = _round_up(padded_tokens, tile)
-        return cls(global_rows, global_rows + token_rows, global_rows + token_rows + _round_up(compressed, tile))
+        sparse_offset = global_rows + _round_up(padded_tokens, tile)
+        length = sparse_offset + _round_up(compressed, tile)
+        return cls(global_rows, global_rows + padded_tokens, sparse_offset, sparse_offset + compressed, length)
 
 
 @shape_cached
@@ -124,8 +130,8 @@ def block_structure(
     `KeyLayout.of`: the `num_tokens` token queries over [globals | tokens | sparse keys], or, whole
     sequence, the layer's g + t queries over its own g + t keys (a global query row sees no key: a tile of
     them only reads none) and the sparse segment after them. Built once per shape and cached
-    (`tile_structure`). `rule_only`: the mask_mod is the pattern's rule alone (every key valid, no sparse
-    keys): the tiles every query of which sees every key are full tiles, which the kernel reads without
+    (`tile_structure`). `rule_only`: the mask_mod is the pattern's rule alone (every key valid, the sparse
+    ones too): the tiles every query of which sees every key are full tiles, which the kernel reads without
     evaluating the mask_mod."""
     return tile_structure(pattern, num_tokens, tile, device, whole_sequence, rule_only)
 
@@ -147,8 +153,8 @@ def tile_structure(
     `token_bounds` (B, 2), each row's valid tokens [first, end), one per row (the local windows clipped to
     them, the query tiles of blocks of padding only left out): the tiles whose mask_mod the kernel
     evaluates and, where the mask_mod is the pattern's rule alone (`rule_only`), apart from them the full
-    tiles, every query of which sees every key (inside the part of a global or local window that all the
-    tile's blocks share).
+    tiles, every query of which sees every key (inside the part of a window, global, sparse or local, that
+    all the tile's blocks share).
 
     Index arithmetic on the pattern, on `device`: per query tile, the range of keys of each window of
     `KeyPattern.key_windows` its blocks see, then the tiles those ranges touch: (R, nq, nk) booleans
@@ -190,7 +196,7 @@ def tile_structure(
         first = offset + first.clamp(valid_first, valid_end)
         end = torch.where(holds_tokens, offset + end.clamp(valid_first, valid_end), 0)
         needed = needed | ((first[..., None] < tile_start + tile) & (end[..., None] > tile_start) & (first < end)[..., None])
-        if rule_only and window.source != "sparse":
+        if rule_only:
             shared_first, shared_end = (offset + x.clamp(valid_first, valid_end) for x in (shared_first, shared_end))
             inside = (shared_first[..., None] <= tile_start) & (tile_start + tile <= shared_end[..., None])
             full = full | (inside & (only_tokens & holds_tokens)[..., None])
@@ -233,16 +239,17 @@ def _one_run(valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def whole_sequence_bounds(job: TokenAttention) -> tuple[bool, RowBounds | None]:
     """Whether the call runs over the whole-sequence layout, and the rows' bounds its mask_mod reads (None:
-    every key is valid and there are no sparse keys, the pattern's rule alone, nothing read).
+    every key is valid, the pattern's rule alone, nothing read).
 
     It does where there is no DropKey, every global key is valid, and each row's valid tokens (and, per
     head, its valid compressed keys) are one run. Known without reading the mask where the core knows
-    no key is masked (`TokenAttention.no_masked_keys`) and there are no sparse keys; else checked on the
+    no key is masked (`TokenAttention.no_masked_keys`) and every sparse key is valid (none, or
+    `SparseContext.every_key_valid`); else checked on the
     host, the tokens once per forward pass (`_token_bounds`), the compressed keys of each layer in that
     layer (never inside a compiled graph, which then takes the gathered layout)."""
     if job.kept is not None:
         return False, None
-    if job.sparse is None and job.no_masked_keys:
+    if job.no_masked_keys and (job.sparse is None or job.sparse.every_key_valid):
         return True, None
     if tracing():
         return False, None
@@ -273,14 +280,20 @@ def whole_sequence_mask_mod(pattern: KeyPattern, layout: KeyLayout | None = None
     sparse segment of `layout`): a token query sees the global keys, its local tokens and its sparse keys,
     by index arithmetic; a global query row sees no key (the core attends the global queries apart and
     writes their output into these rows, `with_global_rows`: every score of theirs masked, the kernel
-    gives them zero and its backward no gradient). Without `bounds` every key is valid and nothing is
-    read; with them, the tokens and compressed keys of the row's runs only (a key past the tokens, zero
-    padding, is in none)."""
+    gives them zero and its backward no gradient). Without `bounds` every key is valid (the sparse ones
+    too, `SparseContext.every_key_valid`) and nothing is read; with them, the tokens and compressed keys
+    of the row's runs only. A key of a segment's zero padding is in none."""
     num_global = pattern.num_global
+    sparse = layout is not None and bool(pattern.sparse_starts)
 
     def sees(batch, head, query, key):
         token_query, token = query - num_global, key - num_global
-        return (token_query >= 0) & ((key < num_global) | ((token >= 0) & pattern.sees_token(token_query, token)))
+        local = (token >= 0) & pattern.sees_token(token_query, token)
+        if not sparse:  # the keys end with the tokens
+            return (token_query >= 0) & ((key < num_global) | local)
+        position = key - layout.sparse_offset
+        sparse_key = (position >= 0) & (key < layout.sparse_end) & pattern.sees_compressed(token_query, position)
+        return (token_query >= 0) & ((key < num_global) | (local & (key < layout.token_end)) | sparse_key)
 
     if bounds is None:
         return sees
@@ -576,8 +589,8 @@ class FlexBackend:
             values = _laid_out([values.transpose(1, 2), sparse.values], segment_ends)
         if sparse is None and bounds is not None:  # a padded batch: each row's tiles, made once per forward
             structure = job.made_once("flex row structure", lambda: row_block_structure(pattern, num_tokens, TILE, bounds.tokens))
-        else:  # the pattern's rule alone (full tiles skip the mask_mod), or with sparse keys
-            structure = block_structure(pattern, num_tokens, TILE, queries.device, whole_sequence=True, rule_only=sparse is None)
+        else:  # the pattern's rule alone (full tiles skip the mask_mod), or sparse keys read through the rows' bounds
+            structure = block_structure(pattern, num_tokens, TILE, queries.device, whole_sequence=True, rule_only=bounds is None)
         score_mod = None
         terms = job.positions
         if terms is not None:

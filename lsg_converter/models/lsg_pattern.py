@@ -437,6 +437,9 @@ class SparseContext:
     positions: torch.Tensor | None = None  # (B, H, T / f) int64, with position terms
     key_rows: torch.Tensor | None = None  # (B, H, T / f, R), with key-side position terms
     token_weights: torch.Tensor | None = None  # (B, H, T / f, T): each key's share of every token's value
+    # True where every compressed key is known valid without reading `mask` (no token masked, none padded,
+    # a compressor that leaves no key empty: `lsg_sparse.sparse_context`)
+    every_key_valid: bool = False
 
 
 @dataclass

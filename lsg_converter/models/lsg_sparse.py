@@ -198,12 +198,15 @@ def sparse_context(
     key_rows: torch.Tensor | None = None,
     with_positions: bool = False,
     with_token_weights: bool = False,
+    every_token_valid: bool = False,
 ) -> SparseContext:
     """The sparse context of the tokens: queries, keys, values (B, H, T, D), mask (B, T) bool.
 
     Compressed with the keys: key_rows (B, H, T, R), the key-side position rows, where given; the token
     positions with `with_positions`; the identity (each sparse key's share of every token's value,
-    `SparseContext.token_weights`) with `with_token_weights`.
+    `SparseContext.token_weights`) with `with_token_weights`. `every_token_valid`: the caller knows,
+    without reading `mask`, that it masks no token; every compressed key is then valid too
+    (`SparseContext.every_key_valid`), except with lsh, whose empty buckets are masked.
     """
     compress = sparse_every_token if settings.sparsity_factor == 1 else SPARSE_COMPRESSORS[settings.sparsity_type]
     batch, heads, length, _ = keys.shape
@@ -225,4 +228,5 @@ def sparse_context(
         positions=None if positions is None else torch.floor(positions.squeeze(-1) + 0.5).long(),
         key_rows=compressed.get("key_rows"),
         token_weights=compressed.get("token_weights"),
+        every_key_valid=every_token_valid and compress is not sparse_by_lsh,
     )
