@@ -18,13 +18,14 @@ BACKEND_CASES = [("sdpa", False), ("sdpa", True), ("flex_attention", False)]  # 
 BACKEND_IDS = ["sdpa-inference", "sdpa-with-gradients", "flex_attention-inference"]
 
 
-def lsg_bert(layers: int, backend: str) -> LSGBertForMaskedLM:
-    """A tiny LSG-BERT with the conversion's defaults (local and global keys only), in eval mode."""
+def lsg_bert(layers: int, backend: str, sparsity_type: str = "none") -> LSGBertForMaskedLM:
+    """A tiny LSG-BERT with the conversion's defaults (local and global keys only), or sparse keys of
+    `sparsity_type`, in eval mode."""
     torch.manual_seed(0)
     config = LSGBertConfig(vocab_size=100, hidden_size=32, num_attention_heads=4, intermediate_size=37,
                            num_hidden_layers=layers, max_position_embeddings=TOKENS + 100, block_size=64,
-                           sparse_block_size=0, sparsity_type="none", num_global_tokens=1,
-                           attn_implementation=backend)  # fmt: skip
+                           sparse_block_size=0 if sparsity_type == "none" else 64, sparsity_factor=4,
+                           sparsity_type=sparsity_type, num_global_tokens=1, attn_implementation=backend)  # fmt: skip
     return LSGBertForMaskedLM(config).eval()
 
 
@@ -35,10 +36,12 @@ def inputs(padded: bool) -> dict:
     return {"input_ids": input_ids, "attention_mask": padding_mask([TOKENS, 3 * TOKENS // 4], TOKENS).long()}
 
 
-def syncs_of_a_forward(layers: int, backend: str, with_gradients: bool, padded: bool = True) -> list[str]:
+def syncs_of_a_forward(
+    layers: int, backend: str, with_gradients: bool, padded: bool = True, sparsity_type: str = "none"
+) -> list[str]:
     """The host syncs of a forward after a first one (what depends on the shape alone is made once)."""
     torch.compiler.reset()  # uncompiled flex_attention runs through torch.compile: no recompiles piled up by other tests
-    model = lsg_bert(layers, backend)
+    model = lsg_bert(layers, backend, sparsity_type)
     batch = inputs(padded)
     with torch.set_grad_enabled(with_gradients):
         model(**batch)
@@ -49,6 +52,17 @@ def syncs_of_a_forward(layers: int, backend: str, with_gradients: bool, padded: 
 def test_host_syncs_of_a_padded_batch_do_not_grow_with_the_layers(backend, with_gradients):
     one_layer = syncs_of_a_forward(1, backend, with_gradients)
     two_layers = syncs_of_a_forward(2, backend, with_gradients)
+
+    assert two_layers == one_layer
+
+
+@pytest.mark.parametrize("sparsity_type", ["pooling", "stride", "bos_pooling"])
+@pytest.mark.parametrize("backend, with_gradients", BACKEND_CASES, ids=BACKEND_IDS)
+def test_host_syncs_of_a_padded_batch_with_sparse_keys_of_the_padding_alone_do_not_grow_with_the_layers(
+    backend, with_gradients, sparsity_type
+):
+    one_layer = syncs_of_a_forward(1, backend, with_gradients, sparsity_type=sparsity_type)
+    two_layers = syncs_of_a_forward(2, backend, with_gradients, sparsity_type=sparsity_type)
 
     assert two_layers == one_layer
 

@@ -245,7 +245,8 @@ def whole_sequence_bounds(job: TokenAttention) -> tuple[bool, RowBounds | None]:
     head, its valid compressed keys) are one run. Known without reading the mask where the core knows
     no key is masked (`TokenAttention.no_masked_keys`) and every sparse key is valid (none, or
     `SparseContext.every_key_valid`); else checked on the
-    host, the tokens once per forward pass (`_token_bounds`), the compressed keys of each layer in that
+    host, the tokens once per forward pass (`_token_bounds`), the compressed keys once per forward pass
+    where their mask is made from the token mask alone (`SparseContext.mask_of_tokens_alone`), else in each
     layer (never inside a compiled graph, which then takes the gathered layout)."""
     if job.kept is not None:
         return False, None
@@ -258,11 +259,21 @@ def whole_sequence_bounds(job: TokenAttention) -> tuple[bool, RowBounds | None]:
         return False, None
     if job.sparse is None:
         return True, None if every_token_valid else RowBounds(token_bounds, None)
-    sparse_bounds, sparse_run = _one_run(job.sparse.mask)  # (B, 1 or H, 2)
-    if not bool(sparse_run.all()):
+    if job.sparse.mask_of_tokens_alone:  # the same in every layer of the pass
+        sparse_bounds, sparse_run = job.made_once("flex sparse bounds", lambda: _sparse_bounds(job))
+    else:
+        sparse_bounds, sparse_run = _sparse_bounds(job)
+    if not sparse_run:
         return False, None
+    return True, RowBounds(token_bounds, sparse_bounds)
+
+
+def _sparse_bounds(job: TokenAttention) -> tuple[torch.Tensor, bool]:
+    """[first, end) of each row's valid compressed keys per head, (B, H, 2) int64, and whether they are one
+    run in every row and head. One check on the host."""
+    sparse_bounds, sparse_run = _one_run(job.sparse.mask)  # (B, 1 or H, 2)
     heads = job.token_keys.shape[2]
-    return True, RowBounds(token_bounds, sparse_bounds.expand(-1, heads, -1).contiguous())
+    return sparse_bounds.expand(-1, heads, -1).contiguous(), bool(sparse_run.all())
 
 
 def _token_bounds(job: TokenAttention) -> tuple[torch.Tensor, bool, bool]:

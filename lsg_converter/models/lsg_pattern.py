@@ -440,6 +440,9 @@ class SparseContext:
     # True where every compressed key is known valid without reading `mask` (no token masked, none padded,
     # a compressor that leaves no key empty: `lsg_sparse.sparse_context`)
     every_key_valid: bool = False
+    # True where `mask` is made from the token mask alone, not from the keys: the same in every layer of a
+    # forward pass (`TokenAttention.masks_of_padding_alone`)
+    mask_of_tokens_alone: bool = False
 
 
 @dataclass
@@ -517,16 +520,18 @@ class TokenAttention:
 
     def made_once(self, key: Hashable, make: Callable[[], Made]) -> Made:
         """`make()`, of this job's padding alone (`token_mask`, `global_mask`, `real_blocks`, and what `key`
-        names besides: a name, a dtype; not the sparse keys, DropKey or the position terms, which each layer
-        has its own of): made by the first layer of the forward pass and shared by the next ones
+        names besides: a name, a dtype; not the sparse keys' values, DropKey or the position terms, which each
+        layer has its own of): made by the first layer of the forward pass and shared by the next ones
         (`pass_padding_memo`), made at every call where there is no memo."""
         return made_once(self.padding_memo, key, make)
 
     @property
     def masks_of_padding_alone(self) -> bool:
-        """Whether the blocks' masks depend on the padding alone (no sparse keys, DropKey or position terms):
+        """Whether the blocks' masks depend on the padding alone (no DropKey or position terms, no sparse keys
+        or sparse keys whose mask is made from the token mask alone, `SparseContext.mask_of_tokens_alone`):
         what is made from them is then made once per forward pass (`made_once`)."""
-        return self.sparse is None and self.kept is None and self.positions is None
+        sparse_of_padding = self.sparse is None or self.sparse.mask_of_tokens_alone
+        return sparse_of_padding and self.kept is None and self.positions is None
 
     @property
     def real_rows(self) -> torch.Tensor | None:

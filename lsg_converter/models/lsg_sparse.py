@@ -178,6 +178,10 @@ def sparse_every_token(queries, keys, columns: Columns, mask, settings, scaling)
     return keys, list(columns), mask[:, None, :]
 
 
+# The compressors whose mask depends on the keys, not on the token mask alone: norm keeps the keys of largest
+# norm (padding among them where a chunk holds fewer real tokens than it keeps), lsh's buckets may be empty
+MASK_READS_KEYS = (sparse_by_norm, sparse_by_lsh)
+
 SPARSE_COMPRESSORS: dict[str, Callable[..., Compressed]] = {
     "norm": sparse_by_norm,
     "pooling": sparse_by_pooling,
@@ -206,7 +210,8 @@ def sparse_context(
     positions with `with_positions`; the identity (each sparse key's share of every token's value,
     `SparseContext.token_weights`) with `with_token_weights`. `every_token_valid`: the caller knows,
     without reading `mask`, that it masks no token; every compressed key is then valid too
-    (`SparseContext.every_key_valid`), except with lsh, whose empty buckets are masked.
+    (`SparseContext.every_key_valid`), except with lsh, whose empty buckets are masked. The mask of the
+    compressed keys is made from `mask` alone, except with norm and lsh (`MASK_READS_KEYS`).
     """
     compress = sparse_every_token if settings.sparsity_factor == 1 else SPARSE_COMPRESSORS[settings.sparsity_type]
     batch, heads, length, _ = keys.shape
@@ -229,4 +234,5 @@ def sparse_context(
         key_rows=compressed.get("key_rows"),
         token_weights=compressed.get("token_weights"),
         every_key_valid=every_token_valid and compress is not sparse_by_lsh,
+        mask_of_tokens_alone=compress not in MASK_READS_KEYS,
     )
