@@ -6,11 +6,13 @@ not by timed tests.
 
 import pytest
 import torch
+from torch.nn.attention.flex_attention import flex_attention
+from torch.utils._python_dispatch import _disable_current_modes
 
 import helpers
 from helpers import OpRecorder, padding_mask
 from lsg_converter import LSGBertConfig, LSGBertForMaskedLM
-from lsg_converter.models import lsg_sdpa
+from lsg_converter.models import lsg_flex, lsg_sdpa
 from lsg_converter.models.lsg_attention import lsg_self_attention
 from lsg_converter.models.lsg_sparse import SPARSITY_TYPES
 
@@ -215,17 +217,20 @@ LAYER_OPS = {
 
 
 def ops_of_one_layer(
-    model_class, config_class, with_backward: bool, padded: bool = False, dtype: torch.dtype = torch.float32, **settings
-) -> int:
+    model_class, config_class, with_backward: bool, padded: bool = False, dtype: torch.dtype = torch.float32,
+    implementation: str = "sdpa", **settings,
+) -> int:  # fmt: skip
     """Non-view ops of a 2-layer model's step less those of a 1-layer one, each after a first step of the
     same kind (what depends on the input's shape only is made once, by the first layer of the first step). `padded`: a
     batch of 2 whose second row's last quarter is padding (else 1 row without a mask); `with_backward`
-    None: a forward without gradients; `dtype`: the model's."""
+    None: a forward without gradients; `dtype`: the model's; `implementation`: its attn_implementation (a
+    flex_attention call counts as one op)."""
     counts = []
     for layers in (1, 2):
         torch.manual_seed(0)
         config = config_class(vocab_size=100, hidden_size=32, num_attention_heads=4, intermediate_size=37,
-                              max_position_embeddings=4100, num_hidden_layers=layers, attn_implementation="sdpa", **settings)
+                              max_position_embeddings=4100, num_hidden_layers=layers, attn_implementation=implementation,
+                              **settings)  # fmt: skip
         model = model_class(config).eval().to(dtype)
         batch = {"input_ids": torch.randint(5, 100, (2 if padded else 1, 4096))}
         if padded:
@@ -271,6 +276,39 @@ def test_an_lsg_layer_runs_no_more_ops_than_measured(step, dtype, path, monkeypa
 # gradients, the mask of the keys that round the local windows up is made once per shape (38 in every layer),
 # and the edge blocks' and the global queries' outputs are written into the layer's, as in training (34 joined).
 PADDED_LAYER_OPS = {"inference": 33, "forward": 33, "forward and backward": 92}
+
+
+# Non-view aten ops per layer of the flex_attention backend's forward (the default on CUDA in bfloat16 from 4,096
+# tokens, `prefers_flex_attention`), the same LSG-BERT and input, without gradients (on the CPU flex_attention
+# has no backward: with gradients the sdpa backend runs): the projections, the layer's norms, the flex_attention
+# call over the whole sequence (counted as one op), the global queries' SDPA call and their output written
+# into the kernel's (dense: 12).
+FLEX_LAYER_OPS = {torch.float32: 14, torch.bfloat16: 14}
+
+
+def flex_kernel_as_one_op(signature):
+    """The flex backend's kernel (uncompiled flex_attention, as in every CPU test) run with the dispatch modes
+    set aside (eager flex_attention compiles its own wrapper, which no mode may watch), recorded as one op by
+    the `OpRecorder` among them."""
+
+    def kernel(*args, **kwargs):
+        with _disable_current_modes() as modes:
+            output = flex_attention(*args, **kwargs)
+        for mode in modes:
+            if isinstance(mode, OpRecorder):
+                mode.ops.append(("flex_attention", [output.shape]))
+        return output
+
+    return kernel
+
+
+@pytest.mark.parametrize("dtype", FLEX_LAYER_OPS)
+def test_a_flex_attention_layer_forward_runs_no_more_ops_than_measured(dtype, monkeypatch):
+    monkeypatch.setattr(lsg_flex, "_flex_kernel", flex_kernel_as_one_op)
+    lsg = ops_of_one_layer(LSGBertForMaskedLM, LSGBertConfig, None, dtype=dtype, implementation="flex_attention",
+                           block_size=170, sparse_block_size=0, sparsity_type="none", num_global_tokens=1)  # fmt: skip
+
+    assert lsg <= FLEX_LAYER_OPS[dtype], f"{lsg} ops per layer, measured {FLEX_LAYER_OPS[dtype]}"
 
 
 @pytest.mark.parametrize("step", PADDED_LAYER_OPS)
