@@ -311,6 +311,22 @@ def test_a_flex_attention_layer_forward_runs_no_more_ops_than_measured(dtype, mo
     assert lsg <= FLEX_LAYER_OPS[dtype], f"{lsg} ops per layer, measured {FLEX_LAYER_OPS[dtype]}"
 
 
+# Non-view aten ops per layer of an inference call with sparse keys (blocks of 128, windows of 128 compressed
+# keys, factor 4), the same LSG-BERT and input, as measured for issue 48 once what the compressors make from
+# the token mask alone (pooling's weights, the mask of the tokens stride and block_stride keep, bos_pooling's
+# masks) was made once per forward pass and their token indices once per shape (before: 34, 27, 32, 35);
+# norm's selection reads the keys, every layer its own.
+SPARSE_LAYER_OPS = {"pooling": 30, "stride": 22, "block_stride": 22, "bos_pooling": 33, "norm": 36}
+
+
+@pytest.mark.parametrize("sparsity_type", SPARSE_LAYER_OPS)
+def test_an_lsg_layer_with_sparse_keys_runs_no_more_ops_than_measured(sparsity_type):
+    lsg = ops_of_one_layer(LSGBertForMaskedLM, LSGBertConfig, None, block_size=128, sparse_block_size=128,
+                           sparsity_factor=4, sparsity_type=sparsity_type, num_global_tokens=1)  # fmt: skip
+
+    assert lsg <= SPARSE_LAYER_OPS[sparsity_type], f"{lsg} ops per layer, measured {SPARSE_LAYER_OPS[sparsity_type]}"
+
+
 @pytest.mark.parametrize("step", PADDED_LAYER_OPS)
 def test_an_lsg_layer_of_a_padded_batch_runs_no_more_ops_than_measured(step):
     with_backward = {"inference": None, "forward": False, "forward and backward": True}[step]

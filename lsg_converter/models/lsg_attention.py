@@ -311,6 +311,7 @@ def lsg_attention(
             with_positions=position_terms is not None,
             with_token_weights=kernel.returns_weights,
             every_token_valid=no_masked_keys and not padding,
+            made_once=job.made_once,
         )
     if dropout:
         job.kept = block_dropout(job, heads, dropout)

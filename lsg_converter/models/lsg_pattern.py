@@ -770,8 +770,10 @@ def block_mask(job: TokenAttention) -> torch.Tensor:
 
 def block_dropout(job: TokenAttention, heads: int, dropout: float) -> torch.Tensor:
     """The keys DropKey leaves each block: (B, nb, H, 1 or b, K) bool (see `drop_keys`), drawn in every
-    layer from the keys each block may attend to (made once per forward pass without sparse keys)."""
-    allowed = block_mask(job) if job.sparse is not None else job.made_once("allowed keys", lambda: block_mask(job))
+    layer from the keys each block may attend to (made once per forward pass where no sparse mask reads the
+    keys, `SparseContext.mask_of_tokens_alone`)."""
+    of_padding_alone = job.sparse is None or job.sparse.mask_of_tokens_alone
+    allowed = job.made_once("allowed keys", lambda: block_mask(job)) if of_padding_alone else block_mask(job)
     batch, num_blocks = allowed.shape[:2]
     kept = drop_keys(allowed.flatten(0, 1), (batch * num_blocks, heads), allowed.shape[-1], dropout)
     return kept.unflatten(0, (batch, num_blocks))

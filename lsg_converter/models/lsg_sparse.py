@@ -18,17 +18,25 @@ This file travels with saved models as remote code: it imports torch only.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Hashable
 
 import torch
 import torch.nn.functional as F
 
-from .lsg_pattern import SparseContext
+from .lsg_pattern import SparseContext, shape_cached
 
 SPARSITY_TYPES = ("none", "norm", "pooling", "stride", "block_stride", "bos_pooling", "lsh")
 
 Columns = list[torch.Tensor]  # per-token columns, (B, H, T, width) each
 Compressed = tuple[torch.Tensor, Columns, torch.Tensor]  # keys (B, H, T / f, D), columns, mask (B, 1 or H, T / f)
+# made_once(key, make): what `make()` makes from the token mask alone, made once per forward pass by the first
+# layer that asks (`TokenAttention.made_once`); by default, made at every call
+MadeOnce = Callable[[Hashable, Callable[[], Any]], Any]
+
+
+def made_every_time(key: Hashable, make: Callable[[], Any]) -> Any:
+    """The `MadeOnce` of a call without a forward pass's memo."""
+    return make()
 
 
 def _selection_chunk(settings: Any) -> int:
@@ -39,19 +47,28 @@ def _selection_chunk(settings: Any) -> int:
     return chunk
 
 
-def _gather_tokens(keys, columns: Columns, mask, token_index) -> Compressed:
-    """Pick tokens per head. token_index: (B or 1, H, L) positions in the token sequence."""
+def _gather_tokens(keys, columns: Columns, mask, token_index, selected_mask=None) -> Compressed:
+    """Pick tokens per head. token_index: (B or 1, H, L) positions in the token sequence; selected_mask: the
+    mask at those positions, (B, H, L), where the caller has it."""
     batch, heads = keys.shape[:2]
     token_index = token_index.expand(batch, heads, -1)
 
     def rows(x):  # (B, H, T, width) -> (B, H, L, width)
         return x.gather(2, token_index.unsqueeze(-1).expand(-1, -1, -1, x.shape[-1]))
 
-    selected_mask = mask[:, None, :].expand(-1, heads, -1).gather(2, token_index)
+    if selected_mask is None:
+        selected_mask = _selected_mask(mask, token_index)
     return rows(keys), [rows(column) for column in columns], selected_mask
 
 
-def sparse_by_norm(queries, keys, columns: Columns, mask, settings, scaling) -> Compressed:
+def _selected_mask(mask, token_index) -> torch.Tensor:
+    """The token mask (B, T) at the positions `token_index` (B, H, L): (B, H, L)."""
+    return mask[:, None, :].expand(-1, token_index.shape[1], -1).gather(2, token_index.expand(mask.shape[0], -1, -1))
+
+
+def sparse_by_norm(
+    queries, keys, columns: Columns, mask, settings, scaling, made_once: MadeOnce = made_every_time
+) -> Compressed:
     """In each chunk, keep the chunk / f keys of largest L2 norm (padding has norm 0)."""
     chunk = _selection_chunk(settings)
     kept = chunk // settings.sparsity_factor
@@ -65,41 +82,66 @@ def sparse_by_norm(queries, keys, columns: Columns, mask, settings, scaling) -> 
     return _gather_tokens(keys, columns, mask, token_index)
 
 
-def sparse_by_pooling(queries, keys, columns: Columns, mask, settings, scaling) -> Compressed:
+def sparse_by_pooling(
+    queries, keys, columns: Columns, mask, settings, scaling, made_once: MadeOnce = made_every_time
+) -> Compressed:
     """Masked mean of each window of f consecutive keys (and columns)."""
     factor = settings.sparsity_factor
     batch, length = mask.shape
-    window_mask = mask.view(batch, 1, length // factor, factor, 1).to(keys.dtype)
-    counts = window_mask.sum(dim=-2)  # (B, 1, T / f, 1)
-    denominator = counts.clamp(min=1)
+
+    def window_weights():  # of the token mask alone
+        window_mask = mask.view(batch, 1, length // factor, factor, 1).to(keys.dtype)
+        counts = window_mask.sum(dim=-2)  # (B, 1, T / f, 1)
+        return window_mask, counts.clamp(min=1), counts.squeeze(-1) > 0
+
+    window_mask, denominator, pooled_mask = made_once(("pooling weights", keys.dtype), window_weights)
 
     def pooled(x):  # (B, H, T, width) -> (B, H, T / f, width)
         return (x.unflatten(2, (-1, factor)) * window_mask).sum(dim=-2) / denominator
 
-    return pooled(keys), [pooled(column) for column in columns], counts.squeeze(-1) > 0
+    return pooled(keys), [pooled(column) for column in columns], pooled_mask
 
 
-def sparse_by_stride(queries, keys, columns: Columns, mask, settings, scaling) -> Compressed:
+def sparse_by_stride(
+    queries, keys, columns: Columns, mask, settings, scaling, made_once: MadeOnce = made_every_time
+) -> Compressed:
     """Head j keeps tokens k * f + (j mod f)."""
-    factor = settings.sparsity_factor
-    heads, length = keys.shape[1], keys.shape[2]
-    head_offset = (torch.arange(heads, device=keys.device) % factor).view(1, heads, 1)
-    token_index = torch.arange(0, length, factor, device=keys.device).view(1, 1, -1) + head_offset
-    return _gather_tokens(keys, columns, mask, token_index)
+    token_index = stride_token_index(keys.shape[1], keys.shape[2], settings.sparsity_factor, keys.device)
+    selected_mask = made_once(("stride mask", keys.shape[1]), lambda: _selected_mask(mask, token_index))
+    return _gather_tokens(keys, columns, mask, token_index, selected_mask)
 
 
-def sparse_by_block_stride(queries, keys, columns: Columns, mask, settings, scaling) -> Compressed:
+@shape_cached
+def stride_token_index(heads: int, length: int, factor: int, device: torch.device) -> torch.Tensor:
+    """(1, H, T / f): the tokens head j keeps, k * f + (j mod f); made once per shape."""
+    head_offset = (torch.arange(heads, device=device) % factor).view(1, heads, 1)
+    return torch.arange(0, length, factor, device=device).view(1, 1, -1) + head_offset
+
+
+def sparse_by_block_stride(
+    queries, keys, columns: Columns, mask, settings, scaling, made_once: MadeOnce = made_every_time
+) -> Compressed:
     """Head j keeps, in every block, the b / f consecutive tokens from offset (j * b / f) mod b."""
-    block, factor = settings.block_size, settings.sparsity_factor
+    token_index = block_stride_token_index(
+        keys.shape[1], keys.shape[2], settings.block_size, settings.sparsity_factor, keys.device
+    )
+    selected_mask = made_once(("block_stride mask", keys.shape[1]), lambda: _selected_mask(mask, token_index))
+    return _gather_tokens(keys, columns, mask, token_index, selected_mask)
+
+
+@shape_cached
+def block_stride_token_index(heads: int, length: int, block: int, factor: int, device: torch.device) -> torch.Tensor:
+    """(1, H, T / f): the tokens head j keeps, in every block the b / f from offset (j * b / f) mod b; made
+    once per shape."""
     kept = block // factor
-    heads, length = keys.shape[1], keys.shape[2]
-    offsets = torch.arange(kept, device=keys.device).view(1, -1) + torch.arange(heads, device=keys.device).view(-1, 1) * kept
-    block_start = torch.arange(0, length, block, device=keys.device).view(-1, 1, 1)
-    token_index = (offsets % block + block_start).permute(1, 0, 2).reshape(1, heads, -1)  # (1, H, T / f)
-    return _gather_tokens(keys, columns, mask, token_index)
+    offsets = torch.arange(kept, device=device).view(1, -1) + torch.arange(heads, device=device).view(-1, 1) * kept
+    block_start = torch.arange(0, length, block, device=device).view(-1, 1, 1)
+    return (offsets % block + block_start).permute(1, 0, 2).reshape(1, heads, -1)
 
 
-def sparse_by_bos_pooling(queries, keys, columns: Columns, mask, settings, scaling) -> Compressed:
+def sparse_by_bos_pooling(
+    queries, keys, columns: Columns, mask, settings, scaling, made_once: MadeOnce = made_every_time
+) -> Compressed:
     """In each window of f tokens, mean weighted by softmax(q_first . k * scaling), q_first = first real token.
 
     A window of padding only is masked (the 2023 reference left it unmasked, so its rows depended on
@@ -107,15 +149,16 @@ def sparse_by_bos_pooling(queries, keys, columns: Columns, mask, settings, scali
     factor = settings.sparsity_factor
     window_keys = keys.unflatten(2, (-1, factor))  # (B, H, T / f, f, D)
     window_mask = mask.view(mask.shape[0], 1, -1, factor)
+    hidden, window_valid = made_once("bos_pooling masks", lambda: (~window_mask, window_mask.any(dim=-1)))
     first_query = queries[:, :, :1, None, :]  # (B, H, 1, 1, D)
     scores = (window_keys * first_query).sum(dim=-1) * scaling  # (B, H, T / f, f)
-    scores = scores.masked_fill(~window_mask, torch.finfo(scores.dtype).min)
+    scores = scores.masked_fill(hidden, torch.finfo(scores.dtype).min)
     weights = scores.softmax(dim=-1).unsqueeze(-1)
 
     def weighted(x):  # (B, H, T, width) -> (B, H, T / f, width)
         return (weights * x.unflatten(2, (-1, factor))).sum(dim=-2)
 
-    return weighted(keys), [weighted(column) for column in columns], window_mask.any(dim=-1)
+    return weighted(keys), [weighted(column) for column in columns], window_valid
 
 
 def lsh_hyperplanes(
@@ -152,7 +195,9 @@ def _lsh_round(keys, columns: Columns, weights, buckets: int, generator: torch.G
     return bucket_sums(keys), [bucket_sums(column) for column in columns], bucket_sums(weights)
 
 
-def sparse_by_lsh(queries, keys, columns: Columns, mask, settings, scaling) -> Compressed:
+def sparse_by_lsh(
+    queries, keys, columns: Columns, mask, settings, scaling, made_once: MadeOnce = made_every_time
+) -> Compressed:
     """Average keys that hash together: chunks of min(b, s), pre-rounds into `chunk` buckets, then chunk / f."""
     chunk = _selection_chunk(settings)
     batch, heads = keys.shape[:2]
@@ -173,7 +218,9 @@ def sparse_by_lsh(queries, keys, columns: Columns, mask, settings, scaling) -> C
     )
 
 
-def sparse_every_token(queries, keys, columns: Columns, mask, settings, scaling) -> Compressed:
+def sparse_every_token(
+    queries, keys, columns: Columns, mask, settings, scaling, made_once: MadeOnce = made_every_time
+) -> Compressed:
     """sparsity_factor == 1: every token is a sparse token."""
     return keys, list(columns), mask[:, None, :]
 
@@ -203,6 +250,7 @@ def sparse_context(
     with_positions: bool = False,
     with_token_weights: bool = False,
     every_token_valid: bool = False,
+    made_once: MadeOnce = made_every_time,
 ) -> SparseContext:
     """The sparse context of the tokens: queries, keys, values (B, H, T, D), mask (B, T) bool.
 
@@ -211,7 +259,9 @@ def sparse_context(
     `SparseContext.token_weights`) with `with_token_weights`. `every_token_valid`: the caller knows,
     without reading `mask`, that it masks no token; every compressed key is then valid too
     (`SparseContext.every_key_valid`), except with lsh, whose empty buckets are masked. The mask of the
-    compressed keys is made from `mask` alone, except with norm and lsh (`MASK_READS_KEYS`).
+    compressed keys is made from `mask` alone, except with norm and lsh (`MASK_READS_KEYS`); what the
+    compressors make from `mask` alone goes through `made_once` (the forward pass's memo,
+    `TokenAttention.made_once`: made by its first layer).
     """
     compress = sparse_every_token if settings.sparsity_factor == 1 else SPARSE_COMPRESSORS[settings.sparsity_type]
     batch, heads, length, _ = keys.shape
@@ -223,7 +273,7 @@ def sparse_context(
         columns["key_rows"] = key_rows
     if with_token_weights:
         columns["token_weights"] = torch.eye(length, dtype=values.dtype, device=keys.device).expand(batch, heads, -1, -1)
-    sparse_keys, compressed, sparse_mask = compress(queries, keys, list(columns.values()), mask, settings, scaling)
+    sparse_keys, compressed, sparse_mask = compress(queries, keys, list(columns.values()), mask, settings, scaling, made_once)
     compressed = dict(zip(columns, compressed))
     positions = compressed.get("positions")
     return SparseContext(
