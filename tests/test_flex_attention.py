@@ -129,6 +129,9 @@ def tile_geometries():
                    num_global_tokens=num_global, legacy_sparse_window=block == factor), causal
 
 
+SPARSE_TILE_GEOMETRIES = [geometry for geometry in tile_geometries() if geometry[0]["sparsity_type"] != "none"]
+
+
 def geometry_id(value):
     return ("causal" if value else "bidirectional") if isinstance(value, bool) else "-".join(map(str, value.values()))
 
@@ -217,9 +220,7 @@ def test_full_tiles_of_the_whole_sequence_are_tiles_whose_every_query_sees_every
     assert not (full & partial).any() and torch.equal(full | partial, read)  # the same tiles read
 
 
-@pytest.mark.parametrize(
-    "settings, causal", [geometry for geometry in tile_geometries() if geometry[0]["sparsity_type"] != "none"], ids=geometry_id
-)
+@pytest.mark.parametrize("settings, causal", SPARSE_TILE_GEOMETRIES, ids=geometry_id)
 @pytest.mark.parametrize("blocks, tile", [(6, 8), (9, 16)])
 def test_full_tiles_of_the_whole_sequence_with_every_sparse_key_valid_are_tiles_whose_every_query_sees_every_key(
     settings, causal, blocks, tile
@@ -287,6 +288,7 @@ def test_unpadded_tokens_of_whole_blocks_with_sparse_keys_make_no_host_sync():
     config = lsg_config(block_size=8, sparse_block_size=8, sparsity_type="norm", num_global_tokens=1)
     query, key, value = random_qkv(2, 1 + 80)
     attend = lambda: lsg_self_attention(query, key, value, None, config, backend="flex_attention")  # noqa: E731
+    torch.compiler.reset()  # uncompiled flex_attention runs through torch.compile: no recompiles piled up by other tests
     with torch.no_grad():
         attend()  # the tile structure, made once per shape
 
@@ -342,9 +344,7 @@ def test_a_row_padded_at_a_block_edge_reads_full_tiles_of_its_tokens_only():
     assert structure.full_kv_num_blocks[1, 0].tolist() == [2] + [3] * 6 + [2] + [0] * 8
 
 
-@pytest.mark.parametrize(
-    "settings, causal", [geometry for geometry in tile_geometries() if geometry[0]["sparsity_type"] != "none"], ids=geometry_id
-)
+@pytest.mark.parametrize("settings, causal", SPARSE_TILE_GEOMETRIES, ids=geometry_id)
 @pytest.mark.parametrize("num_tokens, tile", [(50, 8), (97, 16)])
 def test_whole_sequence_block_structure_reads_every_tile_holding_a_visible_key_of_the_sparse_segment(
     settings, causal, num_tokens, tile
