@@ -64,6 +64,7 @@ from .lsg_pattern import (
     PositionTerms,
     TokenAttention,
     TokenOutput,
+    constant,
     global_query_positions,
     sdpa_dense_attention,
     sequence_positions,
@@ -510,19 +511,13 @@ def _cpu_graph_operand(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-@shape_cached
-def _zero(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A zero of `dtype` on `device`, made once: the padding rows of `_laid_out` are views of it."""
-    return torch.zeros((), dtype=dtype, device=device)
-
-
 def _laid_out(pieces: list[torch.Tensor], segment_ends: tuple[int, ...]) -> torch.Tensor:
     """(B, H, n_i, ...) per segment -> (B, H, length, ...), segment i over rows [end_(i-1), end_i), zeros
     after its piece: one copy."""
     parts = []
     for piece, segment_start, segment_end in zip(pieces, (0, *segment_ends), segment_ends):
         padding_rows = segment_end - segment_start - piece.shape[2]
-        parts += [piece, _zero(piece.dtype, piece.device).expand(*piece.shape[:2], padding_rows, *piece.shape[3:])]
+        parts += [piece, constant(0, piece.dtype, piece.device).expand(*piece.shape[:2], padding_rows, *piece.shape[3:])]
     return torch.cat(parts, dim=2)
 
 
@@ -642,7 +637,7 @@ class FlexBackend:
         segment_ends = (layout.token_offset, layout.sparse_offset, layout.length)
 
         def no_sparse(x: torch.Tensor) -> torch.Tensor:  # an empty sparse segment shaped like x (B, H, n, ...)
-            return _zero(x.dtype, x.device).expand(x.shape[0], x.shape[1], 0, *x.shape[3:])
+            return constant(0, x.dtype, x.device).expand(x.shape[0], x.shape[1], 0, *x.shape[3:])
 
         token_keys, token_values = job.keys.transpose(1, 2), job.values.transpose(1, 2)  # (B, H, T, D)
         tokens = token_keys.shape[2]

@@ -631,8 +631,9 @@ def additive_mask(
     a query whose keys are all masked gets no NaN. allowed None (every key): `scores`, or None."""
     if allowed is None:
         return None if scores is None else scores.to(dtype)
-    kept = torch.zeros((), dtype=dtype, device=allowed.device) if scores is None else scores.to(dtype)
-    return torch.where(allowed, kept, torch.finfo(dtype).min)
+    kept = constant(0.0, dtype, allowed.device) if scores is None else scores.to(dtype)
+    return torch.where(allowed, kept, constant(torch.finfo(dtype).min, dtype, allowed.device))
+
 
 
 def drop_keys(allowed: torch.Tensor, groups_shape: torch.Size, num_keys: int, dropout: float) -> torch.Tensor:
@@ -848,6 +849,13 @@ def shape_cached(function: Callable[..., Any]) -> Callable[..., Any]:
 
     made.cache_info, made.cache_clear = cached.cache_info, cached.cache_clear
     return made
+
+
+@shape_cached
+def constant(value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """`value` as a 0-dimensional tensor of `dtype` on `device`, made once (a Python number would be made
+    into one in every call): for masks filled with it and rows padded with its views."""
+    return torch.tensor(value, dtype=dtype, device=device)
 
 
 # The padding mask of the forward pass running and what its layers made from it (`share_padding`)

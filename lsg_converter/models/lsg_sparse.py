@@ -77,9 +77,14 @@ def sparse_by_norm(
         key_norms = keys.norm(dim=-1) * mask[:, None, :]  # (B, H, T)
         key_norms = key_norms.view(batch, heads, length // chunk, chunk)
         local_index = key_norms.topk(kept, dim=-1, sorted=False).indices  # (B, H, T / chunk, kept)
-        chunk_start = torch.arange(0, length, chunk, device=keys.device).view(1, 1, -1, 1)
-        token_index = (local_index + chunk_start).flatten(2)  # (B, H, T / f)
+        token_index = (local_index + chunk_starts(length, chunk, keys.device)).flatten(2)  # (B, H, T / f)
     return _gather_tokens(keys, columns, mask, token_index)
+
+
+@shape_cached
+def chunk_starts(length: int, chunk: int, device: torch.device) -> torch.Tensor:
+    """(1, 1, T / chunk, 1): the first token of each chunk; made once per shape."""
+    return torch.arange(0, length, chunk, device=device).view(1, 1, -1, 1)
 
 
 def sparse_by_pooling(
