@@ -635,7 +635,6 @@ def additive_mask(
     return torch.where(allowed, kept, constant(torch.finfo(dtype).min, dtype, allowed.device))
 
 
-
 def drop_keys(allowed: torch.Tensor, groups_shape: torch.Size, num_keys: int, dropout: float) -> torch.Tensor:
     """Attention dropout as DropKey (Li et al., CVPR 2023) at group granularity: in each group of
     queries (a block, per head) every key is hidden with probability `dropout` before the softmax.
