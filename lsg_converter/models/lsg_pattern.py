@@ -526,12 +526,17 @@ class TokenAttention:
         return made_once(self.padding_memo, key, make)
 
     @property
+    def sparse_mask_of_padding_alone(self) -> bool:
+        """Whether the sparse keys' mask depends on the padding alone: no sparse keys, or a mask made from the
+        token mask alone (`SparseContext.mask_of_tokens_alone`)."""
+        return self.sparse is None or self.sparse.mask_of_tokens_alone
+
+    @property
     def masks_of_padding_alone(self) -> bool:
-        """Whether the blocks' masks depend on the padding alone (no DropKey or position terms, no sparse keys
-        or sparse keys whose mask is made from the token mask alone, `SparseContext.mask_of_tokens_alone`):
-        what is made from them is then made once per forward pass (`made_once`)."""
-        sparse_of_padding = self.sparse is None or self.sparse.mask_of_tokens_alone
-        return sparse_of_padding and self.kept is None and self.positions is None
+        """Whether the blocks' masks depend on the padding alone (no DropKey or position terms, and
+        `sparse_mask_of_padding_alone`): what is made from them is then made once per forward pass
+        (`made_once`)."""
+        return self.sparse_mask_of_padding_alone and self.kept is None and self.positions is None
 
     @property
     def real_rows(self) -> torch.Tensor | None:
@@ -772,8 +777,10 @@ def block_dropout(job: TokenAttention, heads: int, dropout: float) -> torch.Tens
     """The keys DropKey leaves each block: (B, nb, H, 1 or b, K) bool (see `drop_keys`), drawn in every
     layer from the keys each block may attend to (made once per forward pass where no sparse mask reads the
     keys, `SparseContext.mask_of_tokens_alone`)."""
-    of_padding_alone = job.sparse is None or job.sparse.mask_of_tokens_alone
-    allowed = job.made_once("allowed keys", lambda: block_mask(job)) if of_padding_alone else block_mask(job)
+    if job.sparse_mask_of_padding_alone:
+        allowed = job.made_once("allowed keys", lambda: block_mask(job))
+    else:
+        allowed = block_mask(job)
     batch, num_blocks = allowed.shape[:2]
     kept = drop_keys(allowed.flatten(0, 1), (batch * num_blocks, heads), allowed.shape[-1], dropout)
     return kept.unflatten(0, (batch, num_blocks))
