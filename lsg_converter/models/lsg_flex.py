@@ -160,7 +160,7 @@ def tile_structure(
     Index arithmetic on the pattern, on `device`: per query tile, the range of keys of each window of
     `KeyPattern.key_windows` its blocks see, then the tiles those ranges touch: (R, nq, nk) booleans
     (inside a compiled graph, device ops that CUDA graphs can capture)."""
-    block, step = pattern.block_size, pattern.compressed_per_block
+    block = pattern.block_size
     padded_tokens = _round_up(num_tokens, block)
     layout = KeyLayout.of(pattern, padded_tokens, tile, num_tokens if whole_sequence else None)
     query_rows = layout.query_offset + num_tokens
@@ -179,7 +179,7 @@ def tile_structure(
     sources = {  # where each source's rows start in the layout, and the rows [first, end) of its valid keys
         "global": (0, 0, pattern.num_global),
         "local": (layout.token_offset, token_first, token_end),
-        "sparse": (layout.sparse_offset, 0, padded_tokens // block * step),
+        "sparse": (layout.sparse_offset, 0, layout.sparse_end - layout.sparse_offset),
     }
     tile_start = torch.arange(0, layout.length, tile, device=device)  # (nk,)
     needed = torch.zeros(1, len(first_row), len(tile_start), dtype=torch.bool, device=device)  # (R, nq, nk)

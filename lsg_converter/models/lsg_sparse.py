@@ -47,17 +47,15 @@ def _selection_chunk(settings: Any) -> int:
     return chunk
 
 
-def _gather_tokens(keys, columns: Columns, mask, token_index, selected_mask=None) -> Compressed:
+def _gather_tokens(keys, columns: Columns, token_index, selected_mask) -> Compressed:
     """Pick tokens per head. token_index: (B or 1, H, L) positions in the token sequence; selected_mask: the
-    mask at those positions, (B, H, L), where the caller has it."""
+    token mask at those positions, (B, H, L) (`_selected_mask`)."""
     batch, heads = keys.shape[:2]
     token_index = token_index.expand(batch, heads, -1)
 
     def rows(x):  # (B, H, T, width) -> (B, H, L, width)
         return x.gather(2, token_index.unsqueeze(-1).expand(-1, -1, -1, x.shape[-1]))
 
-    if selected_mask is None:
-        selected_mask = _selected_mask(mask, token_index)
     return rows(keys), [rows(column) for column in columns], selected_mask
 
 
@@ -78,7 +76,7 @@ def sparse_by_norm(
         key_norms = key_norms.view(batch, heads, length // chunk, chunk)
         local_index = key_norms.topk(kept, dim=-1, sorted=False).indices  # (B, H, T / chunk, kept)
         token_index = (local_index + chunk_starts(length, chunk, keys.device)).flatten(2)  # (B, H, T / f)
-    return _gather_tokens(keys, columns, mask, token_index)
+    return _gather_tokens(keys, columns, token_index, _selected_mask(mask, token_index))
 
 
 @shape_cached
@@ -113,7 +111,7 @@ def sparse_by_stride(
     """Head j keeps tokens k * f + (j mod f)."""
     token_index = stride_token_index(keys.shape[1], keys.shape[2], settings.sparsity_factor, keys.device)
     selected_mask = made_once(("stride mask", keys.shape[1]), lambda: _selected_mask(mask, token_index))
-    return _gather_tokens(keys, columns, mask, token_index, selected_mask)
+    return _gather_tokens(keys, columns, token_index, selected_mask)
 
 
 @shape_cached
@@ -131,7 +129,7 @@ def sparse_by_block_stride(
         keys.shape[1], keys.shape[2], settings.block_size, settings.sparsity_factor, keys.device
     )
     selected_mask = made_once(("block_stride mask", keys.shape[1]), lambda: _selected_mask(mask, token_index))
-    return _gather_tokens(keys, columns, mask, token_index, selected_mask)
+    return _gather_tokens(keys, columns, token_index, selected_mask)
 
 
 @shape_cached
