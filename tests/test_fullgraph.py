@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import flex_attention
 
-from helpers import padding_mask, save_tiny_source
-from lsg_converter import LSGBertConfig, LSGBertForMaskedLM, LSGBertModel, LSGConverter
+from helpers import padding_mask, run_without_lsg_converter, save_tiny_source
+from lsg_converter import LSGBertConfig, LSGBertForMaskedLM, LSGBertModel, LSGConverter, save_converted
 from lsg_converter.models import lsg_attention, lsg_flex
 from lsg_converter.models.lsg_attention import lsg_self_attention
 
@@ -91,6 +91,34 @@ def test_a_training_step_traces_as_one_graph_with_dropout(converted):
     finally:
         model.config.attention_probs_dropout_prob = 0.0
         model.eval()
+
+
+def test_a_saved_model_loaded_with_its_code_compiles_without_an_lru_cache_warning(tmp_path):
+    """transformers loads a saved model's config class and model classes from two copies of its code: the
+    settings the config resolves (another copy's class) reach a compiled forward as the model's settings,
+    not through `LSGSettings.of`'s cache, on which dynamo warns (UserWarning, on stderr)."""
+    source = save_tiny_source(tmp_path / "source", "bert", "BertForMaskedLM")
+    model, tokenizer = LSGConverter(max_sequence_length=512).convert_from_pretrained(
+        str(source), block_size=16, sparse_block_size=16, sparsity_type="norm", num_global_tokens=1
+    )
+    folder = save_converted(model, tokenizer, tmp_path / "saved")
+
+    process = run_without_lsg_converter(
+        f"""
+        import warnings, torch, transformers
+        warnings.simplefilter("always")
+        model = transformers.AutoModelForMaskedLM.from_pretrained({str(folder)!r}, trust_remote_code=True).eval()
+        compiled = torch.compile(model, backend="eager", fullgraph=True)  # dynamo traces as inductor would
+        with torch.no_grad():
+            compiled(input_ids=torch.randint(5, 90, (2, {TOKENS})))
+        print("COMPILED", type(model).__module__)
+        """,
+        cwd=tmp_path,
+    )
+
+    assert process.returncode == 0, process.stderr[-2000:]
+    assert "COMPILED transformers_modules." in process.stdout, process.stdout
+    assert "lru_cache" not in process.stderr + process.stdout, process.stderr[-2000:]
 
 
 def test_a_call_without_a_mask_reaches_the_attention_as_no_mask(monkeypatch):
