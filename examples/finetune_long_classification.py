@@ -30,6 +30,7 @@ import hashlib
 import importlib.util
 import itertools
 import json
+import math
 import os
 import random
 import tempfile
@@ -67,6 +68,17 @@ GENRE_OF_FOLDER = {
     "tragedies": "tragedy",
 }
 TINY_BLOCK_SIZE = 16
+# The least value of each whole-number option (those that may be left out: when given)
+MINIMUMS = {
+    "max_len": 16,
+    "batch_size": 1,
+    "logging_steps": 1,
+    "seed": 0,
+    "train_plays": 1,
+    "eval_plays": 1,
+    "train_excerpts_per_play": 1,
+    "eval_excerpts_per_play": 1,
+}
 
 
 def label_names() -> dict[str, dict]:
@@ -284,7 +296,8 @@ def train_and_evaluate(
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """The command line options, checked (`argv` None: sys.argv)."""
+    """The command line options, every number checked before anything runs (`argv` None: sys.argv): a
+    value out of range exits with argparse's error (status 2)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-len", type=int, default=4096, help="tokens per excerpt, read whole by the LSG model")
     parser.add_argument("--epochs", type=float, default=1.0, help="training epochs (ignored when --max-steps > 0)")
@@ -306,13 +319,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="tiny random BERT source (MiniLM's tokenizer, 128 positions, LSG blocks of 16), for tests")
     parser.add_argument("--output-dir", default="./finetune-long-classification", help="results and trainer files")
     args = parser.parse_args(argv)
-    if args.max_len < 16:
-        parser.error(f"--max-len must be at least 16 tokens, got {args.max_len}")
+    for option, minimum in MINIMUMS.items():
+        value = getattr(args, option)
+        if value is not None and value < minimum:
+            parser.error(f"--{option.replace('_', '-')} must be at least {minimum}, got {value}")
+    if args.seed >= 2**32:
+        parser.error(f"--seed must be below 2**32 (numpy's seeds), got {args.seed}")
+    if args.max_steps == 0 or args.max_steps < -1:
+        parser.error(f"--max-steps must be -1 (train --epochs) or at least 1, got {args.max_steps}")
+    for option in ("epochs", "learning_rate"):
+        value = getattr(args, option)
+        if not (math.isfinite(value) and value > 0):
+            parser.error(f"--{option.replace('_', '-')} must be a positive number, got {value}")
     if not 0 < args.eval_fraction < 1:
         parser.error(f"--eval-fraction must be between 0 and 1, got {args.eval_fraction}")
-    for option in ("train_plays", "eval_plays", "train_excerpts_per_play", "eval_excerpts_per_play"):
-        if getattr(args, option) is not None and getattr(args, option) < 1:
-            parser.error(f"--{option.replace('_', '-')} must be at least 1")
     return args
 
 

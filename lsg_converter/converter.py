@@ -182,7 +182,9 @@ class LSGConverter:
         tokenizer = load_tokenizer(source, token, source_config, record)
         with torch.random.fork_rng(devices=[]), running_out_of_memory_refused(self.max_sequence_length):
             torch.manual_seed(self.seed)
-            model, loading_info = load_model(lsg_class, source, config, token)
+            model, loading_info = load_model(
+                lsg_class, source, config, token, source_labels=source_config.num_labels
+            )
             report_loading(model, loading_info, kept)
             model.lsg_new_weights = new_weights(loading_info)  # the card says they are random
             config = model.config

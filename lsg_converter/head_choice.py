@@ -10,11 +10,14 @@ from transformers import PreTrainedModel
 from transformers.utils import logging
 
 from .architectures import Architecture
-from .errors import CorruptCheckpointError, listed
-from .loading import load_model, loading_messages_hidden, new_weights
+from .errors import CorruptCheckpointError, InvalidSettingsError, listed
+from .loading import load_model, loading_messages_hidden, missing_weights
 from .lsg_config import build_lsg_config
 
 logger = logging.get_logger(__name__)
+
+# The heads with labels (a classifier of config.num_labels outputs): those num_labels= acts on.
+LABELLED_HEAD_SUFFIXES = ("ForSequenceClassification", "ForTokenClassification")
 
 
 @dataclass
@@ -25,6 +28,7 @@ class DryRun:
     config: Any
     model: PreTrainedModel  # on the meta device: shapes only
     missing: list[str]  # weights the source lacks (newly initialised), the global token table aside
+    # (a classifier the source has for another number of labels is not: see `loading.load_model`)
     unexpected: set[str]  # source tensors the class does not hold
 
 
@@ -33,8 +37,10 @@ def _dry_run(
 ) -> DryRun:
     config = build_lsg_config(arch, source_config, lsg_class, settings)
     with loading_messages_hidden():
-        model, info = load_model(lsg_class, source, config, token, device_map="meta")
-    return DryRun(lsg_class, config, model, new_weights(info), set(info["unexpected_keys"]))
+        model, info = load_model(
+            lsg_class, source, config, token, device_map="meta", source_labels=source_config.num_labels
+        )
+    return DryRun(lsg_class, config, model, missing_weights(info), set(info["unexpected_keys"]))
 
 
 def choose_head(
@@ -47,7 +53,41 @@ def choose_head(
 ) -> DryRun:
     """The head to build, tried on the meta device: `architecture` when asked for; else the source
     config's first architecture if the weights hold it; else the head whose weights the source holds
-    (of those, the one that leaves the fewest source tensors unused; the bare model if none)."""
+    (of those, the one that leaves the fewest source tensors unused; the bare model if none).
+
+    InvalidSettingsError where `settings` give num_labels and that head has no labels (`check_labels_apply`)."""
+    run = _chosen_head(arch, source, source_config, settings, architecture, token)
+    check_labels_apply(arch, run.lsg_class, settings, architecture)
+    return run
+
+
+def check_labels_apply(arch: Architecture, lsg_class: type, settings: dict[str, Any], architecture: str | None) -> None:
+    """InvalidSettingsError where `settings` give num_labels and `lsg_class` (the head built: `architecture`,
+    else the source's) is no head with labels (`LABELLED_HEAD_SUFFIXES`): the number would set nothing."""
+    labels = settings.get("num_labels")
+    if labels is None or lsg_class.__name__.endswith(LABELLED_HEAD_SUFFIXES):
+        return
+    labelled = [head for head in arch.heads if head.endswith(LABELLED_HEAD_SUFFIXES)]
+    built = f"architecture={architecture}" if architecture else "the source's head"
+    advice = (
+        f"pass architecture= with one of {', '.join(labelled)}, or leave num_labels= out"
+        if labelled
+        else f"no {arch.model_type} head has labels: leave num_labels= out"
+    )
+    raise InvalidSettingsError(
+        f"num_labels={labels} sets the labels of a classification head, and this conversion builds "
+        f"{lsg_class.__name__} ({built}): {advice}."
+    )
+
+
+def _chosen_head(
+    arch: Architecture,
+    source: str,
+    source_config: Any,
+    settings: dict[str, Any],
+    architecture: str | None,
+    token: Any,
+) -> DryRun:
     def attempt(head: str) -> DryRun:
         return _dry_run(arch, source, source_config, settings, arch.lsg_class(head), token)
 

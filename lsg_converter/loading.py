@@ -38,23 +38,54 @@ MIN_VOCABULARY_SHARE = 0.5
 
 
 def load_model(
-    lsg_class: type, source: str, config: Any, token: str | bool | None, device_map: str | None = None
+    lsg_class: type,
+    source: str,
+    config: Any,
+    token: str | bool | None,
+    device_map: str | None = None,
+    source_labels: int | None = None,
 ) -> tuple[PreTrainedModel, dict[str, Any]]:
-    """`lsg_class` loaded from `source` with `config`, and transformers' loading info (missing and
-    unexpected keys). The load report is not logged: `report_loading` says what matters.
-    A `device_map` (the converter's dry runs on the meta device) needs accelerate."""
+    """`lsg_class` loaded from `source` with `config`, and transformers' loading info (missing,
+    unexpected and mismatched keys). The load report is not logged: `report_loading` says what matters.
+    A `device_map` (the converter's dry runs on the meta device) needs accelerate.
+
+    `source_labels` is the number of labels of the source's config: where `config` has another
+    (num_labels=), the source weights sized by the labels (a classifier's) are newly initialised at
+    config.num_labels, and listed as the loading info's mismatched keys. Any other weight whose shape
+    is not the model's is a CorruptCheckpointError."""
     if device_map is not None:
         require("accelerate", f"Converting {source!r} (its heads are tried on the {device_map} device)")
+    relabel = source_labels is not None and source_labels != config.num_labels
     try:
         with _load_report_hidden():
-            return lsg_class.from_pretrained(
-                source, config=config, token=token, device_map=device_map, output_loading_info=True
+            model, loading_info = lsg_class.from_pretrained(
+                source, config=config, token=token, device_map=device_map, output_loading_info=True,
+                ignore_mismatched_sizes=relabel,
             )
     except (SafetensorError, pickle.UnpicklingError, EOFError, RuntimeError, OSError, ValueError) as error:
         raise CorruptCheckpointError(
             f"Cannot read the weights of {source!r} ({one_line(error, 200)}): the file is truncated "
             "or corrupt, or does not match its config.json; download or save the model again."
         ) from error
+    misfits = [
+        f"{name} {list(theirs)} (the model's: {list(ours)})"
+        for name, theirs, ours in sorted(loading_info["mismatched_keys"])
+        if not _sized_by_labels(theirs, ours, source_labels, config.num_labels)
+    ]
+    if misfits:
+        raise CorruptCheckpointError(
+            f"The weights of {source!r} do not match its config.json ({listed(misfits, 2)}): download or save the "
+            "model again."
+        )
+    return model, loading_info
+
+
+def _sized_by_labels(theirs: Iterable[int], ours: Iterable[int], source_labels: int | None, labels: int) -> bool:
+    """Whether a source weight of shape `theirs` and the model's of shape `ours` differ only in one size, the
+    source's number of labels in `theirs` and the model's in `ours` (a classifier's rows)."""
+    theirs, ours = tuple(theirs), tuple(ours)
+    differing = [(mine, other) for mine, other in zip(theirs, ours) if mine != other]
+    return len(theirs) == len(ours) and differing == [(source_labels, labels)]
 
 
 def load_tokenizer(
@@ -209,9 +240,15 @@ def drop_source_lengths(tokenizer: PreTrainedTokenizerBase) -> None:
         tokenizer.init_kwargs.pop(key, None)
 
 
-def new_weights(loading_info: dict[str, Any]) -> list[str]:
-    """The weights a load initialised afresh, but the global token table (the converter fills it)."""
+def missing_weights(loading_info: dict[str, Any]) -> list[str]:
+    """The weights the source lacks, but the global token table (the converter fills it)."""
     return sorted(key for key in loading_info["missing_keys"] if "global_embeddings." not in key)
+
+
+def new_weights(loading_info: dict[str, Any]) -> list[str]:
+    """The weights a load initialised afresh: those the source lacks and those it has for another number
+    of labels (see `load_model`)."""
+    return sorted(missing_weights(loading_info) + [name for name, _, _ in loading_info["mismatched_keys"]])
 
 
 def kept_weights(files: list[Path], unexpected: set[str], lsg_class: type) -> dict[str, dict[str, Any]]:
@@ -233,12 +270,19 @@ def kept_weights(files: list[Path], unexpected: set[str], lsg_class: type) -> di
 
 
 def report_loading(model: PreTrainedModel, loading_info: dict[str, Any], kept: dict[str, Any]) -> None:
-    """One line for the newly initialised weights, one for the kept source tensors, one for any dropped."""
+    """One line for the weights the source lacks, one for those it has for another number of labels, one
+    for the kept source tensors, one for any dropped."""
     name = type(model).__name__
-    new = new_weights(loading_info)
-    if new:
+    missing = missing_weights(loading_info)
+    if missing:
         logger.warning(
-            f"{name} is a new head for this source: {listed(new)} are newly initialised (random); train them before use."
+            f"{name} is a new head for this source: {listed(missing)} are newly initialised (random); train them before use."
+        )
+    resized = [f"{key} {list(theirs)} -> {list(ours)}" for key, theirs, ours in sorted(loading_info["mismatched_keys"])]
+    if resized:
+        logger.warning(
+            f"{name} has a new classifier for num_labels={model.config.num_labels}: {listed(resized)} are newly "
+            "initialised (random), replacing the source's; train them before use."
         )
     if kept:
         logger.warning(f"{name} does not use {listed(kept)} of the source: kept in the model under their own names.")

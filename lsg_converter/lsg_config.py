@@ -100,7 +100,13 @@ def resolve_settings(
     asked for, plus block_size's default where the source is not LSG and none was asked for
     (`positions.window_block_size`). InvalidSettingsError if they cannot work at `max_length` tokens in
     the head built (`architecture`, else the one the source's config names: a causal one refuses what
-    a decoder cannot run), or if `max_length` is below the positions the source reads."""
+    a decoder cannot run), if `max_length` is below the positions the source reads, or if num_labels is
+    no positive whole number."""
+    labels = lsg_kwargs.get("num_labels")
+    if labels is not None and (isinstance(labels, bool) or not isinstance(labels, int) or labels < 1):
+        raise InvalidSettingsError(
+            f"num_labels={labels!r} is no number of labels: use a whole number of at least 1."
+        )
     positions = arch.layout.max_input_length(source_config)
     if max_length < positions:
         raise InvalidSettingsError(

@@ -35,7 +35,7 @@ from transformers import AutoConfig
 from transformers.utils import CONFIG_NAME
 from transformers.utils import logging
 
-from .architectures import find_architecture
+from .architectures import ARCHITECTURES, find_architecture
 from .errors import CorruptCheckpointError, HubError, SourceNotFoundError, one_line
 
 logger = logging.get_logger(__name__)
@@ -255,7 +255,8 @@ def load_source_config(source: str, token: str | bool | None, record: ModelInfo 
 
 
 def _load_local_config(source: str, folder: Path) -> Any:
-    """The config of the model saved in `folder`; SourceNotFoundError when the folder holds no model."""
+    """The config of the model saved in `folder`; SourceNotFoundError when the folder holds no model,
+    CorruptCheckpointError when its config.json cannot be read or names architectures but no model_type."""
     config_file = folder / "config.json"
     if not folder.is_dir():
         raise SourceNotFoundError(f"{source} is a file: give the folder the model was saved to.")
@@ -265,8 +266,12 @@ def _load_local_config(source: str, folder: Path) -> Any:
         )
     try:
         values = json.loads(config_file.read_text(encoding="utf-8"))
-        model_type = values.get("model_type") if isinstance(values, dict) else None
+        values = values if isinstance(values, dict) else {}
+        model_type = values.get("model_type")
         if not model_type or not isinstance(model_type, str):
+            if values.get("architectures"):  # a model's config, but for that key
+                advice = _model_type_advice(values["architectures"])
+                raise CorruptCheckpointError(f'{source}/config.json has no "model_type"; {advice}.')
             raise SourceNotFoundError(
                 f"{source} holds no model: its config.json describes none (it was not written by "
                 "save_pretrained); give the folder a model was saved to."
@@ -277,3 +282,18 @@ def _load_local_config(source: str, folder: Path) -> Any:
         raise CorruptCheckpointError(
             f"Cannot read {source}/config.json ({one_line(error, 200)}): fix or restore the file."
         ) from error
+
+
+def _model_type_advice(architectures: Any) -> str:
+    """What to add to a config.json that names `architectures` but no model_type: the model type of the
+    first of them that a supported architecture's (or LSG) head is called."""
+    named = json.dumps(architectures)
+    for name in architectures if isinstance(architectures, list) else ():
+        for arch in ARCHITECTURES.values():
+            if name in arch.heads or name in arch.heads.values():
+                model_type = arch.model_type if name in arch.heads else arch.lsg_model_type
+                return f'its architectures {named} suggest "{model_type}": add "model_type": "{model_type}"'
+    return (
+        f'its architectures {named} name no model lsg_converter converts: add the "model_type" of the model '
+        f"(supported: {', '.join(sorted(ARCHITECTURES))})"
+    )

@@ -91,13 +91,24 @@ class _Parser(argparse.ArgumentParser):
         return f"unrecognized arguments: {' '.join(options)}{hint}"
 
 
-def _positive_int(text: str) -> int:
+def _whole_number(text: str) -> int:
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+
+
+def _positive_int(text: str) -> int:
+    value = _whole_number(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is not a positive number of tokens")
+    return value
+
+
+def _number_of_labels(text: str) -> int:
+    value = _whole_number(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is no number of labels: give 1 or more")
     return value
 
 
@@ -223,7 +234,10 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default {defaults.RELATIVE_POSITION_DEFAULTS['global_token_position']})",
     )
     settings.add_argument(
-        "--num-labels", type=int, metavar="N", help="labels of a classification head built by --architecture"
+        "--num-labels", type=_number_of_labels, metavar="N",
+        help="labels of the classification head (ForSequenceClassification, ForTokenClassification): the source's, "
+        "whose classifier is replaced by a new one when it has another number, or the one --architecture builds; "
+        "refused with any other head",
     )
     parser.add_argument(
         "--dtype",

@@ -270,6 +270,20 @@ def test_a_folder_whose_config_describes_no_model_exits_4_saying_so_plainly(tmp_
     assert "holds no model" in line and "model_type" not in line
 
 
+def test_a_config_without_model_type_exits_6_naming_the_key_and_the_type_its_architectures_suggest(tmp_path, capsys):
+    source = save_tiny_source(tmp_path / "source", "bert", "BertModel")
+    config = json.loads((source / "config.json").read_text())
+    del config["model_type"]
+    (source / "config.json").write_text(json.dumps(config))
+    capsys.readouterr()  # what saving the source printed
+
+    code = main([str(source), "--max-len", "256", "--save-path", str(tmp_path / "out")])
+
+    line = _assert_clean_error(capsys, code, 6)
+    assert line.endswith('config.json has no "model_type"; its architectures ["BertModel"] suggest "bert": add "model_type": "bert".')
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["source"]
+
+
 def test_missing_relative_source_error_is_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     code = main(["no-such-model", "--max-len", "256", "--save-path", "out"])
@@ -569,6 +583,33 @@ def test_pool_with_global_mask_first_token_and_num_labels_reach_the_saved_config
     assert code == 0
     config = json.loads((out / "config.json").read_text())
     assert (config["pool_with_global"], config["mask_first_token"], len(config["id2label"])) == (False, True, 5)
+
+
+def test_num_labels_on_a_classifier_of_another_size_saves_a_new_classifier_with_a_warning(tmp_path, capsys):
+    source = save_tiny_source(tmp_path / "source", "bert", "BertForSequenceClassification")  # 3 labels
+    capsys.readouterr()  # what saving the source printed
+    out = tmp_path / "out"
+
+    code = main([str(source), "--max-len", "256", "--num-labels", "5", "--save-path", str(out)])
+
+    err = capsys.readouterr().err
+    assert code == 0, err
+    warnings = [line for line in err.splitlines() if "newly initialised" in line]
+    assert len(warnings) == 1 and "--num-labels 5" in warnings[0] and "classifier.weight [3, 32] -> [5, 32]" in warnings[0]
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LSGBertForSequenceClassification"] and len(config["id2label"]) == 5
+
+
+@pytest.mark.parametrize("architecture", [[], ["--architecture", "BertForMaskedLM"]], ids=["source-head", "asked"])
+def test_num_labels_for_a_head_without_labels_exits_2_naming_architecture(tmp_path, capsys, architecture):
+    source = save_tiny_source(tmp_path / "source", "bert", "BertModel")
+    capsys.readouterr()  # what saving the source printed
+
+    code = main([str(source), "--max-len", "256", "--num-labels", "3", *architecture, "--save-path", str(tmp_path / "out")])
+
+    line = _assert_clean_error(capsys, code, 2)
+    assert "--num-labels 3" in line and "--architecture with one of BertForSequenceClassification" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["source"]
 
 
 def test_global_token_position_is_refused_in_one_line_where_the_model_has_no_relative_positions(tiny_bert_dir, tmp_path, capsys):

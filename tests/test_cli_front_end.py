@@ -76,6 +76,15 @@ def test_an_adaptation_source_share_out_of_0_to_1_exits_2_before_converting(shar
     assert error.count("\n") == 1 and "--adapt-source-share" in error, error
 
 
+@pytest.mark.parametrize("labels", ["0", "-1"])
+def test_num_labels_below_1_exits_2_in_one_line_before_converting(labels, capsys):
+    assert main(["model", "--max-len", "512", "--architecture", "BertForSequenceClassification", "--num-labels", labels]) == 2
+    assert capsys.readouterr().err == (
+        f"lsg-convert: error: argument --num-labels: {labels} is no number of labels: give 1 or more "
+        "(see lsg-convert --help)\n"
+    )
+
+
 def test_the_parser_offers_the_library_choices():
     assert lsg_converter_cli.SPARSITY_TYPES == SPARSITY_TYPES
     assert lsg_converter_cli.POSITION_TILINGS == POSITION_TILINGS

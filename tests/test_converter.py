@@ -18,6 +18,7 @@ from transformers import (
     AutoTokenizer,
     BartForConditionalGeneration,
     BertForMaskedLM,
+    BertForSequenceClassification,
     BertModel,
     GPT2Config,
     GPT2LMHeadModel,
@@ -29,6 +30,7 @@ from helpers import FIXTURES, TINY_CONFIGS, TINY_LENGTH, padded_batch, save_tiny
 
 import lsg_converter
 from lsg_converter import (
+    CorruptCheckpointError,
     InvalidSettingsError,
     LSGBertConfig,
     LSGBertForMaskedLM,
@@ -532,6 +534,71 @@ def test_num_labels_keeps_the_source_label_names_when_it_has_as_many(tiny_bert_d
     assert model.config.id2label == {0: "negative", 1: "neutral", 2: "positive"}
 
 
+@pytest.fixture(scope="module")
+def classifier_of_3_labels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny BertForSequenceClassification with 3 labels and 512 positions (the global tokens then take
+    source positions, none drawn at random), saved with save_pretrained. Read only."""
+    config = TINY_CONFIGS["bert"]()
+    config.update({"max_position_embeddings": 512, "num_labels": 3})
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("classifier") / "source"
+    BertForSequenceClassification(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("source_kind", ["plain", "lsg"])
+def test_num_labels_replaces_a_source_classifier_of_another_size_with_a_new_one(
+    classifier_of_3_labels, tmp_path, caplog, source_kind
+):
+    source = classifier_of_3_labels
+    if source_kind == "lsg":  # an LSG classifier converted again
+        source = save_converted(*LSGConverter(max_sequence_length=768).convert_from_pretrained(source), tmp_path / "lsg")
+    unchanged, _ = LSGConverter(max_sequence_length=1024).convert_from_pretrained(source)
+
+    with caplog.at_level("WARNING", logger="lsg_converter"):
+        model, _ = LSGConverter(max_sequence_length=1024).convert_from_pretrained(source, num_labels=5)
+
+    assert type(model) is LSGBertForSequenceClassification
+    assert model.classifier.out_features == 5 and len(model.config.id2label) == 5
+    assert model.lsg_new_weights == ["classifier.bias", "classifier.weight"]  # the card says they are random
+    warning = " ".join(record.getMessage() for record in caplog.records if "newly initialised" in record.getMessage())
+    assert "classifier.weight [3, 32] -> [5, 32]" in warning and "classifier.bias [3] -> [5]" in warning
+    expected = {name: tensor for name, tensor in unchanged.state_dict().items() if not name.startswith("classifier.")}
+    converted = {name: tensor for name, tensor in model.state_dict().items() if not name.startswith("classifier.")}
+    assert expected.keys() == converted.keys()
+    assert all(torch.equal(converted[name], tensor) for name, tensor in expected.items())
+
+
+def test_num_labels_still_refuses_a_classifier_that_does_not_match_its_own_config(classifier_of_3_labels, tmp_path):
+    source = shutil.copytree(classifier_of_3_labels, tmp_path / "source")
+    weights = load_file(source / "model.safetensors")
+    weights["classifier.weight"] = torch.zeros(4, weights["classifier.weight"].shape[1])  # the config says 3 labels
+    save_file(weights, source / "model.safetensors", metadata={"format": "pt"})
+
+    with pytest.raises(CorruptCheckpointError, match=r"classifier.weight \[4, 32\]"):
+        LSGConverter(max_sequence_length=1024).convert_from_pretrained(source, num_labels=5)
+
+
+@pytest.mark.parametrize("architecture", [None, "BertForMaskedLM"])
+def test_num_labels_for_a_head_without_labels_is_refused_naming_the_heads_with_labels(tmp_path, architecture):
+    source = save_tiny_source(tmp_path / "source", "bert", "BertModel")
+
+    with pytest.raises(InvalidSettingsError) as refused:
+        LSGConverter(max_sequence_length=256).convert_from_pretrained(source, architecture=architecture, num_labels=3)
+
+    message = str(refused.value)
+    assert "num_labels=3" in message and "pass architecture= with one of BertForSequenceClassification" in message
+
+
+@pytest.mark.parametrize("labels", [0, -1])
+def test_num_labels_below_1_is_refused_as_a_value_error(tiny_bert_dir, labels):
+    with pytest.raises(InvalidSettingsError, match=f"num_labels={labels} is no number of labels") as refused:
+        LSGConverter(max_sequence_length=256).convert_from_pretrained(
+            tiny_bert_dir, architecture="BertForSequenceClassification", num_labels=labels
+        )
+    assert isinstance(refused.value, ValueError)
+
+
 def test_a_misspelt_converter_argument_raises_a_type_error_naming_the_closest():
     with pytest.raises(UnknownSettingError) as refused:
         LSGConverter(max_sequence_lenght=4096)
@@ -564,6 +631,21 @@ def test_unsupported_model_type_raises_naming_the_supported_ones(tmp_path):
     GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
     with pytest.raises(UnsupportedModelError, match="bert"):
         LSGConverter(max_sequence_length=256).convert_from_pretrained(tmp_path / "gpt2")
+
+
+def test_a_config_without_model_type_is_refused_naming_the_type_its_architectures_suggest(tmp_path):
+    source = save_tiny_source(tmp_path / "source", "bert", "BertModel")
+    config = json.loads((source / "config.json").read_text())
+    del config["model_type"]
+    (source / "config.json").write_text(json.dumps(config))
+
+    with pytest.raises(CorruptCheckpointError) as refused:
+        LSGConverter(max_sequence_length=256).convert_from_pretrained(source)
+
+    assert str(refused.value) == (
+        f'{source}/config.json has no "model_type"; its architectures ["BertModel"] suggest "bert": '
+        'add "model_type": "bert".'
+    )
 
 
 def test_missing_folder_raises_source_not_found(tmp_path):

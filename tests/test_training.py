@@ -90,6 +90,26 @@ def test_excerpts_are_non_overlapping_pieces_spread_over_the_play(example):
     assert len(example.spread_excerpts(token_ids, length=30, count=None)) == 3  # the last 10 tokens are dropped
 
 
+@pytest.mark.parametrize(
+    "option,value",
+    [
+        ("--batch-size", "0"), ("--epochs", "0"), ("--epochs", "nan"), ("--learning-rate", "-1e-5"),
+        ("--max-steps", "0"), ("--max-steps", "-2"), ("--logging-steps", "0"), ("--seed", "-1"), ("--max-len", "8"),
+        ("--eval-fraction", "1"), ("--train-plays", "0"), ("--eval-excerpts-per-play", "0"),
+    ],
+)  # fmt: skip
+def test_a_number_out_of_range_exits_2_naming_its_option_before_anything_runs(example, tmp_path, capsys, option, value):
+    output_dir = tmp_path / "out"  # the first thing a run makes
+
+    with pytest.raises(SystemExit) as stopped:
+        example.main(["--tiny", f"{option}={value}", "--output-dir", str(output_dir)])
+
+    error = capsys.readouterr().err
+    assert stopped.value.code == 2 and "Traceback" not in error
+    assert f"error: {option} must be" in error.strip().splitlines()[-1]
+    assert not output_dir.exists()
+
+
 def test_torchrun_replicas_end_with_identical_parameters(torchrun_results):
     digests = torchrun_results["digests"]
 
