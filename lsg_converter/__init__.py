@@ -1,5 +1,6 @@
-"""lsg_converter: turn pretrained BERT-family (MPNet and DeBERTa-v2/v3 included), BART, mBART and Pegasus
-checkpoints into LSG models for long inputs.
+"""lsg_converter: turn pretrained encoder and encoder-decoder checkpoints into LSG models for long inputs:
+BERT, RoBERTa, DistilBERT, ALBERT, ELECTRA, CamemBERT, XLM-RoBERTa, MPNet and DeBERTa-v2 (DeBERTa-v3 too);
+BART, mBART, Pegasus, T5 (v1.1, Flan-T5), mT5 and UMT5.
 
     from lsg_converter import LSGConverter
     model, tokenizer = LSGConverter(max_sequence_length=4096).convert_from_pretrained("bert-base-uncased")

@@ -3,6 +3,7 @@
 import ast
 import inspect
 import json
+import re
 
 import pytest
 import torch
@@ -39,6 +40,14 @@ OUTPUT_FIELDS = [
     "start_logits",
     "end_logits",
 ]
+
+
+# Each family of the table as the documentation names it.
+FAMILY_NAMES = {
+    "bert": "BERT", "roberta": "RoBERTa", "distilbert": "DistilBERT", "albert": "ALBERT", "electra": "ELECTRA",
+    "camembert": "CamemBERT", "xlm-roberta": "XLM-RoBERTa", "bart": "BART", "mbart": "mBART", "pegasus": "Pegasus",
+    "mpnet": "MPNet", "deberta-v2": "DeBERTa-v2", "t5": "T5", "mt5": "mT5", "umt5": "UMT5",
+}  # fmt: skip
 
 
 # Sources whose padded queries see no key at all (DeBERTa's mask is the product of the query and key
@@ -140,6 +149,13 @@ DEFAULT_HEAD_AUTO_CLASS = {
     "umt5": "AutoModelForSeq2SeqLM",
 }
 
+
+def test_the_package_docstring_names_every_family():
+    import lsg_converter
+
+    assert sorted(FAMILY_NAMES) == sorted(ARCHITECTURES)
+    named = set(re.findall(r"[\w-]+", lsg_converter.__doc__))
+    assert [name for name in FAMILY_NAMES.values() if name not in named] == []
 
 @pytest.mark.compat
 @pytest.mark.parametrize("arch", list(ARCHITECTURES))
