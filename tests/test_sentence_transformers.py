@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import huggingface_hub
@@ -21,7 +22,7 @@ from safetensors.torch import load_file
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Normalize
 
-from helpers import TINY_CONFIGS, run_without_lsg_converter, save_tiny_sentence_transformer, save_tiny_source
+from helpers import REPO_ROOT, TINY_CONFIGS, run_without_lsg_converter, save_tiny_sentence_transformer, save_tiny_source
 from lsg_converter import LSGConverter, save_converted
 from lsg_converter_cli import main
 
@@ -227,6 +228,36 @@ def test_pipeline_has_the_source_modules_in_order(minilm_source, minilm_converte
     assert isinstance(minilm_converted[-1], Normalize)
     assert minilm_converted[1].get_config_dict() == minilm_source[1].get_config_dict()
 
+
+def test_a_text_past_max_seq_length_is_embedded_from_its_first_tokens_without_a_warning(tiny_st_converted, capfd):
+    embedder = SentenceTransformer(str(tiny_st_converted), trust_remote_code=True)
+    capfd.readouterr()
+    cut = "word " * (TINY_LENGTH - 2)  # one token a word, with [CLS] and [SEP]: the model's length
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        long, first_tokens = embedder.encode(["word " * (TINY_LENGTH + 100), cut], convert_to_tensor=True)
+
+    assert embedder.max_seq_length == TINY_LENGTH
+    assert len(embedder.tokenizer(cut)["input_ids"]) == TINY_LENGTH
+    torch.testing.assert_close(long, first_tokens)
+    assert capfd.readouterr().err == ""
+
+
+def test_a_max_seq_length_past_the_converted_length_gets_a_longer_text_refused_naming_that_length(tiny_st_converted):
+    embedder = SentenceTransformer(str(tiny_st_converted), trust_remote_code=True)
+    embedder.max_seq_length = 2 * TINY_LENGTH
+
+    with pytest.raises(ValueError, match=f"more than the {TINY_LENGTH} this model reads"):
+        embedder.encode(["word " * (TINY_LENGTH + 100)])
+
+
+def test_the_guide_says_a_text_past_max_seq_length_is_cut_and_how_to_read_and_set_it():
+    guide = " ".join((REPO_ROOT / "docs" / "sentence-transformers.md").read_text().split())
+
+    assert "sentence-transformers cuts every text to `max_seq_length` tokens" in guide and "without a warning" in guide
+    assert "`embedder.max_seq_length` says how many tokens the model reads" in guide
+    assert "`embedder.max_seq_length = 4096`" in guide
 
 @pytest.mark.slow
 def test_max_seq_length_is_the_new_length(minilm_source, minilm_converted):
