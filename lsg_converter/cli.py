@@ -25,6 +25,8 @@ from .errors import OutputExistsError, one_line
 # Options left out of the command recorded in the model card: a credential, display settings, and the
 # memory check (the machine's, not the model's).
 NOT_RECORDED = ("help", "version", "token", "quiet", "debug", "skip_memory_check")
+# Options whose value is a path, recorded as a card names paths (`card.card_path`).
+PATH_OPTIONS = ("save_path", "texts")
 
 
 def convert(parser: argparse.ArgumentParser, args: argparse.Namespace, interruption: Interruption) -> int:
@@ -253,12 +255,12 @@ def flag_spelling(parser: argparse.ArgumentParser, message: str) -> str:
 
 def recorded_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
     """The command the model card records, built from the parsed options, never from the typed text:
-    the options given (those that differ from their default) in the parser's order, the source and
-    --save-path named by their folder's name, no credential (--token) and no display setting."""
-    from .card import saved_folder_name
-    from .sources import source_name
+    the options given (those that differ from their default) in the parser's order, the source and the
+    folders of --save-path and --adapt-on named as a card names paths (`card.card_path`: never by where
+    they lie on the user's machine), no credential (--token) and no display setting."""
+    from .card import card_path
 
-    words = [parser.prog, source_name(args.source)]
+    words = [parser.prog, card_path(args.source)]
     for action in parser._actions:
         value = getattr(args, action.dest, action.default)
         if not action.option_strings or action.dest in NOT_RECORDED or value == action.default:
@@ -266,7 +268,7 @@ def recorded_command(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         if action.nargs == 0:
             words.append(_switch(action, bool(value)))
         else:
-            words += [action.option_strings[0], saved_folder_name(value) if action.dest == "save_path" else str(value)]
+            words += [action.option_strings[0], card_path(value) if action.dest in PATH_OPTIONS else str(value)]
     return shlex.join(words)
 
 

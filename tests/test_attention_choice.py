@@ -1,14 +1,18 @@
-"""How an LSG model's attention implementation is chosen: by transformers' own mechanism alone.
+"""How an LSG model's attention implementation is chosen, and what its config says.
 
-The config's ``_attn_implementation`` names the LSG attention registered with transformers for the
-backend asked for (`lsg_attention.registered_attention`; `lsg_attention.lsg_backend` reads the backend
-back), whichever way it was asked (the config, ``from_pretrained``, ``set_attn_implementation``), in
-every family. That one function runs what each module's role, decided when the model was built, says:
-LSG attention in the LSG self-attention layers, with the settings the model resolved then (no config
-is read per call), and transformers' own attention in an encoder-decoder model's decoder. No module
-holds a view of the config.
+An LSG model's config names its attention as transformers' own models do: ``_attn_implementation`` reads
+back "eager", "sdpa" or "flex_attention" as it was asked (the config, ``from_pretrained``,
+``set_attn_implementation``), "sdpa" where it was left unset (transformers' default; the layers then run
+`lsg_attention.DeviceDefault`), in every family, on the model and on every model inside it; no config
+names an internal registration. The assertions of transformers' own common tests
+(``test_can_set_attention_dynamically``, ``test_sdpa_can_dispatch_non_composite_models``) hold for every
+head of every family. The LSG layers dispatch on the LSG attention registered for that backend through
+the config they hold (`lsg_attention.DispatchConfig`), which runs what each module's role, decided when
+the model was built, says: LSG attention with the settings the model resolved then (no config is read
+per call). An encoder-decoder model's decoder runs transformers' own attention.
 """
 
+import copy
 from types import SimpleNamespace
 
 import pytest
@@ -21,57 +25,115 @@ from lsg_converter.models import lsg_attention
 from lsg_converter.models.configuration_lsg_mt5 import LSGMT5Config
 from lsg_converter.models.configuration_lsg_t5 import LSGT5Config
 from lsg_converter.models.configuration_lsg_umt5 import LSGUMT5Config
-from lsg_converter.models.lsg_attention import dense_backend, lsg_backend, registered_attention
+from lsg_converter.models.lsg_attention import DEFAULT_BACKEND, DispatchConfig, dense_backend, lsg_backend, registered_attention
 from lsg_converter.models.lsg_settings import LSGSettings
 from test_conventions import LENGTH, batch, tiny_lsg
 
 BACKENDS = ["eager", "sdpa", "flex_attention"]
-SWAPPED = ["mpnet", "deberta-v2", "t5"]  # families whose attention modules LSG swaps
 SEQ2SEQ_SOURCES = {"bart": "BartModel", "t5": "T5Model"}
+# every head of every family: (arch, head suffix), a dense decoder-only head (ForCausalLM of BART-likes) aside
+HEADS = [
+    (arch, head)
+    for arch, spec in ARCHITECTURES.items()
+    for head in spec.config_class().lsg_heads
+    if not (head == "ForCausalLM" and TINY_CONFIGS[arch]().is_encoder_decoder)
+]
 
 
-def config_holders(model: torch.nn.Module) -> list[tuple[str, object]]:
-    """(module name, the config it holds) for every module of `model` that holds one."""
-    return [(name, vars(module)["config"]) for name, module in model.named_modules() if "config" in vars(module)]
+def head_class(arch: str, head: str) -> type:
+    config_class = ARCHITECTURES[arch].config_class()
+    return getattr(ARCHITECTURES[arch].modeling_module(), f"LSG{config_class.lsg_base_name()}{head}")
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES)
-def test_no_module_of_any_family_holds_a_view_of_its_config(arch):
-    model = tiny_lsg(arch, ARCHITECTURES[arch].default_head.removeprefix(ARCHITECTURES[arch].config_class().lsg_base_name()))
+def tiny_config(arch: str, head: str):
+    """The config `tiny_lsg` builds its model from (a decoder-only head's is a decoder)."""
+    model = tiny_lsg(arch, head, is_decoder=head in ("ForCausalLM", "LMHeadModel"))
+    return copy.deepcopy(model.config)
 
-    views = [name for name, config in config_holders(model) if not isinstance(config, transformers.PreTrainedConfig)]
 
-    assert views == []
+def configs_of(model: torch.nn.Module) -> list:
+    """The config of `model` and of every model inside it (T5's stacks hold copies of their own)."""
+    return [module.config for module in model.modules() if isinstance(module, transformers.PreTrainedModel)]
+
+
+@pytest.mark.parametrize("arch, head", HEADS)
+def test_set_attn_implementation_reads_back_on_the_model_and_every_sub_config(arch, head):
+    """transformers' test_can_set_attention_dynamically, on every head of every family."""
+    config = tiny_config(arch, head)
+    config._attn_implementation = "eager"
+    model = head_class(arch, head)(config)
+    assert model.config._attn_implementation == "eager"
+    assert head_class(arch, head)._can_set_attn_implementation()
+
+    model.set_attn_implementation("sdpa")
+    assert model.config._attn_implementation == "sdpa"
+    for subconfig_key in model.config.sub_configs:
+        assert getattr(model.config, subconfig_key)._attn_implementation == "sdpa"
+
+    with pytest.raises(ValueError, match='Specified `attn_implementation="foo"` is not supported'):
+        model.set_attn_implementation("foo")
+    assert model.config._attn_implementation == "sdpa"
+
+
+@pytest.mark.parametrize("arch, head", HEADS)
+def test_from_pretrained_reads_back_each_implementation_asked_for(arch, head, tmp_path):
+    """transformers' test_sdpa_can_dispatch_non_composite_models, on every head of every family, and
+    flex_attention likewise."""
+    head_class(arch, head)(tiny_config(arch, head)).save_pretrained(tmp_path)
+
+    loaded = {backend: head_class(arch, head).from_pretrained(tmp_path, attn_implementation=backend) for backend in BACKENDS}
+
+    assert {backend: model.config._attn_implementation for backend, model in loaded.items()} == {backend: backend for backend in BACKENDS}
+    assert not [name for name, module in loaded["eager"].named_modules() if "Sdpa" in type(module).__name__]
+    loaded["eager"].set_attn_implementation("flex_attention")
+    assert loaded["eager"].config._attn_implementation == "flex_attention"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("arch", ["bert", "bart", *SWAPPED])
-def test_the_config_names_the_registered_lsg_attention_of_the_backend_asked_for(arch, backend):
-    model = tiny_lsg(arch, attn_implementation=backend)
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_no_config_names_an_internal_registration(arch, backend):
+    model = tiny_lsg(arch, ARCHITECTURES[arch].default_head.removeprefix(ARCHITECTURES[arch].config_class().lsg_base_name()))
+    model.set_attn_implementation(backend)
 
-    assert model.config._attn_implementation == registered_attention(backend)
-    assert lsg_backend(model.config._attn_implementation) == backend
+    names = {config._attn_implementation for config in configs_of(model)}
+
+    assert names <= set(BACKENDS) and lsg_attention.LSG_ATTENTION not in str(model.config.to_dict())
 
 
-@pytest.mark.parametrize("arch", ["bert", *SWAPPED])
-def test_from_pretrained_and_set_attn_implementation_name_the_registered_attention(arch, tmp_path):
-    tiny_lsg(arch).save_pretrained(tmp_path)
-    model = type(tiny_lsg(arch)).from_pretrained(tmp_path, attn_implementation="eager")
-    assert model.config._attn_implementation == registered_attention("eager")
+@pytest.mark.parametrize("arch", ["bert", "bart"])
+def test_the_lsg_layers_dispatch_on_the_registered_attention_of_the_backend_the_config_names(arch):
+    model = tiny_lsg(arch, attn_implementation="eager")
+    dispatching = [module for module in model.modules() if isinstance(vars(module).get("config"), DispatchConfig)]
+    roles = (lsg_attention.SelfAttentionRole, lsg_attention.CrossAttentionRole)
+    assert dispatching and all(isinstance(module.lsg_role, roles) for module in dispatching)
+
+    model.config._attn_implementation = "flex_attention"
+
+    assert {module.config._attn_implementation for module in dispatching} == {registered_attention("flex_attention")}
+    assert all(module.config.hidden_size == model.config.hidden_size for module in dispatching)
+
+
+def test_an_implementation_left_unset_reads_sdpa_and_runs_the_device_default():
+    model = tiny_lsg("bert")
+    layer = model.encoder.layer[0].attention.self
+
+    assert model.config._attn_implementation == "sdpa"
+    assert lsg_backend(layer.config._attn_implementation) == DEFAULT_BACKEND
+    model.set_attn_implementation("sdpa")
+    assert lsg_backend(layer.config._attn_implementation) == "sdpa"
+    model.set_attn_implementation(None)
+    assert lsg_backend(layer.config._attn_implementation) == DEFAULT_BACKEND
+
+
+def test_t5_names_the_backend_in_its_encoder_stack_and_what_its_dense_decoder_runs_in_its_decoder_stack():
+    model = tiny_lsg("t5", "ForConditionalGeneration", attn_implementation="eager")
+    assert (model.encoder.config._attn_implementation, model.decoder.config._attn_implementation) == ("eager", "eager")
 
     model.set_attn_implementation("flex_attention")
 
-    assert model.config._attn_implementation == registered_attention("flex_attention")
-    assert lsg_backend(model.config._attn_implementation) == "flex_attention"
-
-
-def test_t5_builds_its_stacks_with_the_registered_name_and_switches_them_with_the_model():
-    model = tiny_lsg("t5", "ForConditionalGeneration", attn_implementation="eager")
-    assert {model.encoder.config._attn_implementation, model.decoder.config._attn_implementation} == {registered_attention("eager")}
-
-    model.set_attn_implementation("sdpa")
-
-    assert {model.encoder.config._attn_implementation, model.decoder.config._attn_implementation} == {registered_attention("sdpa")}
+    decoder_runs = dense_backend(model.config, "flex_attention")
+    assert (model.config._attn_implementation, model.encoder.config._attn_implementation) == ("flex_attention", "flex_attention")
+    assert model.decoder.config._attn_implementation == decoder_runs != "flex_attention"
 
 
 @pytest.mark.parametrize("arch", ["bart", "t5"])
@@ -104,7 +166,7 @@ def test_the_decoder_of_an_encoder_decoder_model_runs_transformers_attention_of_
             input_ids=decoder_inputs, encoder_hidden_states=encoder_states, encoder_attention_mask=encoder_mask
         )
 
-    assert model.config._attn_implementation == registered_attention(backend)
+    assert model.config._attn_implementation == backend
     torch.testing.assert_close(output.last_hidden_state, expected.last_hidden_state, atol=1e-5, rtol=0)
 
 

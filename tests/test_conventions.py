@@ -282,10 +282,11 @@ def test_attn_implementation_reads_back_as_chosen_in_the_config_from_pretrained_
     assert lsg_backend(loaded.bert.config._attn_implementation) == other
 
 
-def test_attn_implementation_left_unset_reads_back_as_the_default_chosen_per_call():
+def test_attn_implementation_left_unset_reads_back_as_transformers_default_and_runs_the_default_chosen_per_call():
     model = tiny_lsg("bert")
 
-    assert lsg_backend(model.config._attn_implementation) == DEFAULT_BACKEND
+    assert model.config._attn_implementation == "sdpa"
+    assert lsg_backend(model.encoder.layer[0].attention.self.config._attn_implementation) == DEFAULT_BACKEND
 
 
 def test_flash_attention_is_refused_naming_the_valid_implementations():

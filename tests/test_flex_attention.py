@@ -566,7 +566,7 @@ def test_the_default_backend_runs_sdpa_on_the_cpu(tiny_lsg_bert):
     inputs = tiny_inputs()
 
     default = logits(model, inputs)
-    assert lsg_backend(model.config._attn_implementation) == DEFAULT_BACKEND
+    assert lsg_backend(model.bert.encoder.layer[0].attention.self.config._attn_implementation) == DEFAULT_BACKEND
     model.set_attn_implementation("sdpa")
 
     torch.testing.assert_close(default, logits(model, inputs), atol=0, rtol=0)

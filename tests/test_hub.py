@@ -135,7 +135,8 @@ def test_model_card_describes_the_conversion(online, hub, licensed_source, capsy
     assert "512 tokens" in card
     for setting in ("block_size", "sparse_block_size", "sparsity_factor", "sparsity_type", "num_global_tokens"):
         assert f"`{setting}`" in card
-    assert f"lsg-convert tiny-bert --max-len 512 --num-global-tokens 2 --push-to-hub {REPO_ID}" in card
+    recorded = f"lsg-convert .../{licensed_source.parent.name}/tiny-bert --max-len 512"
+    assert f"{recorded} --num-global-tokens 2 --push-to-hub {REPO_ID}" in card
     assert f"lsg_converter {lsg_converter.__version__}" in card
     assert f'AutoModelForMaskedLM.from_pretrained("{REPO_ID}", trust_remote_code=True)' in card
     assert "@inproceedings{condevaux2023lsg" in card
@@ -293,10 +294,9 @@ def test_card_records_the_command_from_the_parsed_options(tiny_bert_dir, tmp_pat
 
     assert main(typed) == 0, capsys.readouterr().err
 
-    # the parser's order, options at their default left out, folders by their names
-    assert f"lsg-convert {tiny_bert_dir.name} --max-len 512 --save-path out --num-global-tokens 2\n" in (
-        out / "README.md"
-    ).read_text()
+    # the parser's order, options at their default left out, absolute folders by their last two names
+    recorded = f"lsg-convert .../{tiny_bert_dir.parent.name}/{tiny_bert_dir.name} --max-len 512 --save-path .../{tmp_path.name}/out"
+    assert f"{recorded} --num-global-tokens 2\n" in (out / "README.md").read_text()
 
 
 @pytest.mark.parametrize("how", ["HF_TOKEN", "--token", "--token="])

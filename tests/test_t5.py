@@ -80,7 +80,7 @@ def test_without_global_tokens_or_sparse_keys_the_generator_decodes_the_block_lo
             encoder_outputs=encoded, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids
         ).logits
 
-    torch.testing.assert_close(logits, oracle, atol=1e-5, rtol=0)
+    torch.testing.assert_close(logits, oracle, atol=1e-5, rtol=3e-6)  # logits of a sharp source reach 5: float32 rounding
 
 
 @pytest.mark.parametrize("arch", ["t5", "umt5"])

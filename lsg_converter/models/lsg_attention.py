@@ -41,7 +41,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AttentionInterface, AttentionMaskInterface
+from transformers import AttentionInterface
 from transformers.utils import logging
 
 from .lsg_eager import EagerBackend
@@ -72,7 +72,7 @@ from .lsg_pattern import (
 from .lsg_sdpa import SdpaBackend, unmasked_input
 from .lsg_settings import LSGSettings
 from .lsg_sparse import sparse_context
-from .lsg_transformers import ALL_ATTENTION_FUNCTIONS, ALL_MASK_ATTENTION_FUNCTIONS, eager_attention_of, shape_check
+from .lsg_transformers import ALL_ATTENTION_FUNCTIONS, attn_implementation, shape_check
 
 logger = logging.get_logger(__name__)
 
@@ -129,8 +129,10 @@ class DeviceDefault:
 # with transformers (`registered_attention`).
 # (Imported by name: transformers copies a model's remote code by following `from .module import` lines.)
 BACKENDS: dict[str, Backend] = {"eager": EagerBackend(), "sdpa": SdpaBackend(), "flex_attention": FlexBackend()}
-LSG_BACKENDS = tuple(BACKENDS)  # the values a user may give
+LSG_BACKENDS = tuple(BACKENDS)  # the values a user may give, and what an LSG model's config names
 BACKENDS[DEFAULT_BACKEND] = DeviceDefault()
+# What a config names for a model whose attn_implementation was left unset: transformers' own default.
+UNSET_NAME = "sdpa"
 # backend -> how its registered name ends. Not "sdpa" nor "flex_attention": transformers runs its support
 # checks of those on every name containing them, and a model whose source attention is hand-written (MPNet,
 # DeBERTa-v2: LSG swaps it) would refuse them when built, while LSG attention runs every backend itself.
@@ -141,12 +143,12 @@ REGISTERED_NAME = re.compile(r"lsg_[0-9a-f]{12}_(?P<suffix>\w+)")
 
 def lsg_backend(attn_implementation: str | None) -> str:
     """The backend an LSG model runs for `attn_implementation`: a value of `LSG_BACKENDS` is itself, a
-    registered name (`registered_attention`, what an LSG model's config holds) its backend, None
+    registered name (`registered_attention`, what a config holds while its model is built) its backend, None
     `DEFAULT_BACKEND` (`DeviceDefault`); anything else raises ValueError naming the valid values."""
     if attn_implementation is None:
         return DEFAULT_BACKEND
-    if attn_implementation in REGISTERED_BACKENDS:  # a lookup: a swapped layer asks at every call, compiled too
-        return REGISTERED_BACKENDS[attn_implementation]
+    if attn_implementation in BACKEND_OF_NAME:  # a lookup: every LSG layer asks at every call, compiled too
+        return BACKEND_OF_NAME[attn_implementation]
     registered = REGISTERED_NAME.fullmatch(attn_implementation)
     if registered is not None:
         suffixes = {suffix: backend for backend, suffix in REGISTERED_SUFFIXES.items()}
@@ -167,15 +169,59 @@ def lsg_backend(attn_implementation: str | None) -> str:
     return attn_implementation
 
 
+def public_name(backend: str) -> str:
+    """What a config names for `backend`, as transformers names it: the backend itself, `UNSET_NAME` for
+    `DEFAULT_BACKEND` (an implementation left unset)."""
+    return UNSET_NAME if backend == DEFAULT_BACKEND else backend
+
+
 def registered_attention(backend: str) -> str:
     """The name under which the attention of an LSG model running `backend` is registered with
-    transformers (`registered_attention_forward`), and its mask creation: what the model's config holds
-    as ``_attn_implementation``."""
+    transformers (`registered_attention_forward`): what its attention layers dispatch on (`DispatchConfig`),
+    and what its config holds while the model is built (every source class accepts it)."""
     return f"{LSG_ATTENTION}_{REGISTERED_SUFFIXES[backend]}"
 
 
-# registered name of this copy -> its backend (`lsg_backend`)
-REGISTERED_BACKENDS = {registered_attention(backend): backend for backend in REGISTERED_SUFFIXES}
+# a name a config or a layer holds -> its backend (`lsg_backend`): this copy's registered names, and the
+# backends' own names (flex_attention only where torch has it)
+BACKEND_OF_NAME = {registered_attention(backend): backend for backend in REGISTERED_SUFFIXES}
+BACKEND_OF_NAME.update((name, name) for name in LSG_BACKENDS if name != "flex_attention" or FLEX_ATTENTION_AVAILABLE)
+
+
+class DispatchConfig:
+    """What an attention layer of an LSG model that runs LSG (its ``lsg_role``) holds as its ``config``: the
+    model's config, read through, except that ``_attn_implementation`` names the LSG attention registered
+    for the backend the model's config names (`registered_attention`), which transformers' layers dispatch on.
+
+    The model's config names "eager", "sdpa" or "flex_attention" as transformers' own models do, and
+    ``set_attn_implementation`` (or a change of ``config._attn_implementation``) reaches the layers at their
+    next call. `device_default` marks a model whose implementation was left unset: its config names "sdpa",
+    transformers' default, and its layers run `DeviceDefault`.
+    """
+
+    def __init__(self, config: Any, device_default: bool = False) -> None:
+        vars(self).update(model_config=config, device_default=device_default)
+
+    def __getattr__(self, name: str) -> Any:  # only for what this object does not hold itself
+        if name.startswith("__") or name in ("model_config", "device_default"):
+            raise AttributeError(name)
+        return getattr(self.model_config, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "device_default":
+            vars(self)[name] = value
+        else:
+            setattr(self.model_config, name, value)
+
+    @property
+    def _attn_implementation(self) -> str:
+        backend = lsg_backend(attn_implementation(self.model_config))
+        if self.device_default and backend == UNSET_NAME:
+            backend = DEFAULT_BACKEND
+        return registered_attention(backend)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.model_config!r})"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -618,21 +664,17 @@ def registered_attention_forward(
     backend: str = "sdpa",
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The attention registered as `registered_attention(backend)`, which every attention layer of an LSG
-    model whose config names it calls: what the layer's role (``lsg_role``, given when the model was built)
-    says, `lsg_attention_forward` for a `SelfAttentionRole`, `global_state_cross_attention` for a
-    `CrossAttentionRole`; a layer without one (an encoder-decoder model's decoder self-attention) runs
-    transformers' own attention of `dense_backend`. Returns (output (B, q, H, D), weights or None)."""
-    role = getattr(module, "lsg_role", None)
+    """The attention registered as `registered_attention(backend)`, which the attention layers of an LSG
+    model that hold a role (``lsg_role``, given when the model was built) dispatch on (`DispatchConfig`):
+    `lsg_attention_forward` for a `SelfAttentionRole`, `global_state_cross_attention` with the
+    decoder's `dense_backend` for a `CrossAttentionRole`. Returns (output (B, q, H, D), weights or None)."""
+    role = module.lsg_role
     if isinstance(role, SelfAttentionRole):
         return lsg_attention_forward(
             module, query, key, value, attention_mask, role.settings, causal=role.causal, backend=backend, **kwargs
         )
-    backend = dense_backend(getattr(module, "config", None), backend)
-    if isinstance(role, CrossAttentionRole):
-        return global_state_cross_attention(module, query, key, value, attention_mask, role.num_global_tokens, backend, **kwargs)
-    attention = eager_attention_of(module) if backend == "eager" else ALL_ATTENTION_FUNCTIONS[backend]
-    return attention(module, query, key, value, attention_mask, **kwargs)
+    backend = dense_backend(module.config, backend)
+    return global_state_cross_attention(module, query, key, value, attention_mask, role.num_global_tokens, backend, **kwargs)
 
 
 def dense_backend(config: Any, backend: str) -> str:
@@ -645,13 +687,6 @@ def dense_backend(config: Any, backend: str) -> str:
     if supported is None or backend in supported:
         return backend
     return "sdpa" if "sdpa" in supported else "eager"
-
-
-def registered_mask(backend: str, config: Any, **kwargs: Any) -> Any:
-    """The mask creation registered as `registered_attention(backend)` (transformers' masking_utils
-    calls it with the keywords of its mask interface): transformers' own for `dense_backend`. The
-    (B, 1, 1, t) padding mask the LSG layers get is 4D, which transformers passes through unchanged."""
-    return ALL_MASK_ATTENTION_FUNCTIONS[dense_backend(config, backend)](config=config, **kwargs)
 
 
 def lsg_attention_forward(
@@ -714,12 +749,10 @@ def global_state_cross_attention(
 
 
 def _register_with_transformers() -> None:
-    """Register, for every backend, the attention of LSG models (`registered_attention_forward`) and
-    their mask creation (`registered_mask`) under one name (`registered_attention`)."""
+    """Register, for every backend, the attention of LSG models (`registered_attention_forward`) under its
+    name (`registered_attention`)."""
     for backend in REGISTERED_SUFFIXES:
-        name = registered_attention(backend)
-        AttentionInterface.register(name, functools.partial(registered_attention_forward, backend=backend))
-        AttentionMaskInterface.register(name, functools.partial(registered_mask, backend))
+        AttentionInterface.register(registered_attention(backend), functools.partial(registered_attention_forward, backend=backend))
 
 
 _register_with_transformers()

@@ -3,10 +3,11 @@
 An architecture states it once, in its mixin's ``lsg_attention`` (see lsg_model.LSGModelMixin):
 
 * `DispatchedAttention` (the default): the layers call transformers' attention interface
-  (``ALL_ATTENTION_FUNCTIONS``) with ``self.config._attn_implementation`` (BERT, BART, ...), which an
-  LSG model's config holds as the registered LSG attention of its backend
-  (`lsg_attention.registered_attention_forward`); each LSG layer holds the role that makes that
-  function run LSG attention for it (`lsg_attention.SelfAttentionRole`, with the model's settings).
+  (``ALL_ATTENTION_FUNCTIONS``) with ``self.config._attn_implementation`` (BERT, BART, ...); an LSG
+  layer's ``config`` is the model's seen through a `lsg_attention.DispatchConfig`, which names the LSG
+  attention registered for the backend the model's config names
+  (`lsg_attention.registered_attention_forward`), and the layer holds the role that makes that function
+  run LSG attention for it (`lsg_attention.SelfAttentionRole`, with the model's settings).
 * `SwappedAttention`: the layers compute attention by hand (MPNet, DeBERTa-v2): every module of the
   named classes is replaced, before the weights load, by a module built from it that keeps its
   parameters under their names (checkpoints load as they are); the attention module calls
@@ -26,7 +27,7 @@ from typing import Any, Callable, Protocol
 
 from torch import nn
 
-from .lsg_attention import SelfAttentionRole, lsg_attention_forward, lsg_backend
+from .lsg_attention import DispatchConfig, SelfAttentionRole, lsg_attention_forward, lsg_backend
 from .lsg_layout import adopt
 from .lsg_settings import LSGSettings
 from .lsg_transformers import attn_implementation
@@ -43,12 +44,16 @@ class AttentionReach(Protocol):
 @dataclass(frozen=True)
 class DispatchedAttention:
     """The layers that `recorder` records as ``attentions`` reach LSG attention by transformers' dispatch:
-    each holds its `SelfAttentionRole` as ``lsg_role`` (causal in a decoder-only LSG model's causal layers)."""
+    each holds its `SelfAttentionRole` as ``lsg_role`` (causal in a decoder-only LSG model's causal layers)
+    and, as ``config``, the model's `config` seen through one `DispatchConfig`, which names the LSG
+    attention registered for the model's backend."""
 
     def apply(self, recorder: nn.Module, config: Any, settings: LSGSettings) -> None:
+        dispatch = DispatchConfig(config)
         for module in recorded_modules(recorder, "attentions"):
             causal = bool(getattr(config, "is_decoder", False) and getattr(module, "is_causal", False))
             module.lsg_role = SelfAttentionRole(settings, causal)
+            module.config = dispatch
 
 
 Replacement = Callable[[nn.Module, Any], nn.Module]  # (source module, model config) -> the module in its place

@@ -17,14 +17,21 @@ This file travels with saved models as remote code: it imports torch and transfo
 from __future__ import annotations
 
 import inspect
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 from torch import nn
-from transformers import PreTrainedConfig, PreTrainedModel
+from transformers import PreTrainedModel
 
-from .lsg_attention import CrossAttentionRole, lsg_backend, registered_attention
+from .lsg_attention import (
+    DEFAULT_BACKEND,
+    CrossAttentionRole,
+    DispatchConfig,
+    dense_backend,
+    lsg_backend,
+    public_name,
+    registered_attention,
+)
 from .lsg_defaults import LSG_DEFAULTS, MAX_GLOBAL_TOKENS
 from .lsg_settings import LSGSettings
 from .lsg_attention_layers import AttentionReach, DispatchedAttention, recorded_modules
@@ -51,8 +58,6 @@ from .lsg_transformers import (
     init_weights,
     past_length,
     store_attn_implementation,
-    stored_attn_implementation,
-    stored_output_attentions,
     warn_if_untested_transformers,
 )
 
@@ -83,10 +88,14 @@ KEPT_WEIGHTS_KEY = "kept_source_weights"  # config key: source tensors held unde
 LEGACY_CONFIG_KEYS = ("base_model_prefix",)
 # LSG keys whose presence, under a plain model_type ("bert", ...), marks a config of the 2023 reference.
 REFERENCE_CONFIG_MARKERS = ("block_size", "num_global_tokens")
-# Source settings that change attention in a way LSG does not carry -> the values it can carry.
-# Relative position embeddings add learned distance terms inside attention.
-UNSUPPORTED_SETTINGS: dict[str, tuple[Any, ...]] = {
-    "position_embedding_type": (None, "absolute"),
+# Source settings that change attention in a way LSG does not carry -> (the values it can carry, what to do
+# instead). Relative position embeddings add learned distance terms inside attention.
+UNSUPPORTED_SETTINGS: dict[str, tuple[tuple[Any, ...], str]] = {
+    "position_embedding_type": (
+        (None, "absolute"),
+        "convert a checkpoint with absolute positions, or a model of a family whose relative positions LSG "
+        "carries (MPNet, DeBERTa-v2/v3, T5, mT5, UMT5)",
+    ),
 }
 
 # The heads every BERT-like encoder has (suffixes of the Hugging Face class names).
@@ -186,35 +195,6 @@ class LSGConfigMixin:
         if not self.lsg_dense_decoder:  # refused here already: a model built from it has no backend for it
             lsg_backend(attn_implementation(self))
 
-    @property
-    def output_attentions(self) -> bool:
-        """Whether the model returns its attention weights: transformers' rule, only with eager attention,
-        which an LSG model's config names by its registered eager LSG attention (`backend_named`)."""
-        return stored_output_attentions(self)
-
-    @output_attentions.setter
-    def output_attentions(self, value: bool) -> None:
-        with self.backend_named():
-            PreTrainedConfig.output_attentions.fset(self, value)
-
-    def validate(self) -> None:
-        """transformers' validation of the config (before it is saved), its implementation named as
-        transformers names it (`backend_named`)."""
-        with self.backend_named():
-            super().validate()
-
-    @contextmanager
-    def backend_named(self) -> Iterator[None]:
-        """The config's ``_attn_implementation`` reads the backend ("eager") rather than its registered
-        LSG attention for the time of transformers' checks that compare it with "eager"."""
-        implementation = stored_attn_implementation(self)
-        if implementation is not None and not self.lsg_dense_decoder:
-            store_attn_implementation(self, lsg_backend(implementation))
-        try:
-            yield
-        finally:
-            store_attn_implementation(self, implementation)
-
     @classmethod
     def lsg_base_name(cls) -> str:
         """Prefix of the Hugging Face classes this architecture extends ("Bert" for LSGBertConfig)."""
@@ -271,12 +251,12 @@ def validate_lsg_settings(config: Any, max_length: int | None = None) -> None:
     With `max_length` (the length the model will read), blocks longer than that are refused too.
     Messages name the keys as ``key=value``, the way they are passed in Python.
     """
-    for key, supported in UNSUPPORTED_SETTINGS.items():
+    for key, (supported, instead) in UNSUPPORTED_SETTINGS.items():
         value = getattr(config, key, None)
         if value not in supported:
             raise ValueError(
                 f"{key}={value!r} changes attention in a way LSG does not implement (only "
-                f"{' or '.join(repr(v) for v in supported if v is not None)}): this model cannot be converted faithfully."
+                f"{' or '.join(repr(v) for v in supported if v is not None)} converts): {instead}."
             )
     position = getattr(config, "global_token_position", 0)
     if isinstance(position, bool) or not isinstance(position, int):
@@ -392,7 +372,7 @@ class LSGModelMixin:
         holds_pooler = getattr(config, POOLER_KEY, None)
         if holds_pooler is False and POOLER_KEY in inspect.signature(super().__init__).parameters:
             kwargs.setdefault(POOLER_KEY, False)
-        super().__init__(config, *args, **kwargs)  # names the registered attention (`get_correct_attn_implementation`)
+        super().__init__(config, *args, **kwargs)  # built under the registered attention's name (`get_correct_attn_implementation`)
         base = getattr(self, self.base_model_prefix, self)
         if holds_pooler:
             self._add_missing_pooler(base)
@@ -413,6 +393,7 @@ class LSGModelMixin:
         global_tokens = self._adopt_global_token_steps(base, encoder, recorder, passes_to_decoder)
         if passes_to_decoder:
             self._pass_global_tokens(base, global_tokens)
+        self._name_attention(lsg_backend(attn_implementation(config)))
 
     def _adopt_global_token_steps(
         self, base: nn.Module, encoder: nn.Module, recorder: nn.Module, passes_to_decoder: bool
@@ -459,6 +440,7 @@ class LSGModelMixin:
             for module in layer.modules():
                 if "config" in vars(module):  # the module that dispatches on its config
                     module.lsg_role = role
+                    module.config = DispatchConfig(module.config)
 
     def post_init(self) -> None:
         """Add the table of global tokens before transformers initialises the weights (the Hugging Face
@@ -478,15 +460,45 @@ class LSGModelMixin:
         return True
 
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
-        """transformers' check of an ``attn_implementation`` (when the model is built, loaded or switched):
-        an LSG model takes "eager", "sdpa", "flex_attention" or None (`lsg_attention.DeviceDefault`: sdpa, or
-        flex_attention on CUDA where it is faster, per call), and its config then names the
-        registered attention of that backend (`lsg_attention.registered_attention`; `lsg_attention.lsg_backend`
-        reads the backend back). Inner models with a config of their own (T5's stacks, built from copies of
-        the config) get the same name. A dense decoder-only head takes what transformers takes."""
+        """transformers' check of an ``attn_implementation`` (when the model is built, loaded or switched): an
+        LSG model takes "eager", "sdpa", "flex_attention" or None (`lsg_attention.DeviceDefault`: sdpa, or
+        flex_attention on CUDA where it is faster, per call), and its config names it as transformers does
+        (None: "sdpa"). While the model is built, the name is that of the registered LSG attention of the
+        backend (`lsg_attention.registered_attention`), which every source class built inside it accepts
+        (MPNet's and DeBERTa's take neither sdpa nor flex_attention, T5's before transformers 5.2x eager
+        only); the finished model names the backend (`_name_attention`). A dense decoder-only head takes what
+        transformers takes."""
         if self.config.lsg_dense_decoder:
             return super().get_correct_attn_implementation(requested_attention, is_init_check)
-        return registered_attention(lsg_backend(requested_attention))
+        backend = lsg_backend(requested_attention)
+        return registered_attention(backend) if is_init_check else public_name(backend)
+
+    def set_attn_implementation(self, attn_implementation: str | dict | None, **kwargs: Any) -> None:
+        """Switch the attention of the model, as transformers' ``set_attn_implementation``: "eager", "sdpa",
+        "flex_attention", or None for the default; the config of the model and of every model inside it say
+        so (a decoder's dense layers: what they run of it, `lsg_attention.dense_backend`). Other values
+        raise ValueError."""
+        if self.config.lsg_dense_decoder:
+            super().set_attn_implementation(attn_implementation, **kwargs)
+            return
+        if isinstance(attn_implementation, dict):  # transformers' per-sub-config form: LSG configs have none
+            attn_implementation = attn_implementation.get("", attn_implementation(self.config))
+        self._name_attention(lsg_backend(attn_implementation))
+
+    def _name_attention(self, backend: str) -> None:
+        """Name `backend` in the config of the model and of every model inside it with a config of its own
+        (T5's stacks) as transformers names it (`lsg_attention.public_name`; under the decoder, what its dense
+        layers run, `lsg_attention.dense_backend`), and let the LSG layers' `DispatchConfig` know whether it
+        is the device default."""
+        decoder = getattr(self.base_model, self.lsg_layout.decoder, None)
+        decoder_models = set(decoder.modules()) if isinstance(decoder, nn.Module) else set()
+        for module in self.modules():
+            if isinstance(module, PreTrainedModel):
+                in_decoder = module in decoder_models
+                store_attn_implementation(module.config, dense_backend(module.config, backend) if in_decoder else public_name(backend))
+            dispatch = vars(module).get("config")
+            if isinstance(dispatch, DispatchConfig):
+                dispatch.device_default = backend == DEFAULT_BACKEND
 
     @property
     def lsg_global_embeddings(self) -> nn.Embedding | None:

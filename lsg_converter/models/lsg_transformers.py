@@ -18,9 +18,8 @@ method an LSG class must define), and where a name in the table is gone from the
   ``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu`` (`CPU_FLASH_ATTENTION`) and its backward
   (`CPU_FLASH_ATTENTION_BACKWARD`), a tensor's ``_version`` (`tensor_version`),
   ``torch.autograd._unsafe_preserve_version_counter`` (`unchanged_version`); a config's
-  ``_attn_implementation``, ``_attn_implementation_internal`` and ``_output_attentions``
-  (`attn_implementation`, `stored_attn_implementation` / `store_attn_implementation`,
-  `stored_output_attentions`), a model's ``_init_weights`` (`init_weights`) and ``_auto_class``
+  ``_attn_implementation`` and ``_attn_implementation_internal`` (`attn_implementation`,
+  `store_attn_implementation`), a model's ``_init_weights`` (`init_weights`) and ``_auto_class``
   (`clear_auto_class`), a model class's ``_supports_sdpa`` / ``_supports_flex_attn``
   (`dense_implementations`); ``_relative_position_bucket`` of T5's, mT5's and UMT5's attention modules (a
   static method with the bucket settings as arguments in T5 and mT5, a method reading them from the
@@ -28,12 +27,10 @@ method an LSG class must define), and where a name in the table is gone from the
 * Private names overridden (lsg_model): ``_supports_sdpa`` / ``_supports_flex_attn`` /
   ``_supports_flash_attn`` / ``_supports_attention_backend``, ``_can_set_attn_implementation``.
 * Public names whose behaviour LSG relies on: ``transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS``
-  (transformers' own attention functions, by name), ``transformers.masking_utils.ALL_MASK_ATTENTION_FUNCTIONS``
-  (its mask creations, by name) and ``transformers.utils.is_torch_flex_attn_available``, imported here;
-  the ``eager_attention_forward`` of each modeling file (what transformers runs for "eager"), found by
-  name through `eager_attention_of`; ``can_record_outputs`` and ``OutputRecorder.target_class`` / ``layer_name`` (which
-  layers the output recorder hooks); ``get_correct_attn_implementation``, ``post_init`` and
-  ``register_for_auto_class``, overridden or called in lsg_model.
+  (transformers' own attention functions, by name) and ``transformers.utils.is_torch_flex_attn_available``,
+  imported here; ``can_record_outputs`` and ``OutputRecorder.target_class`` / ``layer_name`` (which
+  layers the output recorder hooks); ``get_correct_attn_implementation``, ``set_attn_implementation``,
+  ``post_init`` and ``register_for_auto_class``, overridden or called in lsg_model.
 * Private registry written: ``transformers.utils.output_capturing._CAN_RECORD_REGISTRY``, where
   ``capture_outputs`` looks up which layers a model records (its class's ``_can_record_outputs``) by
   the name of the class it was built as; `record_outputs_like_source` enters an LSG step class made
@@ -53,21 +50,18 @@ from __future__ import annotations
 
 import inspect
 import re
-import sys
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, NamedTuple
 
 import transformers
 import torch
 from transformers import Cache
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import is_torch_flex_attn_available, logging
 from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
 
 __all__ = [
     "ALL_ATTENTION_FUNCTIONS",
-    "ALL_MASK_ATTENTION_FUNCTIONS",
     "CPU_FLASH_ATTENTION",
     "CPU_FLASH_ATTENTION_BACKWARD",
     "LSG_CODE_VERSION",
@@ -77,7 +71,6 @@ __all__ = [
     "clear_auto_class",
     "compile_error",
     "dense_implementations",
-    "eager_attention_of",
     "forward_cache",
     "inductor_compile",
     "init_weights",
@@ -89,7 +82,6 @@ __all__ = [
     "store_attn_implementation",
     "tensor_version",
     "unchanged_version",
-    "stored_attn_implementation",
     "transformers_names",
     "warn_if_untested_transformers",
     "with_past_length",
@@ -149,20 +141,21 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     ),
     PrivateName(
         "transformers.PretrainedConfig._attn_implementation",
-        "attn_implementation: the attention implementation transformers' layers dispatch on, the registered "
-        "LSG attention of the model's backend (lsg_model refuses another when a config is made; "
-        "lsg_attention_layers reads a swapped layer's backend from it)",
+        "attn_implementation: the attention implementation a config names (\"eager\", \"sdpa\", \"flex_attention\"), "
+        "which lsg_attention.DispatchConfig turns into the registered LSG attention its layers dispatch on "
+        "(lsg_model refuses another when a config is made; lsg_attention_layers reads a swapped layer's backend "
+        "from it)",
+    ),
+    PrivateName(
+        "transformers.PretrainedConfig._attn_implementation",
+        "overridden by lsg_attention.DispatchConfig, the config an LSG layer holds: the registered LSG attention "
+        "of the backend the model's config names",
+        overridden=True,
     ),
     PrivateName(
         "transformers.PretrainedConfig._attn_implementation_internal",
-        "stored_attn_implementation / store_attn_implementation: the value behind a config's "
-        "_attn_implementation, named as the backend for the time of transformers' checks that compare it "
-        "with \"eager\" (LSGConfigMixin.backend_named)",
-    ),
-    PrivateName(
-        "transformers.PretrainedConfig._output_attentions",
-        "stored_output_attentions: the value behind a config's output_attentions, which LSGConfigMixin "
-        "overrides to check the backend its registered attention runs, not the name",
+        "store_attn_implementation: the value behind a config's _attn_implementation, written without its setter "
+        "as transformers' set_attn_implementation writes it (LSGModelMixin._name_attention)",
     ),
     PrivateName(
         "transformers.PreTrainedModel._supports_sdpa",
@@ -358,21 +351,9 @@ def attn_implementation(config: Any) -> str | None:
     return config._attn_implementation
 
 
-def stored_attn_implementation(config: Any) -> str | None:
-    """The value behind a config's ``_attn_implementation`` (``_attn_implementation_internal``); None before
-    transformers' ``__init__`` of the config set it."""
-    return getattr(config, "_attn_implementation_internal", None)
-
-
 def store_attn_implementation(config: Any, value: str | None) -> None:
     """Set the value behind a config's ``_attn_implementation`` without its setter."""
     config._attn_implementation_internal = value
-
-
-def stored_output_attentions(config: Any) -> bool:
-    """The value behind a config's ``output_attentions`` (``_output_attentions``), read without transformers'
-    check of the implementation (an LSG config names its registered attention, not "eager")."""
-    return config._output_attentions
 
 
 def dense_implementations(model_class: type) -> tuple[str, ...]:
@@ -392,13 +373,6 @@ def clear_auto_class(cls: type) -> None:
     """Leave the model class `cls` unregistered for remote-code saving, where it would inherit the Auto class
     of a registered parent (``_auto_class``)."""
     cls._auto_class = None
-
-
-def eager_attention_of(attention: Any) -> Any:
-    """The attention transformers runs for "eager" in the attention module `attention` (its default in
-    ``ALL_ATTENTION_FUNCTIONS.get_interface``): the ``eager_attention_forward`` of the modeling file that
-    defines its class (BART's, T5's, each with its own terms)."""
-    return sys.modules[type(attention).__module__].eager_attention_forward
 
 
 def record_outputs_like_source(model_class: type) -> None:
