@@ -386,7 +386,9 @@ class LSGModelMixin:
             return
         encoder = base.get_submodule(self.lsg_layout.encoder)
         recorder = encoder if isinstance(encoder, PreTrainedModel) else base
-        settings = self.config.lsg_settings  # resolved once, for every LSG layer
+        # resolved once, for every LSG layer, by this file's copy of the code: a saved model's config class comes
+        # from another copy of its remote code, whose settings the core would resolve again at every call
+        settings = LSGSettings.of(self.config)
         settings.pattern(causal=bool(getattr(self.config, "is_decoder", False)))  # built now, not in a compiled forward
         self.lsg_attention.apply(recorder, self.config, settings)  # before from_pretrained loads the weights
         passes_to_decoder = bool(getattr(self.config, "pass_global_tokens_to_decoder", False)) and decoder is not None

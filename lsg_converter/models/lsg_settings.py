@@ -45,10 +45,9 @@ class LSGSettings:
     @classmethod
     def of(cls, config: Any) -> LSGSettings:
         """The settings held by the attributes of `config` (an LSG config, or anything carrying the keys;
-        `LSG_DEFAULTS` for the missing ones); `config` itself if it is settings already, of this file or of
-        another copy of it (`is_settings`). Equal values give the same settings object, whose key patterns
-        are then built once."""
-        if is_settings(config):
+        `LSG_DEFAULTS` for the missing ones); `config` itself if it is settings already. Equal values give
+        the same settings object, whose key patterns are then built once."""
+        if isinstance(config, LSGSettings):
             return config
         values = tuple((name, getattr(config, name, default)) for name, default in LSG_DEFAULTS.items())
         try:
@@ -114,17 +113,6 @@ class LSGSettings:
                 "sparsity_type='bos_pooling' needs the first token's query, which a cached causal decoder no longer "
                 "has: use sparsity_type='pooling' for decoder (causal LM) models."
             )
-
-
-def is_settings(value: Any) -> bool:
-    """Whether `value` is an `LSGSettings`, of this file or of another copy of it: transformers loads a saved
-    model's config class and its model classes from two copies of its remote code, and the settings the
-    model's layers hold (resolved once by its config) are then of the other copy's class. Taken as they are,
-    a compiled forward does not resolve them again (through `_settings`' cache, on which dynamo warns)."""
-    kind = type(value)
-    return isinstance(value, LSGSettings) or (
-        kind.__qualname__ == LSGSettings.__qualname__ and kind.__module__.rpartition(".")[2] == __name__.rpartition(".")[2]
-    )
 
 
 @functools.lru_cache(maxsize=64)
