@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 import transformers
+from packaging.version import Version
 from torch import nn
 
 from .errors import UnsupportedModelError
@@ -148,8 +149,18 @@ class Architecture:
         return None if table is None else table.weight.detach()[0]
 
 
+# Source model types that transformers brought after its oldest release we support, by that release.
+NEWER_MODEL_TYPES = {"gte": "5.18.0"}
+# The model types the installed transformers lacks (`find_architecture` refuses them naming the release).
+MISSING_MODEL_TYPES = {
+    model_type: release
+    for model_type, release in NEWER_MODEL_TYPES.items()
+    if Version(transformers.__version__) < Version(release)
+}
+
 # One row per source model type: its two files under models/ say the rest. BARThez checkpoints are
-# mBART ones; MPNet's relative bias and DeBERTa's c2p and p2c terms are evaluated per block (their files).
+# mBART ones; MPNet's relative bias and DeBERTa's c2p and p2c terms are evaluated per block (their files);
+# NomicBERT, GTE and EuroBERT rotate their queries and keys (lsg_layout.LSGLayout.rotary_embeddings).
 ARCHITECTURES: dict[str, Architecture] = {
     model_type: Architecture(model_type)
     for model_type in (
@@ -168,7 +179,11 @@ ARCHITECTURES: dict[str, Architecture] = {
         "t5",
         "mt5",
         "umt5",
+        "nomic_bert",
+        "gte",
+        "eurobert",
     )
+    if model_type not in MISSING_MODEL_TYPES
 }
 
 LSG_MODEL_TYPES = {arch.lsg_model_type: arch for arch in ARCHITECTURES.values()}
@@ -177,6 +192,12 @@ LSG_MODEL_TYPES = {arch.lsg_model_type: arch for arch in ARCHITECTURES.values()}
 def find_architecture(model_type: str) -> Architecture:
     """Row for a source or LSG model type; a clear error listing the supported ones otherwise."""
     arch = ARCHITECTURES.get(model_type) or LSG_MODEL_TYPES.get(model_type)
+    release = MISSING_MODEL_TYPES.get(model_type.removeprefix("lsg-"))
+    if arch is None and release is not None:
+        raise UnsupportedModelError(
+            f"Model type {model_type!r} needs transformers {release} or newer (installed: {transformers.__version__}): "
+            f'pip install -U "transformers>={release}".'
+        )
     if arch is None:
         supported = ", ".join(sorted(ARCHITECTURES))
         raise UnsupportedModelError(f"Model type {model_type!r} cannot be converted: supported types are {supported}.")

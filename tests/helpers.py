@@ -28,7 +28,7 @@ VOCAB = 99
 TINY_LENGTH = 128  # tokens the tiny sources read (RoBERTa's table has 2 more rows)
 PAD_ID = {
     "bert": 0, "distilbert": 0, "roberta": 1, "bart": 1, "albert": 0, "electra": 0, "camembert": 1, "xlm-roberta": 1,
-    "mbart": 1, "pegasus": 0, "mpnet": 1, "deberta-v2": 0, "t5": 0, "mt5": 0, "umt5": 0,
+    "mbart": 1, "pegasus": 0, "mpnet": 1, "deberta-v2": 0, "t5": 0, "mt5": 0, "umt5": 0, "nomic_bert": 0, "gte": 1, "eurobert": 1,
 }
 EOS_ID = 2
 SHARED = dict(vocab_size=VOCAB)
@@ -83,6 +83,21 @@ TINY_CONFIGS = {
         hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
         max_position_embeddings=TINY_LENGTH, relative_attention=True, position_buckets=32, pos_att_type=["p2c", "c2p"],
         position_biased_input=False, norm_rel_ebd="layer_norm", share_att_key=True, type_vocab_size=0, **SHARED,
+    ),
+    # NomicBERT: rotary positions (no table), SwiGLU, BERT's post-norm layers
+    "nomic_bert": lambda: transformers.NomicBertConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+        max_position_embeddings=TINY_LENGTH, **SHARED,
+    ),
+    # GTE: NomicBERT's shape with GELU and a token type table of one row (gte-*-en-v1.5)
+    "gte": lambda: transformers.GteConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+        max_position_embeddings=TINY_LENGTH, **SHARED,
+    ),
+    # EuroBERT: Llama-shaped, 2 key/value heads for 4 query heads, no token types
+    "eurobert": lambda: transformers.EuroBertConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=37,
+        max_position_embeddings=TINY_LENGTH, pad_token_id=1, bos_token_id=0, eos_token_id=EOS_ID, mask_token_id=4, **SHARED,
     ),
     "pegasus": lambda: transformers.PegasusConfig(  # pad 0, eos 1 as in google/pegasus-*
         d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,

@@ -36,7 +36,7 @@ def assert_each_row_gets_its_output_alone(model, arch):
 
 def layer_inputs(model, inputs):
     """(rows, tokens) of every output of the first feed-forward layer during one forward (in the caller's grad mode)."""
-    first = next(module for name, module in model.named_modules() if name.endswith(("intermediate", "ffn", "ff")))
+    first = next(module for name, module in model.named_modules() if name.endswith(("intermediate", "ffn", "ff", "mlp")))
     shapes = []
     handle = first.register_forward_hook(lambda module, args, output: shapes.append(tuple(output.shape[:2])))
     try:

@@ -708,6 +708,9 @@ def lsg_attention_forward(
     models (e.g. BertLMHeadModel). Returns (output (B, N, H, D), weights): the token weights (B, H, q, t)
     with the "eager" backend, None with the others.
     """
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:  # grouped key/value heads (EuroBERT): (B, H / groups, N, D) -> (B, H, N, D), as transformers' repeat_kv
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     padding_mask = key_padding_mask(attention_mask, key.shape[2], settings.num_global_tokens)
     memo = pass_padding_memo(attention_mask)  # this forward pass's, shared by its layers
     if backend != "eager" and kwargs.get("output_attentions"):

@@ -147,6 +147,16 @@ class GlobalTokens:
         global_tokens = global_tokens.unsqueeze(0).expand(embeddings.shape[0], -1, -1)
         return torch.cat([global_tokens, embeddings], dim=1)
 
+    def positions(self, position_ids: torch.Tensor) -> torch.Tensor:
+        """(B or 1, t) -> (B or 1, g + t): the position ids a rotary module turns into its rotations, the global
+        tokens' in front, each at position 0 (`GivesGlobalTokensPosition0`): every token sees a global key at
+        the distance its own position, as it sees the first token."""
+        call = self.call
+        if call is None or not call.prepended:
+            return position_ids
+        global_positions = position_ids.new_zeros(*position_ids.shape[:-1], self.config.num_global_tokens)
+        return torch.cat([global_positions, position_ids], dim=-1)
+
     def layer_input(self, states: torch.Tensor) -> torch.Tensor:
         """The input of a recorded layer (`RecordsTokenStates`): the first layer's is hidden state 0."""
         call = self.call
@@ -273,6 +283,15 @@ class DropsGlobalTokens(GlobalTokenStep):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.lsg_global_tokens.drop(super().forward(*args, **kwargs))
+
+
+class GivesGlobalTokensPosition0(GlobalTokenStep):
+    """A rotary position module (`LSGLayout.rotary_embeddings`): its position ids get the global tokens' in front."""
+
+    label = "{}WithGlobalTokensAtPosition0"
+
+    def forward(self, states: torch.Tensor, position_ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        return super().forward(states, self.lsg_global_tokens.positions(position_ids), *args, **kwargs)
 
 
 class ShiftsPastLength(GlobalTokenStep):

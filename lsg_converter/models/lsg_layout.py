@@ -40,6 +40,8 @@ class LSGLayout:
         sinusoidal_switch: the config key that makes the tables sinusoidal (DistilBERT's
             ``sinusoidal_pos_embds``: learned otherwise); None where `sinusoidal_positions` always holds.
         token_type_table: the token type embedding module added to the global tokens, if any.
+        rotary_embeddings: the rotary position modules, called with the states and their position ids (GTE,
+            NomicBERT, EuroBERT): the global tokens get position 0 there, in front of the tokens' own.
         pretrained_length: the tokens a model reads whose config names no ``max_position_embeddings``
             (T5: relative positions without a table, pretrained on 512); a converted model's config
             names its length.
@@ -54,6 +56,7 @@ class LSGLayout:
     sinusoidal_positions: str | None = None
     sinusoidal_switch: str | None = None
     token_type_table: str | None = None
+    rotary_embeddings: tuple[str, ...] = ()
     pretrained_length: int | None = None
 
     def prepend_point(self, base: nn.Module) -> nn.Module:
@@ -83,6 +86,14 @@ class LSGLayout:
 
 # The layout of the encoder-decoder models (BART, mBART, Pegasus): the global tokens live in the encoder.
 ENCODER_DECODER_POSITIONS = ("encoder.embed_positions", "decoder.embed_positions")
+# Where a BERT-like encoder with rotary positions (NomicBERT, GTE) keeps its modules: no encoder module (the
+# layers are the base model's), no position table, the global tokens at position 0 of its rotary module.
+ROTARY_BERT_LAYOUT = LSGLayout(
+    encoder="",
+    position_tables=(),
+    token_type_table="embeddings.token_type_embeddings",
+    rotary_embeddings=("rotary_emb",),
+)
 
 
 def adopt(module: nn.Module, new_class: type[nn.Module]) -> nn.Module:

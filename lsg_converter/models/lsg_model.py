@@ -37,6 +37,7 @@ from .lsg_settings import LSGSettings
 from .lsg_attention_layers import AttentionReach, DispatchedAttention, recorded_modules
 from .lsg_global_tokens import (
     DropsGlobalTokens,
+    GivesGlobalTokensPosition0,
     GlobalTokens,
     PrependsGlobalTokens,
     RecordsTokenStates,
@@ -107,6 +108,8 @@ ENCODER_HEADS = (
     "ForQuestionAnswering",
     "ForMultipleChoice",
 )
+# The heads of the encoders with rotary positions in transformers (NomicBERT, GTE, EuroBERT).
+ROTARY_ENCODER_HEADS = ("Model", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification")
 # Head suffix -> transformers Auto class; every other "For..." suffix maps to "AutoModel" + suffix.
 AUTO_CLASS_OF_HEAD = {
     "Model": "AutoModel",
@@ -402,8 +405,9 @@ class LSGModelMixin:
     ) -> GlobalTokens:
         """The modules that carry the global tokens (see `GlobalTokens`), each adopted into a class that
         adds its step (lsg_global_tokens.adopt_step): the recorded layers split their token rows out,
-        the encoder drops the global tokens, the prepend point puts them in front, a causal decoder's
-        embeddings count a cached step's positions without them, and the recorder runs its forward
+        the encoder drops the global tokens, the prepend point puts them in front, the rotary position
+        modules give them position 0, a causal decoder's embeddings count a cached step's positions without
+        them, and the recorder runs its forward
         inside the `RecorderSteps` (the model's own forward where the model is the recorder; an encoder
         that is the recorder also drops the tokens). The input length is checked by a hook of the embeddings."""
         layout = self.lsg_layout
@@ -414,13 +418,15 @@ class LSGModelMixin:
         if encoder is not recorder:
             adopt_step(base, layout.encoder, DropsGlobalTokens, global_tokens)
         adopt_step(base, module_name(base, layout.prepend_point(base)), PrependsGlobalTokens, global_tokens)
+        for name in layout.rotary_embeddings:
+            adopt_step(base, name, GivesGlobalTokensPosition0, global_tokens)
         if getattr(self.config, "is_decoder", False):
             embeddings = adopt_step(base, layout.embeddings, ShiftsPastLength, global_tokens)
         else:
             embeddings = base.get_submodule(layout.embeddings)
         check = InputLengthCheck(self.config, layout, "input", cached_global_tokens=self.config.num_global_tokens)
         embeddings.register_forward_pre_hook(check, with_kwargs=True)
-        steps = RecorderSteps(recorder, global_tokens)
+        steps = RecorderSteps(recorder, global_tokens, drops=recorder is self and encoder is recorder)
         if recorder is self:
             self.lsg_forward_steps = steps
         else:

@@ -73,16 +73,19 @@ class RecorderSteps:
     enclosing pass's given back after it, returned or raised), the O(n) padding mask with the global
     tokens' columns (`padding_mask_view`), shared by the layers for the pass: what they make from it
     alone is made once (`lsg_pattern.share_padding`); after the forward, the recorded hidden states
-    replaced by the token rows and a tuple made if the caller asked for one (`GlobalTokens.finish`).
+    replaced by the token rows and a tuple made if the caller asked for one (`GlobalTokens.finish`). A bare
+    model that holds its layers itself (no encoder module: GTE, NomicBERT, EuroBERT) is its own encoder: its
+    output drops the global tokens there too (`drops`; inside a head, `CarriesAndDropsGlobalTokens`).
 
     The model's ``forward`` runs them (`RecorderForward`), where the model is its own recorder
     (LSGBertModel) as where the recorder is a module inside it, adopted into a step class
     (`CarriesGlobalTokens`: the ``bert`` of LSGBertForMaskedLM, BART's encoder).
     """
 
-    def __init__(self, recorder: nn.Module, global_tokens: GlobalTokens) -> None:
+    def __init__(self, recorder: nn.Module, global_tokens: GlobalTokens, drops: bool = False) -> None:
         self.signature = inspect.signature(recorder.forward)
         self.global_tokens = global_tokens
+        self.drops = drops  # the bare model of an architecture whose layers are its own (no encoder module)
 
     def run(self, recorder: nn.Module, forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """`forward` (the recorder's own, bound) called inside the steps: once, or once per group of rows
@@ -104,7 +107,8 @@ class RecorderSteps:
         enclosing, global_tokens.call = global_tokens.call, call
         shared = share_padding(mask)  # what the layers make from the mask alone: made once in the pass
         try:
-            return global_tokens.finish(forward(**kwargs))
+            output = forward(**kwargs)
+            return global_tokens.finish(global_tokens.drop(output) if self.drops else output)
         finally:
             global_tokens.call = enclosing
             unshare_padding(shared)

@@ -70,6 +70,7 @@ __all__ = [
     "attn_implementation",
     "clear_auto_class",
     "compile_error",
+    "convert_weights_as",
     "dense_implementations",
     "forward_cache",
     "inductor_compile",
@@ -344,6 +345,19 @@ def compile_error() -> type[Exception]:
     """The class of the errors a failed torch.compile raises, inductor's included
     (``torch._dynamo.exc.TorchDynamoException``; read when one is caught, as dynamo is loaded by then)."""
     return torch._dynamo.exc.TorchDynamoException
+
+
+def convert_weights_as(lsg_model_type: str, source_model_type: str) -> None:
+    """Have transformers rename the weights of a checkpoint for `lsg_model_type` as it renames those of
+    `source_model_type` (its checkpoint conversion mapping: NomicBERT's and GTE's hub checkpoints keep their
+    original names, ``emb_ln``, ``attn.Wqkv``, which transformers turns into its modules' when it loads them,
+    and back when it saves), when it loads and saves a model of that type, remote code included. Does nothing
+    where transformers has no mapping for the source type."""
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping, register_checkpoint_conversion_mapping
+
+    mapping = get_checkpoint_conversion_mapping(source_model_type)
+    if mapping is not None:
+        register_checkpoint_conversion_mapping(lsg_model_type, mapping, overwrite=True)
 
 
 def attn_implementation(config: Any) -> str | None:

@@ -1,0 +1,49 @@
+"""LSG-EuroBERT: the EuroBERT heads of transformers with LSG attention and global tokens.
+
+EuroBERT is a Llama-shaped encoder: token embeddings without a normalisation, grouped key/value heads
+(transformers' attention interface receives them repeated), rotary positions applied to the queries and
+keys before that interface, and a final RMSNorm in the bare model. The global tokens live in the bare
+model (``global_embeddings``), join before the first layer and sit at position 0 of the rotary module;
+the bare model's output (after its RMSNorm) drops them.
+
+Each head ``LSGEuroBert<Head>`` is the mixin below plus ``EuroBert<Head>``, one class per head listed in
+LSGEuroBertConfig.
+"""
+
+from .configuration_lsg_eurobert import LSGEuroBertConfig
+from .lsg_layout import LSGLayout
+from .lsg_model import LSGModelMixin
+from .lsg_transformers import transformers_names
+
+with transformers_names():  # one line naming both versions if a release removed one of these
+    from transformers.models.eurobert.modeling_eurobert import (
+        EuroBertForMaskedLM,
+        EuroBertForSequenceClassification,
+        EuroBertForTokenClassification,
+        EuroBertModel,
+    )
+
+
+class LSGEuroBertMixin(LSGModelMixin):
+    """EuroBERT keeps its global tokens in the bare model and prepends them before its first layer."""
+
+    config_class = LSGEuroBertConfig
+    lsg_layout = LSGLayout(
+        embeddings="", prepend_before=("layers.0",), encoder="", position_tables=(), rotary_embeddings=("rotary_emb",)
+    )
+
+
+class LSGEuroBertModel(LSGEuroBertMixin, EuroBertModel):
+    """EuroBertModel with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGEuroBertForMaskedLM(LSGEuroBertMixin, EuroBertForMaskedLM):
+    """EuroBertForMaskedLM with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGEuroBertForSequenceClassification(LSGEuroBertMixin, EuroBertForSequenceClassification):
+    """EuroBertForSequenceClassification with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGEuroBertForTokenClassification(LSGEuroBertMixin, EuroBertForTokenClassification):
+    """EuroBertForTokenClassification with LSG attention (Local + Sparse + Global) and global tokens."""

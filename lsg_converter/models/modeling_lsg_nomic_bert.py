@@ -1,0 +1,46 @@
+"""LSG-NomicBERT: the NomicBERT heads of transformers (nomic-embed-text) with LSG attention and global tokens.
+
+NomicBERT has no position table: its attention rotates the queries and keys by their positions (RoPE)
+before transformers' attention interface, which LSG attention then receives rotated, so the local keys
+see their true distances. The global tokens join before the embedding LayerNorm and sit at position 0 of
+the rotary module (`LSGLayout.rotary_embeddings`), where the first token is.
+
+Each head ``LSGNomicBert<Head>`` is the mixin below plus ``NomicBert<Head>``, one class per head listed in
+LSGNomicBertConfig.
+"""
+
+from .configuration_lsg_nomic_bert import LSGNomicBertConfig
+from .lsg_layout import ROTARY_BERT_LAYOUT
+from .lsg_model import LSGModelMixin
+from .lsg_transformers import transformers_names
+
+with transformers_names():  # one line naming both versions if a release removed one of these
+    from transformers.models.nomic_bert.modeling_nomic_bert import (
+        NomicBertForMaskedLM,
+        NomicBertForSequenceClassification,
+        NomicBertForTokenClassification,
+        NomicBertModel,
+    )
+
+
+class LSGNomicBertMixin(LSGModelMixin):
+    """NomicBERT keeps its global tokens in `embeddings` and prepends them before `embeddings.LayerNorm`."""
+
+    config_class = LSGNomicBertConfig
+    lsg_layout = ROTARY_BERT_LAYOUT
+
+
+class LSGNomicBertModel(LSGNomicBertMixin, NomicBertModel):
+    """NomicBertModel with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGNomicBertForMaskedLM(LSGNomicBertMixin, NomicBertForMaskedLM):
+    """NomicBertForMaskedLM with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGNomicBertForSequenceClassification(LSGNomicBertMixin, NomicBertForSequenceClassification):
+    """NomicBertForSequenceClassification with LSG attention (Local + Sparse + Global) and global tokens."""
+
+
+class LSGNomicBertForTokenClassification(LSGNomicBertMixin, NomicBertForTokenClassification):
+    """NomicBertForTokenClassification with LSG attention (Local + Sparse + Global) and global tokens."""

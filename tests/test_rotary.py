@@ -1,0 +1,118 @@
+"""LSG on the encoders with rotary positions (NomicBERT; the families of `ROTARY`): their attention rotates
+the queries and keys before transformers' attention interface, so LSG attention receives them rotated and
+its local keys see their true distances; the global tokens sit at position 0 of the rotary module.
+
+The oracles are the source models themselves: run with a block-local mask, they are an LSG model without
+global tokens or sparse keys; run on the global tokens' rows put in front of the tokens at position 0, they
+are an LSG model whose blocks cover the whole input.
+"""
+
+import pytest
+import torch
+import transformers
+
+from packaging.version import Version
+
+from helpers import TINY_CONFIGS, TINY_LENGTH, block_local_mask, padded_batch, save_tiny_source
+from lsg_converter import ARCHITECTURES, LSGConverter, UnsupportedModelError
+from lsg_converter.architectures import NEWER_MODEL_TYPES, find_architecture
+
+BACKENDS = ["eager", "sdpa", "flex_attention"]
+ROTARY = [arch for arch, spec in ARCHITECTURES.items() if spec.layout.rotary_embeddings]
+BLOCK = 16
+
+
+def source_and_converted(arch, folder, **settings):
+    """The tiny random bare model of `arch` (eager: it takes an additive 4D mask) and its LSG conversion."""
+    source_dir = save_tiny_source(folder / "source", arch, ARCHITECTURES[arch].base_head)
+    source = transformers.AutoModel.from_pretrained(source_dir, attn_implementation="eager").eval()
+    model, _ = LSGConverter(max_sequence_length=TINY_LENGTH).convert_from_pretrained(str(source_dir), **settings)
+    return source, model.eval()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("arch", ROTARY)
+def test_without_global_tokens_or_sparse_keys_lsg_equals_the_source_under_a_block_local_mask(arch, backend, tmp_path):
+    source, model = source_and_converted(arch, tmp_path, num_global_tokens=0, block_size=BLOCK, sparsity_type="none")
+    model.set_attn_implementation(backend)
+    input_ids, attention_mask = padded_batch([TINY_LENGTH, 70], TINY_LENGTH, arch)
+
+    with torch.no_grad():
+        output = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        oracle = source(input_ids=input_ids, attention_mask=block_local_mask(attention_mask, BLOCK)).last_hidden_state
+        dense = source(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    real = attention_mask.bool()[..., None]
+    torch.testing.assert_close(output * real, oracle * real, atol=1e-5, rtol=0)
+    # the oracle differs from dense attention far more than from LSG: the check bites
+    assert ((output - dense) * real).abs().max() > 10 * ((output - oracle) * real).abs().max().clamp(min=1e-7)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("arch", ROTARY)
+def test_the_global_tokens_are_read_at_position_0_of_the_rotary_positions(arch, backend, tmp_path):
+    num_global = 2
+    source, model = source_and_converted(
+        arch, tmp_path, num_global_tokens=num_global, block_size=TINY_LENGTH, pool_with_global=False
+    )
+    model.set_attn_implementation(backend)
+    global_rows = model.lsg_global_embeddings.weight[:num_global]
+    with torch.no_grad():
+        global_rows.normal_(generator=torch.Generator().manual_seed(0))
+    input_ids, attention_mask = padded_batch([TINY_LENGTH - 8, 70], TINY_LENGTH - 8, arch)
+    batch = input_ids.shape[0]
+    # the source adds its type-0 row to every row it embeds: the global rows in front, less that row, are them
+    type_table = ARCHITECTURES[arch].layout.token_type_table
+    type_row = 0 if type_table is None else source.get_submodule(type_table).weight[0]
+    embeds = torch.cat([(global_rows - type_row).expand(batch, -1, -1), source.get_input_embeddings()(input_ids)], dim=1)
+    positions = torch.cat([torch.zeros(num_global, dtype=torch.long), torch.arange(input_ids.shape[1])])[None]
+    mask = torch.cat([attention_mask.new_ones(batch, num_global), attention_mask], dim=1)
+
+    with torch.no_grad():
+        output = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        oracle = source(inputs_embeds=embeds, attention_mask=mask, position_ids=positions).last_hidden_state[:, num_global:]
+        shifted = source(inputs_embeds=embeds, attention_mask=mask).last_hidden_state[:, num_global:]
+
+    real = attention_mask.bool()[..., None]
+    torch.testing.assert_close(output * real, oracle * real, atol=1e-5, rtol=0)
+    # the global tokens at positions 0 and 1 (the tokens shifted after them) give other outputs: the check bites
+    assert ((output - shifted) * real).abs().max() > 10 * ((output - oracle) * real).abs().max().clamp(min=1e-7)
+
+
+# rope types whose frequencies depend on the source's length (yarn, dynamic) or on a factor (linear)
+ROPE_PARAMETERS = [
+    {"rope_type": "default"},
+    {"rope_type": "linear", "factor": 2.0},
+    {"rope_type": "dynamic", "factor": 2.0},
+    {"rope_type": "yarn", "factor": 2.0},
+]
+
+
+@pytest.mark.parametrize("rope", ROPE_PARAMETERS, ids=lambda rope: rope["rope_type"])
+@pytest.mark.parametrize("arch", ROTARY)
+def test_the_rotary_positions_are_the_sources_at_the_longer_length(arch, rope, tmp_path):
+    source_dir = tmp_path / "source"
+    source = transformers.AutoModel.from_config(
+        type(TINY_CONFIGS[arch]())(**{**TINY_CONFIGS[arch]().to_dict(), "rope_parameters": {"rope_theta": 10000.0, **rope}})
+    )
+    source.save_pretrained(source_dir)
+    model, _ = LSGConverter(max_sequence_length=8 * TINY_LENGTH).convert_from_pretrained(str(source_dir))
+    states = torch.zeros(1, 3, source.config.hidden_size)
+    positions = torch.tensor([[0, TINY_LENGTH - 1, TINY_LENGTH - 1]])  # within the source's length
+
+    rotations = [module(states, positions) for module in (source.rotary_emb, model.rotary_emb)]
+
+    torch.testing.assert_close(model.rotary_emb.inv_freq, source.rotary_emb.inv_freq, atol=0, rtol=0)
+    assert model.rotary_emb.attention_scaling == source.rotary_emb.attention_scaling
+    for converted, original in zip(rotations[1], rotations[0]):
+        torch.testing.assert_close(converted, original, atol=0, rtol=0)
+
+
+@pytest.mark.compat
+def test_a_family_the_installed_transformers_lacks_is_refused_naming_the_release_it_needs():
+    for model_type, release in NEWER_MODEL_TYPES.items():
+        if Version(transformers.__version__) >= Version(release):
+            assert model_type in ARCHITECTURES
+        else:
+            with pytest.raises(UnsupportedModelError, match=f"needs transformers {release} or newer"):
+                find_architecture(model_type)
