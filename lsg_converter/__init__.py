@@ -1,7 +1,8 @@
 """lsg_converter: turn pretrained encoder and encoder-decoder checkpoints into LSG models for long inputs:
 BERT, RoBERTa, DistilBERT, ALBERT, ELECTRA, CamemBERT, XLM-RoBERTa, MPNet and DeBERTa-v2 (DeBERTa-v3 too);
-BART, mBART, Pegasus, T5 (v1.1, Flan-T5), mT5 and UMT5; and the encoders with rotary positions NomicBERT
-(nomic-embed-text), GTE (gte-*-en-v1.5, gte-multilingual; transformers 5.18 or newer) and EuroBERT.
+BART, mBART, Pegasus, T5 (v1.1, Flan-T5), mT5 and UMT5; and the encoders with rotary positions ModernBERT
+(gte-modernbert, modernbert-embed), NomicBERT (nomic-embed-text), GTE (gte-*-en-v1.5, gte-multilingual;
+transformers 5.18 or newer) and EuroBERT.
 
     from lsg_converter import LSGConverter
     model, tokenizer = LSGConverter(max_sequence_length=4096).convert_from_pretrained("bert-base-uncased")

@@ -182,6 +182,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         "nomic_bert",
         "gte",
         "eurobert",
+        "modernbert",
     )
     if model_type not in MISSING_MODEL_TYPES
 }

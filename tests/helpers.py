@@ -29,6 +29,7 @@ TINY_LENGTH = 128  # tokens the tiny sources read (RoBERTa's table has 2 more ro
 PAD_ID = {
     "bert": 0, "distilbert": 0, "roberta": 1, "bart": 1, "albert": 0, "electra": 0, "camembert": 1, "xlm-roberta": 1,
     "mbart": 1, "pegasus": 0, "mpnet": 1, "deberta-v2": 0, "t5": 0, "mt5": 0, "umt5": 0, "nomic_bert": 0, "gte": 1, "eurobert": 1,
+    "modernbert": 0,
 }
 EOS_ID = 2
 SHARED = dict(vocab_size=VOCAB)
@@ -98,6 +99,12 @@ TINY_CONFIGS = {
     "eurobert": lambda: transformers.EuroBertConfig(
         hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=37,
         max_position_embeddings=TINY_LENGTH, pad_token_id=1, bos_token_id=0, eos_token_id=EOS_ID, mask_token_id=4, **SHARED,
+    ),
+    # ModernBERT: every third layer full attention, the others a window of 16 (8 each side), RoPE per layer type
+    "modernbert": lambda: transformers.ModernBertConfig(
+        hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=37, local_attention=16,
+        global_attn_every_n_layers=3, max_position_embeddings=TINY_LENGTH, pad_token_id=0, bos_token_id=EOS_ID + 1,
+        cls_token_id=EOS_ID + 1, sep_token_id=EOS_ID, eos_token_id=EOS_ID, **SHARED,
     ),
     "pegasus": lambda: transformers.PegasusConfig(  # pad 0, eos 1 as in google/pegasus-*
         d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,

@@ -22,6 +22,20 @@ ROTARY = [arch for arch, spec in ARCHITECTURES.items() if spec.layout.rotary_emb
 BLOCK = 16
 
 
+def additive(allowed: torch.Tensor) -> torch.Tensor:
+    return torch.where(allowed, 0.0, torch.finfo(torch.float32).min)
+
+
+def source_mask(source, full: torch.Tensor, positions: torch.Tensor, attention_mask: torch.Tensor):
+    """The 4D additive mask the source runs with: `full` (B, 1, L, L), and for ModernBERT, whose sliding layers
+    see the keys within half their window, a mask per kind of layer, the window read on `positions` (L,)."""
+    if source.config.model_type != "modernbert":
+        return full
+    window = (positions[:, None] - positions[None, :]).abs() <= source.config.sliding_window
+    sliding = additive(window[None, None] & attention_mask.bool()[:, None, None, :])
+    return {"full_attention": full, "sliding_attention": sliding}
+
+
 def source_and_converted(arch, folder, **settings):
     """The tiny random bare model of `arch` (eager: it takes an additive 4D mask) and its LSG conversion."""
     source_dir = save_tiny_source(folder / "source", arch, ARCHITECTURES[arch].base_head)
@@ -39,7 +53,9 @@ def test_without_global_tokens_or_sparse_keys_lsg_equals_the_source_under_a_bloc
 
     with torch.no_grad():
         output = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        oracle = source(input_ids=input_ids, attention_mask=block_local_mask(attention_mask, BLOCK)).last_hidden_state
+        positions = torch.arange(TINY_LENGTH)
+        oracle_mask = source_mask(source, block_local_mask(attention_mask, BLOCK), positions, attention_mask)
+        oracle = source(input_ids=input_ids, attention_mask=oracle_mask).last_hidden_state
         dense = source(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
     real = attention_mask.bool()[..., None]
@@ -65,12 +81,13 @@ def test_the_global_tokens_are_read_at_position_0_of_the_rotary_positions(arch, 
     type_table = ARCHITECTURES[arch].layout.token_type_table
     type_row = 0 if type_table is None else source.get_submodule(type_table).weight[0]
     embeds = torch.cat([(global_rows - type_row).expand(batch, -1, -1), source.get_input_embeddings()(input_ids)], dim=1)
-    positions = torch.cat([torch.zeros(num_global, dtype=torch.long), torch.arange(input_ids.shape[1])])[None]
+    positions = torch.cat([torch.zeros(num_global, dtype=torch.long), torch.arange(input_ids.shape[1])])
     mask = torch.cat([attention_mask.new_ones(batch, num_global), attention_mask], dim=1)
+    mask = source_mask(source, additive(mask.bool()[:, None, None, :].expand(-1, -1, len(positions), -1)), positions, mask)
 
     with torch.no_grad():
         output = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        oracle = source(inputs_embeds=embeds, attention_mask=mask, position_ids=positions).last_hidden_state[:, num_global:]
+        oracle = source(inputs_embeds=embeds, attention_mask=mask, position_ids=positions[None]).last_hidden_state[:, num_global:]
         shifted = source(inputs_embeds=embeds, attention_mask=mask).last_hidden_state[:, num_global:]
 
     real = attention_mask.bool()[..., None]
@@ -92,20 +109,27 @@ ROPE_PARAMETERS = [
 @pytest.mark.parametrize("arch", ROTARY)
 def test_the_rotary_positions_are_the_sources_at_the_longer_length(arch, rope, tmp_path):
     source_dir = tmp_path / "source"
-    source = transformers.AutoModel.from_config(
-        type(TINY_CONFIGS[arch]())(**{**TINY_CONFIGS[arch]().to_dict(), "rope_parameters": {"rope_theta": 10000.0, **rope}})
-    )
+    config = TINY_CONFIGS[arch]()
+    rope = {"rope_theta": 10000.0, **rope}
+    if getattr(config, "layer_types", None):  # ModernBERT: parameters per kind of layer
+        rope = {layer_type: rope for layer_type in set(config.layer_types)}
+    source = transformers.AutoModel.from_config(type(config)(**{**config.to_dict(), "rope_parameters": rope}))
     source.save_pretrained(source_dir)
     model, _ = LSGConverter(max_sequence_length=8 * TINY_LENGTH).convert_from_pretrained(str(source_dir))
     states = torch.zeros(1, 3, source.config.hidden_size)
     positions = torch.tensor([[0, TINY_LENGTH - 1, TINY_LENGTH - 1]])  # within the source's length
 
-    rotations = [module(states, positions) for module in (source.rotary_emb, model.rotary_emb)]
-
-    torch.testing.assert_close(model.rotary_emb.inv_freq, source.rotary_emb.inv_freq, atol=0, rtol=0)
-    assert model.rotary_emb.attention_scaling == source.rotary_emb.attention_scaling
-    for converted, original in zip(rotations[1], rotations[0]):
-        torch.testing.assert_close(converted, original, atol=0, rtol=0)
+    for layer_type in sorted(set(getattr(source.config, "layer_types", None) or [None])):
+        extra = () if layer_type is None else (layer_type,)  # ModernBERT: a table per kind of layer
+        rotations = [module(states, positions, *extra) for module in (source.rotary_emb, model.rotary_emb)]
+        for converted, original in zip(rotations[1], rotations[0]):
+            torch.testing.assert_close(converted, original, atol=0, rtol=0)
+    buffers = [dict(module.named_buffers()) for module in (source.rotary_emb, model.rotary_emb)]
+    assert buffers[0].keys() == buffers[1].keys()
+    for name, buffer in buffers[0].items():
+        torch.testing.assert_close(buffers[1][name], buffer, atol=0, rtol=0)
+    scaling = [{name: value for name, value in vars(module).items() if "attention_scaling" in name} for module in (source.rotary_emb, model.rotary_emb)]
+    assert scaling[0] == scaling[1]
 
 
 @pytest.mark.compat

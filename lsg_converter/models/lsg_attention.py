@@ -36,7 +36,7 @@ import functools
 import hashlib
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -641,10 +641,13 @@ def key_padding_mask(attention_mask: torch.Tensor | None, num_keys: int, num_glo
 @dataclass(frozen=True)
 class SelfAttentionRole:
     """The role of an LSG self-attention layer (its ``lsg_role``, given when the model is built): LSG
-    attention with the model's `settings`, `causal` in a decoder-only LSG model (BertLMHeadModel)."""
+    attention with the model's `settings` (or the layer's own: ModernBERT's sliding-window layers), `causal`
+    in a decoder-only LSG model (BertLMHeadModel), and the `position_terms` that `position_terms(query)` makes
+    at each call where the layer's scores have some (ModernBERT's window)."""
 
     settings: LSGSettings
     causal: bool = False
+    position_terms: Callable[[torch.Tensor], PositionTerms] | None = None
 
 
 @dataclass(frozen=True)
@@ -670,6 +673,8 @@ def registered_attention_forward(
     decoder's `dense_backend` for a `CrossAttentionRole`. Returns (output (B, q, H, D), weights or None)."""
     role = module.lsg_role
     if isinstance(role, SelfAttentionRole):
+        if role.position_terms is not None:
+            kwargs["position_terms"] = role.position_terms(query)
         return lsg_attention_forward(
             module, query, key, value, attention_mask, role.settings, causal=role.causal, backend=backend, **kwargs
         )

@@ -51,9 +51,12 @@ class DispatchedAttention:
     def apply(self, recorder: nn.Module, config: Any, settings: LSGSettings) -> None:
         dispatch = DispatchConfig(config)
         for module in recorded_modules(recorder, "attentions"):
-            causal = bool(getattr(config, "is_decoder", False) and getattr(module, "is_causal", False))
-            module.lsg_role = SelfAttentionRole(settings, causal)
+            module.lsg_role = self.role(module, config, settings)
             module.config = dispatch
+
+    def role(self, module: nn.Module, config: Any, settings: LSGSettings) -> SelfAttentionRole:
+        """The role of one attention layer: LSG attention with the model's `settings`."""
+        return SelfAttentionRole(settings, bool(getattr(config, "is_decoder", False) and getattr(module, "is_causal", False)))
 
 
 Replacement = Callable[[nn.Module, Any], nn.Module]  # (source module, model config) -> the module in its place
