@@ -120,13 +120,20 @@ def extend_positions(
         table.weight = nn.Parameter(weight, requires_grad=table.weight.requires_grad)
         table.num_embeddings = weight.shape[0]
         parent_name = table_name.rpartition(".")[0]
-        parent = base.get_submodule(parent_name) if parent_name else base
-        for buffer_name in ("position_ids", "token_type_ids"):
-            buffer = getattr(parent, buffer_name, None)
-            if isinstance(buffer, torch.Tensor):
-                values = torch.arange(weight.shape[0]) if buffer_name == "position_ids" else torch.zeros(weight.shape[0])
-                parent.register_buffer(buffer_name, values.to(buffer).expand(1, -1), persistent=False)
+        rebuild_position_buffers(base.get_submodule(parent_name) if parent_name else base, weight.shape[0])
+    if not arch.layout.position_tables:  # rotary encoders: NomicBERT's embeddings hold the buffers (transformers 5.13)
+        rebuild_position_buffers(base.get_submodule(arch.layout.embeddings), max_length)
     return added
+
+
+def rebuild_position_buffers(module: nn.Module, rows: int) -> None:
+    """The (1, rows) ``position_ids`` (0, 1, ...) and ``token_type_ids`` (zeros) buffers of `module`, where
+    it has them: transformers sizes them by the length its config names when the model is built."""
+    for buffer_name in ("position_ids", "token_type_ids"):
+        buffer = getattr(module, buffer_name, None)
+        if isinstance(buffer, torch.Tensor):
+            values = torch.arange(rows) if buffer_name == "position_ids" else torch.zeros(rows)
+            module.register_buffer(buffer_name, values.to(buffer).expand(1, -1), persistent=False)
 
 
 def sinusoidal_positions(rows: int, width: int, layout: str) -> torch.Tensor:
