@@ -2,7 +2,7 @@
 BERT, RoBERTa, DistilBERT, ALBERT, ELECTRA, CamemBERT, XLM-RoBERTa, MPNet and DeBERTa-v2 (DeBERTa-v3 too);
 BART, mBART, Pegasus, T5 (v1.1, Flan-T5), mT5 and UMT5; and the encoders with rotary positions ModernBERT
 (gte-modernbert, modernbert-embed), NomicBERT (nomic-embed-text), GTE (gte-*-en-v1.5, gte-multilingual;
-transformers 5.18 or newer) and EuroBERT.
+transformers 5.18 or newer), jina-embeddings-v3 and EuroBERT.
 
     from lsg_converter import LSGConverter
     model, tokenizer = LSGConverter(max_sequence_length=4096).convert_from_pretrained("bert-base-uncased")

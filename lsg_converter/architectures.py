@@ -183,6 +183,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         "gte",
         "eurobert",
         "modernbert",
+        "jina_embeddings_v3",
     )
     if model_type not in MISSING_MODEL_TYPES
 }

@@ -29,7 +29,7 @@ TINY_LENGTH = 128  # tokens the tiny sources read (RoBERTa's table has 2 more ro
 PAD_ID = {
     "bert": 0, "distilbert": 0, "roberta": 1, "bart": 1, "albert": 0, "electra": 0, "camembert": 1, "xlm-roberta": 1,
     "mbart": 1, "pegasus": 0, "mpnet": 1, "deberta-v2": 0, "t5": 0, "mt5": 0, "umt5": 0, "nomic_bert": 0, "gte": 1, "eurobert": 1,
-    "modernbert": 0,
+    "modernbert": 0, "jina_embeddings_v3": 1,
 }
 EOS_ID = 2
 SHARED = dict(vocab_size=VOCAB)
@@ -105,6 +105,11 @@ TINY_CONFIGS = {
         hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=37, local_attention=16,
         global_attn_every_n_layers=3, max_position_embeddings=TINY_LENGTH, pad_token_id=0, bos_token_id=EOS_ID + 1,
         cls_token_id=EOS_ID + 1, sep_token_id=EOS_ID, eos_token_id=EOS_ID, **SHARED,
+    ),
+    # jina-embeddings-v3: an XLM-RoBERTa body with rotary positions (no table)
+    "jina_embeddings_v3": lambda: transformers.JinaEmbeddingsV3Config(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+        max_position_embeddings=TINY_LENGTH, type_vocab_size=2, **SHARED,
     ),
     "pegasus": lambda: transformers.PegasusConfig(  # pad 0, eos 1 as in google/pegasus-*
         d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,

@@ -48,6 +48,7 @@ FAMILY_NAMES = {
     "camembert": "CamemBERT", "xlm-roberta": "XLM-RoBERTa", "bart": "BART", "mbart": "mBART", "pegasus": "Pegasus",
     "mpnet": "MPNet", "deberta-v2": "DeBERTa-v2", "t5": "T5", "mt5": "mT5", "umt5": "UMT5", "nomic_bert": "NomicBERT",
     "gte": "GTE", "eurobert": "EuroBERT", "modernbert": "ModernBERT",
+    "jina_embeddings_v3": "jina-embeddings-v3",
 }  # fmt: skip
 
 
@@ -154,6 +155,7 @@ DEFAULT_HEAD_AUTO_CLASS = {
     "gte": "AutoModelForMaskedLM",
     "eurobert": "AutoModelForMaskedLM",
     "modernbert": "AutoModelForMaskedLM",
+    "jina_embeddings_v3": "AutoModelForMaskedLM",
 }
 
 
