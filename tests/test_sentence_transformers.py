@@ -444,3 +444,132 @@ def test_a_converted_t5_sentence_transformer_loads_without_lsg_converter(tiny_st
     assert result.returncode == 0, result.stderr
     assert "LSGT5EncoderModel (1, 16)" in result.stdout
 
+
+
+# ------------------------------------------------------------------------ encoders with rotary positions
+
+# A sentence-transformers model on each rotary family, with the pooling its released embedders use:
+# modernbert-embed (mean) and gte-modernbert (CLS) on ModernBERT, nomic-embed-text (mean, with its task
+# prompts) on NomicBERT, gte-*-en-v1.5 (CLS) on GTE; each Transformer -> Pooling -> Normalize.
+NOMIC_PROMPTS = {"search_query": "search_query: ", "search_document": "search_document: "}
+ROTARY_ST_CASES = [
+    pytest.param(("modernbert", "mean", None), id="modernbert-mean"),
+    pytest.param(("modernbert", "cls", None), id="modernbert-cls"),
+    pytest.param(("nomic_bert", "mean", NOMIC_PROMPTS), id="nomic_bert-mean"),
+    pytest.param(
+        ("gte", "cls", None), id="gte-cls",
+        marks=pytest.mark.skipif(not hasattr(transformers, "GteConfig"), reason="GTE needs transformers 5.18 or newer"),
+    ),
+]
+ROTARY_BLOCK = 64  # one block covers every short text below: with EXACT, full attention over it
+SHORT_TEXTS = ["a short sentence", "another one, a little longer than the first", "When is the wedding?"]
+
+
+@pytest.fixture(scope="module", params=ROTARY_ST_CASES)
+def rotary_st_source(request, minilm_path, tmp_path_factory) -> Path:
+    """A tiny sentence-transformers model on a random encoder of the case's rotary family (MiniLM's tokenizer,
+    the config's special ids set to its), with the case's pooling and prompts, max_seq_length 100."""
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    arch, pooling, prompts = request.param
+    folder = tmp_path_factory.mktemp(f"tiny-st-{arch}-{pooling}")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(minilm_path)
+    config = TINY_CONFIGS[arch]()
+    config.vocab_size = tokenizer.vocab_size
+    special_ids = dict(
+        pad_token_id=tokenizer.pad_token_id, cls_token_id=tokenizer.cls_token_id, bos_token_id=tokenizer.cls_token_id,
+        sep_token_id=tokenizer.sep_token_id, eos_token_id=tokenizer.sep_token_id, mask_token_id=tokenizer.mask_token_id,
+    )
+    for name, value in special_ids.items():
+        if name == "pad_token_id" or getattr(config, name, None) is not None:
+            setattr(config, name, value)
+    if not getattr(config, "type_vocab_size", 0):  # ModernBERT's tokenizer gives no token types
+        tokenizer.model_input_names = ["input_ids", "attention_mask"]
+    torch.manual_seed(0)
+    transformers.AutoModel.from_config(config).save_pretrained(folder / "encoder")
+    tokenizer.save_pretrained(folder / "encoder")
+    torch.manual_seed(0)
+    modules = [Transformer(str(folder / "encoder"), max_seq_length=100), Pooling(32, pooling), Normalize()]
+    SentenceTransformer(modules=modules, prompts=prompts).save(str(folder / "source"))
+    return folder / "source"
+
+
+@pytest.fixture(scope="module")
+def rotary_st_exact(rotary_st_source, tmp_path_factory) -> Path:
+    """The rotary source converted to TINY_LENGTH without global tokens or sparse keys, blocks of ROTARY_BLOCK, saved."""
+    folder = tmp_path_factory.mktemp(f"{rotary_st_source.parent.name}-lsg") / "exact"
+    return _convert_and_save(rotary_st_source, folder, **EXACT, block_size=ROTARY_BLOCK)
+
+
+@pytest.fixture(scope="module")
+def rotary_st_default(rotary_st_source, tmp_path_factory) -> Path:
+    """The rotary source converted to TINY_LENGTH with the default settings (one global token), saved."""
+    return _convert_and_save(rotary_st_source, tmp_path_factory.mktemp(f"{rotary_st_source.parent.name}-lsg") / "default")
+
+
+def test_a_rotary_sentence_transformer_converts_to_one_that_runs_the_lsg_encoder(rotary_st_source, rotary_st_default):
+    converted = SentenceTransformer(str(rotary_st_default), trust_remote_code=True)
+    source = SentenceTransformer(str(rotary_st_source))
+
+    assert type(converted[0].auto_model).__name__ == f"LSG{type(source[0].auto_model).__name__}"
+    assert [type(module) for module in converted] == [type(module) for module in source]
+
+
+def test_a_converted_rotary_sentence_transformer_keeps_its_modules_pooling_normalize_and_prompts(
+    rotary_st_source, rotary_st_default
+):
+    converted = SentenceTransformer(str(rotary_st_default), trust_remote_code=True)
+    source = SentenceTransformer(str(rotary_st_source))
+
+    assert _json(rotary_st_default / "modules.json") == _json(rotary_st_source / "modules.json")
+    assert converted[1].get_config_dict() == source[1].get_config_dict()
+    assert isinstance(converted[-1], Normalize)
+    assert converted.prompts == source.prompts
+    assert _json(rotary_st_default / "config_sentence_transformers.json") == _json(
+        rotary_st_source / "config_sentence_transformers.json"
+    )
+
+
+def test_a_converted_rotary_sentence_transformer_reads_a_long_text_at_the_new_length(rotary_st_default):
+    embedder = SentenceTransformer(str(rotary_st_default), trust_remote_code=True)
+    head = "word " * 300  # the source read 100 tokens; its encoder was made for 128
+    texts = [head + "apple " * 300, head + "table " * 300]  # the same up to token 301, cut at TINY_LENGTH
+
+    long, other = embedder.encode(texts, convert_to_tensor=True)
+    token_states = embedder.encode(texts[:1], output_value="token_embeddings")[0]
+
+    assert embedder.max_seq_length == TINY_LENGTH
+    assert token_states.shape == (TINY_LENGTH, 32)
+    # the tail moves the embedding: a pooled CLS only through the global token, little in a random model (~2e-3)
+    assert (long - other).abs().max() > 1e-4
+
+
+def test_a_converted_rotary_sentence_transformer_without_global_tokens_embeds_short_texts_as_the_source(
+    rotary_st_source, rotary_st_exact
+):
+    converted = SentenceTransformer(str(rotary_st_exact), trust_remote_code=True)
+    source = SentenceTransformer(str(rotary_st_source))
+
+    expected = source.encode(SHORT_TEXTS, convert_to_tensor=True)
+    assert max(len(ids) for ids in source.tokenizer(SHORT_TEXTS)["input_ids"]) <= ROTARY_BLOCK
+    torch.testing.assert_close(converted.encode(SHORT_TEXTS, convert_to_tensor=True), expected, atol=1e-5, rtol=0)
+
+
+def test_a_converted_rotary_sentence_transformer_loads_without_lsg_converter(rotary_st_default, tmp_path):
+    converted = SentenceTransformer(str(rotary_st_default), trust_remote_code=True)
+    text = "Now, fair Hippolyta, our nuptial hour draws on apace. " * 40
+    torch.save(converted.encode([text], convert_to_tensor=True), tmp_path / "expected.pt")
+    result = run_without_lsg_converter(
+        f"""
+        import torch
+        from sentence_transformers import SentenceTransformer
+        model = SentenceTransformer({str(rotary_st_default)!r}, trust_remote_code=True)
+        print("MODEL", type(model[0].auto_model).__name__, model.max_seq_length)
+        difference = model.encode([{text!r}], convert_to_tensor=True) - torch.load({str(tmp_path / "expected.pt")!r})
+        print("MAX_DIFF", difference.abs().max().item())
+        """,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"MODEL {type(converted[0].auto_model).__name__} {TINY_LENGTH}" in result.stdout
+    assert float(result.stdout.split("MAX_DIFF")[1]) <= 1e-6

@@ -3,8 +3,8 @@
 jina-embeddings-v3 is laid out as NomicBERT (`lsg_layout.ROTARY_BERT_LAYOUT`): an XLM-RoBERTa body with
 rotary positions applied to the queries and keys before transformers' attention interface, no position
 table, the global tokens joining before the embedding LayerNorm at position 0 of the rotary module. Its
-task adapters (LoRA) are not part of transformers' model: they load on top of the converted model as they
-load on top of the source (PEFT).
+task-specific LoRA adapters are not part of transformers' model (PEFT loads them); the converted model keeps
+the module names they target.
 
 Each head ``LSGJinaEmbeddingsV3<Head>`` is the mixin below plus ``JinaEmbeddingsV3<Head>``, one class per head
 listed in LSGJinaEmbeddingsV3Config.
