@@ -16,7 +16,8 @@ from .architectures import Architecture
 from .errors import InvalidSettingsError, UnknownSettingError
 from .models.lsg_defaults import CONVERSION_DEFAULTS
 from .models.lsg_model import POOLER_KEY, is_reference_config, validate_lsg_settings
-from .positions import window_block_size
+from .models.lsg_pattern import uses_sparse_keys
+from .positions import PRETRAINED_POSITIONS_KEY, window_block_size
 
 
 def pooler_setting(arch: Architecture, names: set[str]) -> dict[str, bool]:
@@ -123,4 +124,22 @@ def resolve_settings(
         validate_lsg_settings(config, max_length)
     except ValueError as error:
         raise InvalidSettingsError(str(error)) from error
+    if arch.layout.rotary_embeddings:
+        check_rotary_reach(config, getattr(source_config, PRETRAINED_POSITIONS_KEY, None) or positions)
     return settings
+
+
+def check_rotary_reach(config: Any, trained_positions: int) -> None:
+    """InvalidSettingsError where a query of an encoder with rotary positions would see a local or sparse key
+    farther than the `trained_positions` its source was trained on: the rotation of such a distance is one
+    the source never saw. A block's local keys reach 2 blocks away, its sparse keys sparse_block_size x
+    sparsity_factor tokens beyond them."""
+    sparse = config.sparse_block_size * config.sparsity_factor if uses_sparse_keys(config) else 0
+    reach = 2 * config.block_size + sparse
+    if reach > trained_positions:
+        raise InvalidSettingsError(
+            f"block_size={config.block_size}, sparse_block_size={config.sparse_block_size} and sparsity_factor="
+            f"{config.sparsity_factor} ({config.sparsity_type}) reach keys {reach} tokens away, beyond the "
+            f"{trained_positions} positions the source was trained on (rotary positions): use a block_size of at "
+            f"most {max((trained_positions - sparse) // 2, 1)}, or fewer sparse keys."
+        )

@@ -14,7 +14,7 @@ import transformers
 from packaging.version import Version
 
 from helpers import TINY_CONFIGS, TINY_LENGTH, block_local_mask, padded_batch, save_tiny_source
-from lsg_converter import ARCHITECTURES, LSGConverter, UnsupportedModelError
+from lsg_converter import ARCHITECTURES, InvalidSettingsError, LSGConverter, UnsupportedModelError
 from lsg_converter.architectures import NEWER_MODEL_TYPES, find_architecture
 
 BACKENDS = ["eager", "sdpa", "flex_attention"]
@@ -140,3 +140,13 @@ def test_a_family_the_installed_transformers_lacks_is_refused_naming_the_release
         else:
             with pytest.raises(UnsupportedModelError, match=f"needs transformers {release} or newer"):
                 find_architecture(model_type)
+
+
+@pytest.mark.parametrize("arch", ROTARY)
+def test_settings_that_reach_beyond_the_trained_length_are_refused_naming_the_block_size_that_fits(arch, tmp_path):
+    source_dir = save_tiny_source(tmp_path / "source", arch, ARCHITECTURES[arch].base_head)
+    converter = LSGConverter(max_sequence_length=8 * TINY_LENGTH)
+
+    with pytest.raises(InvalidSettingsError, match=f"beyond the {TINY_LENGTH} positions .* block_size of at most 32"):
+        converter.convert_from_pretrained(str(source_dir), block_size=48, sparse_block_size=16, sparsity_factor=4, sparsity_type="pooling")
+    converter.convert_from_pretrained(str(source_dir), block_size=32, sparse_block_size=16, sparsity_factor=4, sparsity_type="pooling")
