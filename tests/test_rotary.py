@@ -150,3 +150,23 @@ def test_settings_that_reach_beyond_the_trained_length_are_refused_naming_the_bl
     with pytest.raises(InvalidSettingsError, match=f"beyond the {TINY_LENGTH} positions .* block_size of at most 32"):
         converter.convert_from_pretrained(str(source_dir), block_size=48, sparse_block_size=16, sparsity_factor=4, sparsity_type="pooling")
     converter.convert_from_pretrained(str(source_dir), block_size=32, sparse_block_size=16, sparsity_factor=4, sparsity_type="pooling")
+
+
+@pytest.mark.parametrize("sparsity_type", ["norm", "pooling", "stride", "block_stride", "bos_pooling", "lsh"])
+@pytest.mark.parametrize("arch", ROTARY)
+def test_every_sparsity_type_gives_the_same_outputs_on_every_backend(arch, sparsity_type, tmp_path):
+    _, model = source_and_converted(
+        arch, tmp_path, block_size=16, sparse_block_size=8, sparsity_factor=2, sparsity_type=sparsity_type, num_global_tokens=2
+    )
+    input_ids, attention_mask = padded_batch([TINY_LENGTH, 70], TINY_LENGTH, arch)
+
+    outputs = {}
+    for backend in BACKENDS:
+        model.set_attn_implementation(backend)
+        with torch.no_grad():
+            outputs[backend] = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    real = attention_mask.bool()
+    assert torch.isfinite(outputs["sdpa"][real]).all()
+    for backend in ("eager", "flex_attention"):
+        torch.testing.assert_close(outputs[backend][real], outputs["sdpa"][real], atol=1e-5, rtol=0)
