@@ -798,7 +798,7 @@ def test_a_masked_lm_of_a_pretraining_checkpoint_keeps_its_pooler_and_next_sente
         assert torch.equal(saved[name], original[name]), name
 
 
-def test_relative_position_embeddings_are_refused_naming_the_setting(tmp_path):
+def test_relative_position_embeddings_are_refused_naming_the_setting_and_which_models_convert(tmp_path):
     config = TINY_CONFIGS["bert"]()
     config.position_embedding_type = "relative_key"
     BertModel(config).save_pretrained(tmp_path / "source")
@@ -806,17 +806,9 @@ def test_relative_position_embeddings_are_refused_naming_the_setting(tmp_path):
     with pytest.raises(InvalidSettingsError) as refused:
         LSGConverter(max_sequence_length=256).convert_from_pretrained(tmp_path / "source")
     assert str(refused.value).startswith("position_embedding_type='relative_key' changes attention")
-
-
-def test_relative_position_embeddings_are_refused_saying_which_models_convert(tmp_path):
-    config = TINY_CONFIGS["bert"]()
-    config.position_embedding_type = "relative_key"
-    BertModel(config).save_pretrained(tmp_path / "source")
-
-    with pytest.raises(InvalidSettingsError) as refused:
-        LSGConverter(max_sequence_length=256).convert_from_pretrained(tmp_path / "source")
     assert "(only 'absolute' converts): convert a checkpoint with absolute positions" in str(refused.value)
-    assert "relative positions LSG carries (MPNet, DeBERTa-v2/v3, T5, mT5, UMT5)." in str(refused.value)
+    assert "relative positions LSG carries (MPNet, DeBERTa-v2/v3, T5, mT5, UMT5)" in str(refused.value)
+    assert "rotary positions (ModernBERT, NomicBERT, GTE, jina-embeddings-v3, EuroBERT)." in str(refused.value)
 
 
 def test_a_folder_with_a_config_but_no_weights_says_the_weights_are_missing(tiny_bert_dir, tmp_path):

@@ -95,7 +95,8 @@ UNSUPPORTED_SETTINGS: dict[str, tuple[tuple[Any, ...], str]] = {
     "position_embedding_type": (
         (None, "absolute"),
         "convert a checkpoint with absolute positions, or a model of a family whose relative positions LSG "
-        "carries (MPNet, DeBERTa-v2/v3, T5, mT5, UMT5)",
+        "carries (MPNet, DeBERTa-v2/v3, T5, mT5, UMT5) or of one with rotary positions (ModernBERT, NomicBERT, "
+        "GTE, jina-embeddings-v3, EuroBERT)",
     ),
 }
 
