@@ -113,6 +113,15 @@ def test_the_lsg_layers_dispatch_on_the_registered_attention_of_the_backend_the_
     assert all(module.config.hidden_size == model.config.hidden_size for module in dispatching)
 
 
+def test_set_attn_implementation_takes_transformers_per_sub_config_form():
+    model = tiny_lsg("bert", attn_implementation="sdpa")
+
+    model.set_attn_implementation({"": "eager"})
+    assert model.config._attn_implementation == "eager"
+    model.set_attn_implementation({})  # no sub-config is named: nothing changes
+    assert model.config._attn_implementation == "eager"
+
+
 def test_an_implementation_left_unset_reads_sdpa_and_runs_the_device_default():
     model = tiny_lsg("bert")
     layer = model.encoder.layer[0].attention.self

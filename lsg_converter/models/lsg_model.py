@@ -408,9 +408,9 @@ class LSGModelMixin:
         adds its step (lsg_global_tokens.adopt_step): the recorded layers split their token rows out,
         the encoder drops the global tokens, the prepend point puts them in front, the rotary position
         modules give them position 0, a causal decoder's embeddings count a cached step's positions without
-        them, and the recorder runs its forward
-        inside the `RecorderSteps` (the model's own forward where the model is the recorder; an encoder
-        that is the recorder also drops the tokens). The input length is checked by a hook of the embeddings."""
+        them, and the recorder runs its forward inside the `RecorderSteps` (the model's own forward where the
+        model is the recorder; an encoder that is the recorder also drops the tokens). The input length is
+        checked by a hook of the embeddings."""
         layout = self.lsg_layout
         embeddings = base.get_submodule(layout.embeddings)
         global_tokens = GlobalTokens(embeddings.global_embeddings, self.config, self.lsg_output_tuple, passes_to_decoder)
@@ -491,7 +491,9 @@ class LSGModelMixin:
             super().set_attn_implementation(attn_implementation, **kwargs)
             return
         if isinstance(attn_implementation, dict):  # transformers' per-sub-config form: LSG configs have none
-            attn_implementation = attn_implementation.get("", attn_implementation(self.config))
+            if "" not in attn_implementation:
+                return
+            attn_implementation = attn_implementation[""]
         self._name_attention(lsg_backend(attn_implementation))
 
     def _name_attention(self, backend: str) -> None:
