@@ -22,7 +22,7 @@ from .errors import (
     OutputOverlapsSourceError,
     listed,
 )
-from .sbert import write_pipeline
+from .sbert import pipeline_of, write_pipeline
 
 try:  # what safetensors raises for a failed write (no space left on device), where it has a name
     from safetensors import SafetensorError
@@ -52,6 +52,12 @@ def save_converted(
     ones (0755 and 0644 under umask 022), the weights included.
     """
     target = check_output_folder(save_path, overwrite, source=getattr(model.config, "_name_or_path", None))
+    if tokenizer is None and pipeline_of(model) is not None:
+        logger.warning(
+            f"The sentence-transformers pipeline is saved to {target} without a tokenizer (the source's does not "
+            "fit the model): SentenceTransformer cannot load it until one is saved beside it "
+            "(tokenizer.save_pretrained(folder) with a tokenizer whose special ids match the config's)."
+        )
     with staged_folder(target, overwrite) as staging:
         model.save_pretrained(staging)
         if tokenizer is not None:

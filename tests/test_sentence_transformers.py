@@ -573,3 +573,14 @@ def test_a_converted_rotary_sentence_transformer_loads_without_lsg_converter(rot
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"MODEL {type(converted[0].auto_model).__name__} {TINY_LENGTH}" in result.stdout
     assert float(result.stdout.split("MAX_DIFF")[1]) <= 1e-6
+
+
+def test_a_pipeline_saved_without_a_tokenizer_says_sentence_transformers_cannot_load_it(tiny_st_source, tmp_path, caplog):
+    model, _ = LSGConverter(max_sequence_length=TINY_LENGTH).convert_from_pretrained(tiny_st_source)
+
+    with caplog.at_level("WARNING", logger="lsg_converter"):
+        save_converted(model, None, tmp_path / "converted")
+
+    assert (tmp_path / "converted" / "modules.json").is_file()
+    warnings = [record.getMessage() for record in caplog.records if "without a tokenizer" in record.getMessage()]
+    assert len(warnings) == 1 and "SentenceTransformer cannot load it until one is saved beside it" in warnings[0]
