@@ -138,3 +138,38 @@ def test_attention_memory_benchmark_lists_what_a_call_holds_storage_by_storage()
     # the queries, keys and values, and the output, which the CPU's window views save for the backward
     assert sum(line.startswith("- input") for line in held) == 3
     assert any(line.startswith("- saved, output: (1, 12, 1025, 64) float32, 3.0 MiB") for line in held)
+
+
+def test_modernbert_benchmark_quick_prints_lsg_against_the_source_and_the_goals(tmp_path):
+    results = tmp_path / "RESULTS.md"
+    command = [sys.executable, str(BENCHMARKS / "bench_modernbert.py"), "--quick", "--results", "smoke test",
+               "--results-file", str(results)]
+
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=600)
+
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    section = results.read_text()
+    assert "## smoke test" in section and "Goals of issue 66" in section
+    rows = {tuple(cell.strip() for cell in line.split("|")[1:3]): [cell.strip() for cell in line.split("|")[3:-1]]
+            for line in section.splitlines() if line.startswith("| ") and line[2].isdigit()}
+    assert set(rows) == {("256", "forward"), ("256", "fwd+bwd"), ("512", "forward"), ("512", "fwd+bwd")}
+    for step in ("forward", "fwd+bwd"):
+        source_s, lsg_s, time_ratio = rows["256", step][:3]
+        assert float(source_s) > 0 and float(lsg_s) > 0
+        assert float(time_ratio) == pytest.approx(float(lsg_s) / float(source_s), abs=0.01)
+        source_s, lsg_s = rows["512", step][:2]  # LSG alone
+        assert source_s == "n/a" and float(lsg_s) > 0
+
+
+@pytest.mark.slow
+def test_modernbert_benchmark_measures_each_model_in_a_process_of_its_own():
+    command = [sys.executable, str(BENCHMARKS / "bench_modernbert.py"), "--sizes", "tiny", "--lengths", "1024",
+               "--lsg-lengths", "2048", "--steps", "forward"]
+
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=600)
+
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    row = next(line.split("|")[1:-1] for line in finished.stdout.splitlines() if line.startswith("| 1,024 | forward |"))
+    source_peak, lsg_peak = float(row[5]), float(row[6])
+    assert source_peak > 0 and lsg_peak > 0  # each process's own rise: the source's (L, L) masks at least
+    assert "LSG forward peak 32,768 / 16,384 at most 2.1 (linear): not measured" in finished.stdout
