@@ -12,9 +12,10 @@ layers see 64 tokens each side; full attention every third layer; dropout 0; bat
 * ``base``: ModernBERT-base's shape: 22 layers, hidden 768, 12 heads, intermediate 1152.
 
 The source, ``ModernBertModel`` with ``attn_implementation="sdpa"`` (its 8,192 positions, saved once per size),
-is compared with its conversion by `LSGConverter` with the conversion defaults (one global token, no sparse
-keys, the full-attention layers in blocks of a third of the source's body positions: 2,730; the sliding
-layers keep their window exactly), read at ``--lengths`` (both models) and ``--lsg-lengths`` (LSG alone).
+is compared with its conversion by `LSGConverter` to the longest length of the run, with the conversion defaults
+(one global token, no sparse keys, the full-attention layers in blocks of a third of the source's body
+positions: 2,730; the sliding layers keep their window exactly), at ``--lengths`` (both models) and
+``--lsg-lengths`` (LSG alone).
 
 Each model, step and length runs in a process of its own (peak memory is a process-wide figure): the forward
 pass (eval mode, no grad) and the training step (train mode, forward + backward of the mean square of the last
@@ -24,8 +25,8 @@ call (Linux: /proc/self/clear_refs resets the high-water mark), after glibc hand
 calls freed (malloc_trim; it keeps freed blocks of up to 32 MiB, which the next call reuses without a rise),
 and the process's peak (the loaded model included: what the machine must hold). On CUDA: the allocator's peak
 over each timed call, above and with what was allocated before it; there every measurement runs in this
-process (``--in-process``, also what ``--quick`` does on the CPU: the peaks are then those of a process that
-ran the earlier measurements, for a smoke test only).
+process, each model loaded once (``--in-process``, also what ``--quick`` does on the CPU: the peaks are then
+those of a process that ran the earlier measurements, for a smoke test only).
 
 A measurement that cannot be done is reported as not measured, with the reason, never guessed:
 a process over the memory it may take (on the CPU its address space is limited to the memory available when
@@ -83,15 +84,16 @@ def build_source(size: str, folder: Path) -> None:
     transformers.ModernBertModel(config).save_pretrained(folder)
 
 
-def load_model(name: str, folder: Path, length: int, device: str, dtype: torch.dtype, backend: str) -> torch.nn.Module:
-    """The source read with SDPA, or its LSG conversion (the conversion defaults) to read `length` tokens."""
+def load_model(name: str, folder: Path, max_length: int, device: str, dtype: torch.dtype,
+               backend: str) -> torch.nn.Module:
+    """The source read with SDPA, or its LSG conversion (the conversion defaults) to read `max_length` tokens."""
     if name == SOURCE:
         model = transformers.AutoModel.from_pretrained(folder, attn_implementation="sdpa")
     else:
         from lsg_converter import LSGConverter
 
         positions = transformers.AutoConfig.from_pretrained(folder).max_position_embeddings
-        converter = LSGConverter(max_sequence_length=max(length, positions))
+        converter = LSGConverter(max_sequence_length=max(max_length, positions))
         model, _ = converter.convert_from_pretrained(str(folder))
         if backend != "sdpa":
             model.set_attn_implementation(backend)
@@ -123,13 +125,11 @@ def step_function(model: torch.nn.Module, length: int, step: str) -> Callable[[]
     return forward if step == "forward" else train_step
 
 
-def measure(name: str, step: str, length: int, folder: Path, repeats: int, device: str, dtype: torch.dtype,
-            backend: str) -> dict[str, float]:
+def measure(model: torch.nn.Module, step: str, length: int, repeats: int, device: str) -> dict[str, float]:
     """Seconds (median of `repeats` timed calls after an untimed one), peak MiB above the memory held before a
-    call and the process's peak MiB, of `step` of model `name` at `length` tokens. CUDA: the allocator's peaks
-    over the timed calls (the largest); CPU: the resident set over one more call, after the freed memory went
-    back to the system (`release_freed_memory`)."""
-    model = load_model(name, folder, length, device, dtype, backend)
+    call and the process's peak MiB, of `step` of `model` at `length` tokens. CUDA: the allocator's peaks over
+    the timed calls (the largest); CPU: the resident set over one more call, after the freed memory went back
+    to the system (`release_freed_memory`)."""
     run = step_function(model, length, step)
     loaded = torch.cuda.memory_allocated() if device == "cuda" else resident_kib("VmRSS") * 1024
     run()
@@ -185,6 +185,11 @@ class Run:
     args: argparse.Namespace
     started: float = field(default_factory=time.perf_counter)
     results: dict[tuple[str, str, str, int], Result] = field(default_factory=dict)
+    models: dict[tuple[Path, str], torch.nn.Module] = field(default_factory=dict)  # --in-process: loaded once
+
+    def max_length(self) -> int:
+        """The length the LSG model is converted to read: the longest of the run."""
+        return max(*self.args.lengths, *self.args.lsg_lengths)
 
     def left(self) -> float:
         return self.args.budget - (time.perf_counter() - self.started)
@@ -239,7 +244,7 @@ def measure_in_child(run: Run, size: str, name: str, step: str, length: int, fol
     reason where it fails."""
     args = run.args
     limit = memory_limit_bytes(args)
-    command = [sys.executable, __file__, "--measure", size, name, step, str(length), str(folder),
+    command = [sys.executable, __file__, "--measure", size, name, step, str(length), str(folder), str(run.max_length()),
                "--repeats", str(args.repeats), "--device", args.device, "--dtype", args.dtype,
                "--lsg-backend", args.lsg_backend, "--threads", str(args.threads)]
     if limit is not None and args.device == "cpu":
@@ -264,8 +269,10 @@ def measure_here(run: Run, size: str, name: str, step: str, length: int, folder:
     """`measure` in this process (CUDA, --in-process): an allocator out of memory is a Result with its reason."""
     args = run.args
     try:
-        figures = measure(name, step, length, folder, args.repeats, args.device, getattr(torch, args.dtype),
-                          args.lsg_backend)
+        if (folder, name) not in run.models:
+            dtype = getattr(torch, args.dtype)
+            run.models[folder, name] = load_model(name, folder, run.max_length(), args.device, dtype, args.lsg_backend)
+        figures = measure(run.models[folder, name], step, length, args.repeats, args.device)
     except (torch.OutOfMemoryError, MemoryError) as error:
         return Result(reason=f"not measured: out of memory: {str(error).splitlines()[0][:160]}", out_of_memory=True)
     except RuntimeError as error:
@@ -436,7 +443,7 @@ def main() -> None:
                         help="smoke test: tiny, 256 tokens (both) and 512 (LSG), 1 repeat, in this process")
     parser.add_argument("--results", metavar="SECTION", help="write the tables into --results-file under this heading")
     parser.add_argument("--results-file", type=Path, default=Path(__file__).with_name("RESULTS.md"))
-    parser.add_argument("--measure", nargs=5, metavar=("SIZE", "MODEL", "STEP", "LENGTH", "FOLDER"),
+    parser.add_argument("--measure", nargs=6, metavar=("SIZE", "MODEL", "STEP", "LENGTH", "FOLDER", "MAX_LENGTH"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.threads:
@@ -446,9 +453,10 @@ def main() -> None:
         if args.memory_limit is not None:
             limit = int(args.memory_limit * 2**30)
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-        _, name, step, length, folder = args.measure
-        figures = measure(name, step, int(length), Path(folder), args.repeats, args.device, getattr(torch, args.dtype),
-                          args.lsg_backend)
+        _, name, step, length, folder, max_length = args.measure
+        dtype = getattr(torch, args.dtype)
+        model = load_model(name, Path(folder), int(max_length), args.device, dtype, args.lsg_backend)
+        figures = measure(model, step, int(length), args.repeats, args.device)
         print(json.dumps(figures))
         return
     if args.quick:
@@ -465,6 +473,7 @@ def main() -> None:
             folder = Path(tmp) / size
             build_source(size, folder)
             run_size(run, size, folder)
+            run.models.clear()
             report += size_tables(run, size, lsg_block_size(folder))
     report += goal_lines(run)
     report.append(f"\n{time.perf_counter() - run.started:.0f} s; load average {load_average()} at the end")

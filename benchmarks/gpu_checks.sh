@@ -4,7 +4,8 @@
 # the same with sparse keys, without and with padding (the last quarter of each input), then the memory
 # one attention call holds for its backward (bench_attention_memory.py), then the training steps with
 # every model compiled (fullgraph, CUDA graphs), then profile_attention.py's per-op profile of the
-# attention alone and its flex kernel variants, then bench_t5.py's LSG-T5 against LongT5 (issue 50, bf16).
+# attention alone and its flex kernel variants, then bench_t5.py's LSG-T5 against LongT5 (issue 50, bf16), then
+# bench_modernbert.py's LSG-ModernBERT against ModernBERT with SDPA (issue 66, base size, bf16).
 #
 #   bash benchmarks/gpu_checks.sh OUTPUT_FOLDER
 #
@@ -12,9 +13,10 @@
 # `pip download transformers==5.23.0 --no-deps -d .gpu-wheels`) are installed into /tmp/site first.
 # Logs, the device and the results sections (RESULTS-GPU.md, to paste into benchmarks/RESULTS.md)
 # land in OUTPUT_FOLDER. TEST_SECONDS, BENCH_SECONDS, PADDED_SECONDS (each of its two runs), MEMORY_SECONDS (each of its two),
-# COMPILED_SECONDS, PROFILE_SECONDS and T5_SECONDS bound the seven steps (0 leaves a step out); BENCH_LENGTHS and BENCH_MODELS
-# narrow the benchmark, PADDED_LENGTHS the sparse and padded one,
-# COMPILED_LENGTHS and COMPILED_MODELS the compiled one, PROFILE_LENGTHS the profile, T5_LENGTHS bench_t5.
+# COMPILED_SECONDS, PROFILE_SECONDS, T5_SECONDS and MODERNBERT_SECONDS bound the eight steps (0 leaves a step out);
+# BENCH_LENGTHS and BENCH_MODELS narrow the benchmark, PADDED_LENGTHS the sparse and padded one,
+# COMPILED_LENGTHS and COMPILED_MODELS the compiled one, PROFILE_LENGTHS the profile, T5_LENGTHS bench_t5,
+# MODERNBERT_LENGTHS bench_modernbert (both models; LSG alone at twice the longest).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${1:?give an output folder}"
@@ -85,4 +87,13 @@ if step "${T5_SECONDS:-150}" "benchmarks/bench_t5.py"; then
     timeout "${T5_SECONDS:-150}" python3 benchmarks/bench_t5.py --device cuda --dtype bfloat16 --lengths "${t5_lengths[@]}" \
         --repeats 3 --skip-scaling --results "GPU, LSG-T5 against LongT5" --results-file "$out/RESULTS-GPU-t5.md" 2>&1 \
         | grep -v Warning | tee "$out/bench-t5.log"
+fi
+
+read -r -a modernbert_lengths <<<"${MODERNBERT_LENGTHS:-8192 16384 32768}"
+if step "${MODERNBERT_SECONDS:-180}" "benchmarks/bench_modernbert.py"; then
+    # its own --budget, 20 s inside the timeout, leaves it the time to write its tables (what did not fit: "not run")
+    timeout "${MODERNBERT_SECONDS:-180}" python3 benchmarks/bench_modernbert.py --device cuda --dtype bfloat16 --sizes base \
+        --lengths "${modernbert_lengths[@]}" --lsg-lengths $((2 * ${modernbert_lengths[-1]})) --repeats 3 \
+        --budget $((${MODERNBERT_SECONDS:-180} - 20)) --results "GPU, LSG-ModernBERT against ModernBERT (sdpa)" \
+        --results-file "$out/RESULTS-GPU-modernbert.md" 2>&1 | grep -v Warning | tee "$out/bench-modernbert.log"
 fi
