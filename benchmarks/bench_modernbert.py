@@ -33,7 +33,8 @@ a process over the memory it may take (on the CPU its address space is limited t
 it starts, ``--memory-limit``, so that an allocation fails instead of the system's OOM killer ending it; a
 longer length of that model and step is then not run), or beyond the time ``--budget`` left (estimated from
 that model's figures already taken: a training step 3x its forward at the same length, a forward from one at
-a shorter length, linearly for LSG and with the square of the length for the source). The tables give LSG /
+a shorter length, linearly for LSG and with the square of the length for the source; a training step whose
+forward was not measured, or a length whose shorter one was not, is not run either). The tables give LSG /
 source ratios, the growth of LSG's peak between lengths, and the goals of issue 66 against them.
 """
 
@@ -213,10 +214,18 @@ def estimated_seconds(run: Run, size: str, name: str, step: str, length: int) ->
 
 
 def why_not_run(run: Run, size: str, name: str, step: str, length: int) -> str | None:
-    """The reason not to start this measurement (out of memory at a shorter length; beyond the budget), or None."""
-    for key, result in run.results.items():
-        if key[:3] == (size, name, step) and key[3] < length and result.out_of_memory:
-            return f"not run: out of memory at {key[3]:,} tokens already"
+    """The reason not to start this measurement, or None: out of memory at a shorter length; what it would be
+    estimated from not measured (its forward at this length, this step at a shorter one); beyond the budget."""
+    earlier = {key[3]: result for key, result in run.results.items()
+               if key[:3] == (size, name, step) and key[3] < length}
+    for shorter, result in sorted(earlier.items()):
+        if result.out_of_memory:
+            return f"not run: out of memory at {shorter:,} tokens already"
+    forward = run.results.get((size, name, "forward", length))
+    if step == "train" and forward is not None and forward.figures is None:
+        return f"not run: its forward at {length:,} was not measured"
+    if earlier and earlier[max(earlier)].figures is None:
+        return f"not run: its {STEPS[step]} at {max(earlier):,} was not measured"
     left = run.left()
     if left <= 0:
         return f"not run: the time budget ({run.args.budget:.0f} s) is spent"
