@@ -125,21 +125,22 @@ def resolve_settings(
     except ValueError as error:
         raise InvalidSettingsError(str(error)) from error
     if arch.layout.rotary_embeddings:
-        check_rotary_reach(config, getattr(source_config, PRETRAINED_POSITIONS_KEY, None) or positions)
+        check_rotary_reach(config, getattr(source_config, PRETRAINED_POSITIONS_KEY, None) or positions, max_length)
     return settings
 
 
-def check_rotary_reach(config: Any, trained_positions: int) -> None:
+def check_rotary_reach(config: Any, trained_positions: int, max_length: int) -> None:
     """InvalidSettingsError where a query of an encoder with rotary positions would see a local or sparse key
-    farther than the `trained_positions` its source was trained on: the rotation of such a distance is one
-    the source never saw. A block's local keys reach 2 blocks away, its sparse keys sparse_block_size x
-    sparsity_factor tokens beyond them."""
+    farther away than any two of the `trained_positions` its source was trained on (trained_positions - 1
+    tokens): the rotation of such a distance is one the source never saw. A block's local keys lie up to
+    2 x block_size - 1 tokens away, its sparse keys up to sparse_block_size x sparsity_factor tokens beyond,
+    and no key lies farther than max_length - 1 tokens from a query of a model that reads `max_length`."""
     sparse = config.sparse_block_size * config.sparsity_factor if uses_sparse_keys(config) else 0
-    reach = 2 * config.block_size + sparse
-    if reach > trained_positions:
+    farthest = min(2 * config.block_size + sparse, max_length) - 1
+    if farthest >= trained_positions:
         raise InvalidSettingsError(
             f"block_size={config.block_size}, sparse_block_size={config.sparse_block_size} and sparsity_factor="
-            f"{config.sparsity_factor} ({config.sparsity_type}) reach keys {reach} tokens away, beyond the "
-            f"{trained_positions} positions the source was trained on (rotary positions): use a block_size of at "
+            f"{config.sparsity_factor} ({config.sparsity_type}) reach keys {farthest} tokens away, farther than the "
+            f"{trained_positions - 1} the source was trained on (rotary positions): use a block_size of at "
             f"most {max((trained_positions - sparse) // 2, 1)}, or fewer sparse keys."
         )

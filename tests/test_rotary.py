@@ -151,7 +151,7 @@ def test_settings_that_reach_beyond_the_trained_length_are_refused_naming_the_bl
     source_dir = save_tiny_source(tmp_path / "source", arch, ARCHITECTURES[arch].base_head)
     converter = LSGConverter(max_sequence_length=8 * TINY_LENGTH)
 
-    with pytest.raises(InvalidSettingsError, match=f"beyond the {TINY_LENGTH} positions .* block_size of at most 32"):
+    with pytest.raises(InvalidSettingsError, match=f"farther than the {TINY_LENGTH - 1} the source was trained on .* block_size of at most 32"):
         converter.convert_from_pretrained(str(source_dir), block_size=48, sparse_block_size=16, sparsity_factor=4, sparsity_type="pooling")
     converter.convert_from_pretrained(str(source_dir), block_size=32, sparse_block_size=16, sparsity_factor=4, sparsity_type="pooling")
 
