@@ -4,13 +4,16 @@ and block masks, flex_attention's row bounds). Host synchronisations, which stal
 then do not grow with the layers; a mask changed between two forwards is read anew.
 """
 
+import gc
+import weakref
+
 import pytest
 import torch
 
 from helpers import host_syncs, padding_mask
 from lsg_converter import LSGBertConfig, LSGBertForMaskedLM
 from lsg_converter.models import lsg_attention
-from lsg_converter.models.lsg_pattern import PASS_PADDING, SHARED_PADDING, pass_padding_memo, share_padding, unshare_padding
+from lsg_converter.models.lsg_pattern import give_padding_memo, padding_memo_of
 from test_conventions import batch, tiny_lsg
 
 TOKENS = 1000  # 16 blocks of 64, the last one padded to whole blocks
@@ -88,30 +91,57 @@ def test_a_mask_changed_in_place_between_two_forwards_is_read_anew(backend):
     assert not torch.allclose(after[1, : TOKENS // 2], before[1, : TOKENS // 2])
 
 
-def test_nothing_a_pass_made_outlives_it_even_when_it_raised():
+def memos_found_in(model, monkeypatch, **inputs) -> list:
+    """The memo each LSG layer's call finds (`padding_memo_of`) in a forward of `model` without gradients."""
+    found = []
+    memo_of = lsg_attention.padding_memo_of
+
+    def recorded_memo(mask):
+        found.append(memo_of(mask))
+        return found[-1]
+
+    monkeypatch.setattr(lsg_attention, "padding_memo_of", recorded_memo)
+    with torch.no_grad():
+        model(**inputs)
+    return found
+
+
+def tensors_in(held) -> list[torch.Tensor]:
+    """The tensors a memo holds, in its dicts, tuples and lists."""
+    if isinstance(held, torch.Tensor):
+        return [held]
+    if isinstance(held, dict):
+        held = list(held.values())
+    if isinstance(held, (tuple, list)):
+        return [tensor for item in held for tensor in tensors_in(item)]
+    return []
+
+
+def test_what_a_pass_made_goes_with_its_mask_when_the_pass_returns(monkeypatch):
     model = lsg_bert(1, "sdpa")
-    too_long = torch.randint(5, 100, (1, TOKENS + 200))
+    found = memos_found_in(model, monkeypatch, **inputs(padded=True))
+    made = [weakref.ref(tensor) for tensor in tensors_in(found.pop())]
+    found.clear()
 
-    with pytest.raises(ValueError):
-        model(input_ids=too_long, attention_mask=torch.ones_like(too_long))
+    gc.collect()
+    assert made and all(tensor() is None for tensor in made)
 
-    assert PASS_PADDING.get() is None
+
+def test_each_pass_has_a_memo_of_its_own(monkeypatch):
+    model = lsg_bert(1, "sdpa")
+    batch = inputs(padded=True)
+
+    first = memos_found_in(model, monkeypatch, **batch)
+    second = memos_found_in(model, monkeypatch, **batch)
+
+    assert first[0] is not None and second[0] is not None and first[0] is not second[0]
 
 
 @pytest.mark.parametrize("arch", ["bert", "bart", "t5", "mpnet", "deberta-v2"])
 def test_every_lsg_layer_of_every_family_finds_the_padding_its_pass_shares(arch, monkeypatch):
     model = tiny_lsg(arch)
-    found = []  # the memo each LSG layer's call finds
-    pass_padding_memo = lsg_attention.pass_padding_memo
 
-    def recorded_memo(mask):
-        found.append(pass_padding_memo(mask))
-        return found[-1]
-
-    monkeypatch.setattr(lsg_attention, "pass_padding_memo", recorded_memo)
-
-    with torch.no_grad():
-        model(**batch(arch))
+    found = memos_found_in(model, monkeypatch, **batch(arch))
 
     assert len(found) == (model.config.num_layers if arch == "t5" else model.config.num_hidden_layers)
     assert found[0] is not None and all(memo is found[0] for memo in found)
@@ -153,22 +183,9 @@ def test_layers_run_again_by_gradient_checkpointing_find_what_their_pass_made():
     assert syncs_of_a_checkpointed_training_step(2) == syncs_of_a_checkpointed_training_step(1)
 
 
-def test_what_a_pass_made_is_found_after_it_while_its_mask_is_unchanged():
+def test_a_mask_no_recorder_made_has_no_memo():
     mask = torch.ones(2, 8, dtype=torch.bool)
-    opened = share_padding(mask)
-    memo = pass_padding_memo(mask)
-    unshare_padding(opened)
+    assert padding_memo_of(mask) is None
 
-    assert memo is not None and pass_padding_memo(mask) is memo
-    assert pass_padding_memo(mask.clone()) is None
-    mask[1, 4:] = False
-    assert pass_padding_memo(mask) is None
-
-
-def test_what_a_pass_made_goes_with_its_mask():
-    mask = torch.ones(2, 8, dtype=torch.bool)
-    unshare_padding(share_padding(mask))
-    key = id(mask)
-
-    del mask
-    assert key not in SHARED_PADDING
+    give_padding_memo(mask)
+    assert padding_memo_of(mask) == {} and padding_memo_of(mask.clone()) is None

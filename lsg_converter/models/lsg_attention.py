@@ -61,7 +61,7 @@ from .lsg_pattern import (
     explicit_softmax,
     is_exporting,
     made_once,
-    pass_padding_memo,
+    padding_memo_of,
     relative_scores,
     sdpa_dense_attention,
     sequence_positions,
@@ -260,7 +260,7 @@ def lsg_attention(
             `lsg_flex.CompiledFlexAttention`).
         position_terms: relative position score terms (see `lsg_pattern.PositionTerms`), or None.
         padding_memo: where the layers of a forward pass keep what they make from its `padding_mask`
-            alone, made by the first and shared by the next ones (`lsg_pattern.pass_padding_memo`), or None.
+            alone, made by the first and shared by the next ones (`lsg_pattern.padding_memo_of`), or None.
     Returns:
         The output (B, H, q, D), a transposed view of a contiguous (B, q, H, D) tensor, and, with the
         "eager" backend, the weights of the token queries over the tokens, (B, H, q', t) with q' = q - g
@@ -717,14 +717,14 @@ def lsg_attention_forward(
     if groups > 1:  # grouped key/value heads (EuroBERT): (B, H / groups, N, D) -> (B, H, N, D), as transformers' repeat_kv
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     padding_mask = key_padding_mask(attention_mask, key.shape[2], settings.num_global_tokens)
-    memo = pass_padding_memo(attention_mask)  # this forward pass's, shared by its layers
     if backend != "eager" and kwargs.get("output_attentions"):
         logger.warning_once(
             f"LSG attention returns no attention weights with attn_implementation={backend!r}: call "
             "model.set_attn_implementation('eager') for output_attentions=True (O(n^2) memory)."
         )
     output, weights = lsg_attention(
-        query, key, value, padding_mask, settings, dropout, scaling, causal, backend, position_terms, memo
+        query, key, value, padding_mask, settings, dropout, scaling, causal, backend, position_terms,
+        padding_memo_of(attention_mask),  # this forward pass's, shared by its layers
     )
     return output.transpose(1, 2).contiguous(), weights
 

@@ -22,18 +22,14 @@ This file travels with saved models as remote code: it imports torch only.
 
 from __future__ import annotations
 
-import contextvars
 import functools
 import operator
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, NamedTuple, Protocol, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-
-from .lsg_transformers import tensor_version
 
 Made = TypeVar("Made")  # what a memo holds (`made_once`)
 
@@ -463,7 +459,7 @@ class TokenAttention:
     flex_attention reads where they lie);
     no_masked_keys: True where the core knows, without reading a mask, that no key is masked (no
     padding mask, no masked first token);
-    padding_memo: what the layers of this forward pass made before from its padding (`pass_padding_memo`,
+    padding_memo: what the layers of this forward pass made before from its padding (`padding_memo_of`,
     through `made_once`), or None (each call makes its own);
     global_attention: computes the global queries' output over the layer's keys as they were given,
     (B, g, H, D), for a backend that writes it into its own output (`TokenOutput.is_layer_output`),
@@ -522,7 +518,7 @@ class TokenAttention:
         """`make()`, of this job's padding alone (`token_mask`, `global_mask`, `real_blocks`, and what `key`
         names besides: a name, a dtype; not the sparse keys' values, DropKey or the position terms, which each
         layer has its own of): made by the first layer of the forward pass and shared by the next ones
-        (`pass_padding_memo`), made at every call where there is no memo."""
+        (`padding_memo_of`), made at every call where there is no memo."""
         return made_once(self.padding_memo, key, make)
 
     @property
@@ -864,51 +860,27 @@ def constant(value: float, dtype: torch.dtype, device: torch.device) -> torch.Te
     return torch.tensor(value, dtype=dtype, device=device)
 
 
-# The padding mask of the forward pass running and what its layers made from it (`share_padding`)
-PASS_PADDING: contextvars.ContextVar[tuple[torch.Tensor, dict] | None] = contextvars.ContextVar(
-    "lsg_pass_padding", default=None
-)
-# What the layers of the passes that shared a mask made from it, by the mask's id: (the mask, weakly, its
-# version then, the memo), kept while the mask lives for the layers that gradient checkpointing runs again in
-# the backward pass, after their pass closed (transformers hands them the same mask)
-SHARED_PADDING: dict[int, tuple[weakref.ref, int, dict]] = {}
+# The attribute of the padding mask a recorder makes for a forward pass that holds what the layers of the
+# pass made from it alone (`padding_memo_of`)
+PADDING_MEMO = "lsg_padding_memo"
 
 
-def share_padding(mask: torch.Tensor | None) -> contextvars.Token | None:
-    """Open a forward pass whose layers all get `mask` (the padding mask a model's recorder makes for the
-    pass, one tensor that transformers hands every layer): what they make from it alone is then made
-    once, by the first layer, and shared (`pass_padding_memo`) until `unshare_padding` closes the pass; where
-    gradients are on, kept besides while the mask lives (`SHARED_PADDING`), for the layers gradient
-    checkpointing runs again. Nothing is opened while tracing: a compiled graph or an export makes it in
-    every layer, with no host-side state."""
-    if tracing() or mask is None:
-        return None
-    memo, key = {}, id(mask)
-    if torch.is_grad_enabled() and not mask.is_inference():  # a backward pass may follow
-        SHARED_PADDING[key] = (weakref.ref(mask, lambda _: SHARED_PADDING.pop(key, None)), tensor_version(mask), memo)
-    return PASS_PADDING.set((mask, memo))
+def give_padding_memo(mask: torch.Tensor | None) -> None:
+    """Give `mask`, the padding mask a model's recorder makes for one forward pass (one tensor that
+    transformers hands every layer of the pass), the memo where its layers keep what they make from it
+    alone (`padding_memo_of`): made by the first layer, found by the next ones, and by the layers gradient
+    checkpointing runs again in the backward pass. It lives as long as the mask. None while tracing: a
+    compiled graph or an export makes it in every layer, with no host-side state."""
+    if mask is not None and not tracing():
+        setattr(mask, PADDING_MEMO, {})
 
 
-def unshare_padding(opened: contextvars.Token | None) -> None:
-    """Close the pass `share_padding` opened: the enclosing pass's memo, if any, is the one in use again."""
-    if opened is not None:
-        PASS_PADDING.reset(opened)
-
-
-def pass_padding_memo(mask: Any) -> dict | None:
-    """What the layers of the pass running made from `mask` so far, where `mask` is the one that pass hands
-    them (`share_padding`); after the pass, for the layers a backward pass runs again (gradient
-    checkpointing), what the last pass that shared `mask` made from it, while `mask` is unchanged; None
-    elsewhere (no pass, another mask, tracing): each call then makes its own."""
+def padding_memo_of(mask: Any) -> dict | None:
+    """What the layers of the pass that made `mask` made from it so far (`give_padding_memo`); None for
+    a mask no recorder made, or while tracing: each call then makes its own."""
     if tracing():
         return None
-    opened = PASS_PADDING.get()
-    if opened is not None and opened[0] is mask:
-        return opened[1]
-    shared = SHARED_PADDING.get(id(mask))
-    if shared is None or shared[0]() is not mask or shared[1] != tensor_version(mask):
-        return None
-    return shared[2]
+    return getattr(mask, PADDING_MEMO, None)
 
 
 def made_once(memo: dict | None, key: Hashable, make: Callable[[], Made]) -> Made:

@@ -25,7 +25,7 @@ from torch import nn
 
 from .lsg_attention import padding_rows
 from .lsg_global_tokens import DropsGlobalTokens, GlobalTokens, GlobalTokenStep
-from .lsg_pattern import share_padding, tracing, unshare_padding
+from .lsg_pattern import give_padding_memo, tracing
 from .lsg_transformers import past_length
 
 
@@ -72,8 +72,9 @@ class RecorderSteps:
     (`GlobalTokens.open`) and held as the model's `GlobalTokens.call` while the forward runs (the
     enclosing pass's given back after it, returned or raised), the O(n) padding mask with the global
     tokens' columns (`padding_mask_view`), shared by the layers for the pass: what they make from it
-    alone is made once (`lsg_pattern.share_padding`); after the forward, the recorded hidden states
-    replaced by the token rows and a tuple made if the caller asked for one (`GlobalTokens.finish`). A bare
+    alone is made once, kept with the mask (`lsg_pattern.give_padding_memo`); after the forward, the
+    recorded hidden states replaced by the token rows and a tuple made if the caller asked for one
+    (`GlobalTokens.finish`). A bare
     model that holds its layers itself (no encoder module: GTE, NomicBERT, EuroBERT) is its own encoder: its
     output drops the global tokens there too (`drops`; inside a head, `CarriesAndDropsGlobalTokens`).
 
@@ -104,14 +105,13 @@ class RecorderSteps:
         kwargs = {**kwargs, "return_dict": True}  # a ModelOutput, turned into a tuple by `finish`
         if mask is not None:
             kwargs["attention_mask"] = mask
+        give_padding_memo(mask)  # what the layers make from the mask alone: made once in the pass
         enclosing, global_tokens.call = global_tokens.call, call
-        shared = share_padding(mask)  # what the layers make from the mask alone: made once in the pass
         try:
             output = forward(**kwargs)
             return global_tokens.finish(global_tokens.drop(output) if self.drops else output)
         finally:
             global_tokens.call = enclosing
-            unshare_padding(shared)
 
 
 class LengthGroups:
