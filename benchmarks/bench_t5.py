@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import shlex
 import statistics
 import subprocess
 import sys
@@ -43,7 +42,8 @@ from typing import Callable
 import torch
 from transformers import LongT5Config, LongT5EncoderModel, T5Config, T5EncoderModel
 
-from bench_speed import cuda_peak_mib, fmt, machine_description, ratio, resident_kib, write_results
+from bench_speed import cuda_peak_mib, fmt, machine_description, ratio, record_results, resident_kib
+from encoder_steps import step_function
 from lsg_converter.models.configuration_lsg_t5 import LSGT5Config
 from lsg_converter.models.modeling_lsg_t5 import LSGT5EncoderModel
 
@@ -56,6 +56,7 @@ LSG_SETTINGS = {
 LONGT5_SETTINGS = {"longt5 tglobal": "transient-global", "longt5 local": "local"}
 MODELS = [*LSG_SETTINGS, *LONGT5_SETTINGS, "t5 dense"]
 REFERENCE = MODELS[0]
+TOKEN_IDS_BELOW = 32000  # random input ids in [5, 32000) of T5's 32,128
 
 
 def build_model(name: str, layers: int, device: str = "cpu", dtype: torch.dtype = torch.float32) -> torch.nn.Module:
@@ -80,28 +81,6 @@ def built_on_cpu(name: str, layers: int) -> torch.nn.Module:
     return model
 
 
-def step_function(model: torch.nn.Module, length: int, mode: str) -> Callable[[], None]:
-    """One forward pass (eval, no grad) or one training step (train, forward + backward), on the model's
-    device (waited for on CUDA)."""
-    device = next(model.parameters()).device
-    input_ids = torch.randint(5, 32000, (1, length), generator=torch.Generator().manual_seed(0)).to(device)
-    wait = torch.cuda.synchronize if device.type == "cuda" else lambda: None
-
-    def forward() -> None:
-        model.eval()
-        with torch.no_grad():
-            model(input_ids=input_ids)
-        wait()
-
-    def train_step() -> None:
-        model.train()
-        model(input_ids=input_ids).last_hidden_state.float().pow(2).mean().backward()
-        model.zero_grad(set_to_none=True)
-        wait()
-
-    return forward if mode == "forward" else train_step
-
-
 def interleaved_seconds(
     names: list[str], length: int, layers: int, repeats: int, device: str = "cpu", dtype: torch.dtype = torch.float32
 ) -> dict[tuple[str, str], float]:
@@ -112,8 +91,8 @@ def interleaved_seconds(
     model: a call right after another model's pays for faulting in again the memory that model's step
     freed (the largest steps free the most), a cost of the order of the benchmark, not of the model."""
     models = {name: build_model(name, layers, device, dtype) for name in names}
-    steps = [((name, mode), step_function(model, length, mode)) for name, model in models.items()
-             for mode in ("forward", "train")]
+    steps = [((name, mode), step_function(model, length, mode, TOKEN_IDS_BELOW))
+             for name, model in models.items() for mode in ("forward", "train")]
     times: dict[tuple[str, str], list[float]] = {key: [] for key, _ in steps}
     for round_index in range(1 + repeats):
         first = 2 * (round_index % len(models))
@@ -218,7 +197,7 @@ def main() -> None:
     if args.peak_of:  # child process of peak_in_child
         name, mode, length = args.peak_of
         model = build_model(name, args.layers, args.device, dtype)
-        print(json.dumps(peak_mib(step_function(model, int(length), mode), args.device)))
+        print(json.dumps(peak_mib(step_function(model, int(length), mode, TOKEN_IDS_BELOW), args.device)))
         return
 
     description = machine_description(argparse.Namespace(
@@ -252,8 +231,7 @@ def main() -> None:
         report += "\n" + scaling_table(peaks, lsg_names, args.scaling_lengths)
     print(report)
     if args.results:
-        command = "python benchmarks/bench_t5.py " + shlex.join(sys.argv[1:])
-        write_results(args.results_file, args.results, f"## {args.results}\n\n{description}\n\n`{command}`\n{report}\n")
+        record_results(args.results_file, args.results, description, report.strip())
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """The benchmark scripts run end to end; the extrapolation figures that issue 6 quotes or asks for are asserted."""
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
@@ -163,6 +164,24 @@ def test_modernbert_benchmark_quick_prints_lsg_against_the_source_and_the_goals(
         assert all(cell == "n/a" or float(cell) >= 0 for cell in cells[6:])  # peaks (a source's rise may be 0)
         source_s, lsg_s = rows["512", step][:2]  # LSG alone
         assert source_s == "n/a" and float(lsg_s) > 0
+
+
+@pytest.mark.parametrize("cpu_seconds, expected", [
+    ((8.0, 2.0), "LSG / source time at most 0.5: wall clock 0.60, not met (CPU time 0.25, met); peak at most 0.25: "
+                 "0.20, met"),
+    ((None, None), "LSG / source time at most 0.5: wall clock 0.60, not met; peak at most 0.25: 0.20, met"),
+], ids=["cpu", "cuda"])
+def test_modernbert_goal_lines_give_the_cpu_time_ratio_beside_the_wall_clock_one(cpu_seconds, expected):
+    bench_modernbert = import_benchmark("bench_modernbert")
+    run = bench_modernbert.Run(argparse.Namespace(sizes=["tiny"], steps=["forward"]))
+    for name, seconds, cpu, peak in zip((bench_modernbert.SOURCE, bench_modernbert.LSG), (2.0, 1.2), cpu_seconds,
+                                        (100.0, 20.0)):
+        figures = {"seconds": seconds, "cpu_seconds": cpu, "peak_mib": peak}
+        run.results["tiny", name, "forward", bench_modernbert.GOAL_LENGTH] = bench_modernbert.Result(figures=figures)
+
+    lines = bench_modernbert.goal_lines(run)
+
+    assert f"- tiny, 16,384-token forward, {expected}" in lines, lines
 
 
 @pytest.mark.slow
