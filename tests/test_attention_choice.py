@@ -3,7 +3,7 @@
 An LSG model's config names its attention as transformers' own models do: ``_attn_implementation`` reads
 back "eager", "sdpa" or "flex_attention" as it was asked (the config, ``from_pretrained``,
 ``set_attn_implementation``), "sdpa" where it was left unset (transformers' default; the layers then run
-`lsg_attention.DeviceDefault`), in every family, on the model and on every model inside it; no config
+`lsg_attention.choose_path`), in every family, on the model and on every model inside it; no config
 names an internal registration. The assertions of transformers' own common tests
 (``test_can_set_attention_dynamically``, ``test_sdpa_can_dispatch_non_composite_models``) hold for every
 head of every family. The LSG layers dispatch on the LSG attention registered for that backend through

@@ -157,13 +157,13 @@ def test_compiled_flex_reads_the_layers_keys_where_they_lie_when_no_key_is_maske
                            attn_implementation="flex_attention")
     model = LSGBertForMaskedLM(config).eval()
     layouts = []
-    whole_sequence = lsg_flex.FlexBackend._whole_sequence_attention
+    whole_sequence = lsg_attention.PATH_FUNCTIONS[lsg_attention.AttentionPath.FLEX_WHOLE_SEQUENCE]
 
-    def recording(self, job, bounds):
+    def recording(job, bounds):
         layouts.append("whole sequence")
-        return whole_sequence(self, job, bounds)
+        return whole_sequence(job, bounds)
 
-    monkeypatch.setattr(lsg_flex.FlexBackend, "_whole_sequence_attention", recording)
+    monkeypatch.setitem(lsg_attention.PATH_FUNCTIONS, lsg_attention.AttentionPath.FLEX_WHOLE_SEQUENCE, recording)
     torch.compiler.reset()
     compiled = torch.compile(model, backend="eager", fullgraph=True)
     with torch.no_grad():

@@ -32,6 +32,7 @@ This file travels with saved models as remote code: it imports torch and transfo
 
 from __future__ import annotations
 
+import enum
 import functools
 import hashlib
 import re
@@ -44,8 +45,15 @@ from torch import nn
 from transformers import AttentionInterface
 from transformers.utils import logging
 
-from .lsg_eager import EagerBackend
-from .lsg_flex import FLEX_ATTENTION_AVAILABLE, FlexBackend
+from .lsg_eager import EagerBackend, eager_token_attention
+from .lsg_flex import (
+    FLEX_ATTENTION_AVAILABLE,
+    FLEX_FORWARD_ONLY_DEVICES,
+    FlexBackend,
+    key_sequence_attention,
+    whole_sequence_bounds,
+    whole_sequence_attention,
+)
 from .lsg_pattern import (
     Backend,
     BackendUnavailable,
@@ -66,10 +74,20 @@ from .lsg_pattern import (
     sdpa_dense_attention,
     sequence_positions,
     shape_cached,
+    trained_position_terms,
     tracing,
     weighted_values,
 )
-from .lsg_sdpa import SdpaBackend, unmasked_input
+from .lsg_sdpa import (
+    SdpaBackend,
+    gathered_token_attention,
+    in_training,
+    trained_terms_token_attention,
+    unmasked_attention,
+    unmasked_input,
+    window_view_plan,
+    window_view_token_attention,
+)
 from .lsg_settings import LSGSettings
 from .lsg_sparse import sparse_context
 from .lsg_transformers import ALL_ATTENTION_FUNCTIONS, attn_implementation, shape_check
@@ -81,7 +99,7 @@ logger = logging.get_logger(__name__)
 # different versions, loaded in one process, each run their own attention: transformers' registry is
 # one dictionary, and a shared name would run the copy loaded last for all of them.
 LSG_ATTENTION = "lsg_" + hashlib.sha256(__name__.encode()).hexdigest()[:12]
-# The backend of a model whose attn_implementation is left unset (`DeviceDefault`): chosen per call.
+# The backend of a model whose attn_implementation is left unset: chosen per call (`choose_path`).
 DEFAULT_BACKEND = "default"
 # The shortest input at which flex_attention was measured faster than the sdpa backend on CUDA (bf16, no
 # padding, sparse keys, DropKey or position terms; the lengths measured were 4,096, 16,384 and 32,768)
@@ -106,31 +124,12 @@ def prefers_flex_attention(device_type: str, dtype: torch.dtype, num_tokens: int
     )
 
 
-class DeviceDefault:
-    """The backend of a model whose attn_implementation is left unset, chosen per call, where the device,
-    the precision and the input are known: flex_attention where it was measured faster
-    (`prefers_flex_attention`), else sdpa. Both compute the same keys: the results agree within float
-    rounding."""
-
-    name = DEFAULT_BACKEND
-    returns_weights = False
-    dense_attention = staticmethod(sdpa_dense_attention)
-
-    def runs(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
-        return True
-
-    def token_attention(self, job: TokenAttention) -> TokenOutput:
-        queries = job.token_queries
-        flex = prefers_flex_attention(queries.device.type, queries.dtype, job.num_tokens, unmasked_input(job))
-        return BACKENDS["flex_attention" if flex else "sdpa"].token_attention(job)
-
-
 # attn_implementation value -> the backend of its token queries; None -> DEFAULT_BACKEND. Each is registered
 # with transformers (`registered_attention`).
 # (Imported by name: transformers copies a model's remote code by following `from .module import` lines.)
 BACKENDS: dict[str, Backend] = {"eager": EagerBackend(), "sdpa": SdpaBackend(), "flex_attention": FlexBackend()}
 LSG_BACKENDS = tuple(BACKENDS)  # the values a user may give, and what an LSG model's config names
-BACKENDS[DEFAULT_BACKEND] = DeviceDefault()
+BACKENDS[DEFAULT_BACKEND] = BACKENDS["sdpa"]  # its dense attention; its token queries: `choose_path`
 # What a config names for a model whose attn_implementation was left unset: transformers' own default.
 UNSET_NAME = "sdpa"
 # backend -> how its registered name ends. Not "sdpa" nor "flex_attention": transformers runs its support
@@ -144,7 +143,7 @@ REGISTERED_NAME = re.compile(r"lsg_[0-9a-f]{12}_(?P<suffix>\w+)")
 def lsg_backend(attn_implementation: str | None) -> str:
     """The backend an LSG model runs for `attn_implementation`: a value of `LSG_BACKENDS` is itself, a
     registered name (`registered_attention`, what a config holds while its model is built) its backend, None
-    `DEFAULT_BACKEND` (`DeviceDefault`); anything else raises ValueError naming the valid values."""
+    `DEFAULT_BACKEND` (chosen per call: `choose_path`); anything else raises ValueError naming the valid values."""
     if attn_implementation is None:
         return DEFAULT_BACKEND
     if attn_implementation in BACKEND_OF_NAME:  # a lookup: every LSG layer asks at every call, compiled too
@@ -196,7 +195,7 @@ class DispatchConfig:
     The model's config names "eager", "sdpa" or "flex_attention" as transformers' own models do, and
     ``set_attn_implementation`` (or a change of ``config._attn_implementation``) reaches the layers at their
     next call. `device_default` marks a model whose implementation was left unset: its config names "sdpa",
-    transformers' default, and its layers run `DeviceDefault`.
+    transformers' default, and its layers run `DEFAULT_BACKEND`, chosen per call (`choose_path`).
     """
 
     def __init__(self, config: Any, device_default: bool = False) -> None:
@@ -320,8 +319,6 @@ def lsg_attention(
         )
     if exporting:
         shape_check((num_tokens + padding) // block >= 2)
-    if not kernel.runs(query, key, value):
-        kernel = BACKENDS["sdpa"]
     pattern = settings.pattern(causal)
     # Sequence-major (B, L, H, D) views. Split (not slice) into global tokens and tokens: the backward
     # pass then joins the two gradients with one copy instead of zero-filling two full-size ones.
@@ -370,7 +367,7 @@ def lsg_attention(
 
     if num_global:
         job.global_attention = global_attention
-    tokens = _token_attention(kernel, job)
+    tokens = run_path(choose_path(backend, job), job)
     if tokens.is_layer_output:
         return tokens.output.transpose(1, 2), tokens.weights
     pieces = list(tokens.output) if isinstance(tokens.output, tuple) else [tokens.output]  # (B, t_i, H, D)
@@ -421,12 +418,82 @@ def _real_blocks(padding_mask: torch.Tensor | None, num_global: int, first: int,
     return None if not tracing() and bool(real.all()) else real
 
 
-def _token_attention(kernel: Backend, job: TokenAttention) -> TokenOutput:
-    """The backend's answer to `job`; the sdpa backend's where the backend cannot take it after all."""
+class AttentionPath(enum.Enum):
+    """How the token queries of an LSG call of more than two blocks run, each path one function
+    (`PATH_FUNCTIONS`), chosen by `choose_path`. (Inputs of at most two blocks run plain attention and a
+    cached decoding step `_cached_causal_attention`, whatever the backend: `lsg_attention`.)"""
+
+    EAGER = "eager"  # lsg_eager.eager_token_attention: the gathered blocks with explicit weights
+    WINDOW_VIEWS = "sdpa window views"  # lsg_sdpa.window_view_token_attention: the CPU, local keys as views
+    UNMASKED = "sdpa unmasked"  # lsg_sdpa.unmasked_attention: every key seen, masks of the shape alone
+    TRAINED_TERMS = "sdpa trained terms"  # lsg_sdpa.trained_terms_token_attention: CPU, terms being trained
+    GATHERED = "sdpa gathered"  # lsg_sdpa.gathered_token_attention: each block's keys gathered
+    FLEX_WHOLE_SEQUENCE = "flex whole sequence"  # lsg_flex.whole_sequence_attention: the layer's own keys
+    FLEX_KEY_SEQUENCE = "flex key sequence"  # lsg_flex.key_sequence_attention: a gathered key sequence
+
+
+def choose_path(backend: str, job: TokenAttention) -> tuple[AttentionPath, Any]:
+    """The one place where the path of a call's token queries is chosen, with what it needs (the window
+    views' plan, the flex rows' bounds, or None), from the backend the model runs, the device, the dtype,
+    the length, the padding, the sparse keys, DropKey, the position terms and the gradients:
+
+    * "eager": `AttentionPath.EAGER`;
+    * left unset (`DEFAULT_BACKEND`): flex_attention where it was measured faster
+      (`prefers_flex_attention`), else sdpa;
+    * "flex_attention": sdpa while gradients are needed on a device without flex's backward pass
+      (`FLEX_FORWARD_ONLY_DEVICES`); else the whole sequence where each row's valid keys are one run and
+      there is no DropKey (`whole_sequence_bounds`), else the key sequence;
+    * "sdpa": the window views where the CPU flash kernel can read the local keys as views
+      (`window_view_plan`); else unmasked where every key is seen (`unmasked_input`); else, on the CPU,
+      trained terms where position terms are being trained (`trained_position_terms`); else gathered.
+    """
+    if backend == "eager":
+        return AttentionPath.EAGER, None
+    queries = job.token_queries
+    training = in_training(job)
+    if backend == DEFAULT_BACKEND:
+        flex = prefers_flex_attention(queries.device.type, queries.dtype, job.num_tokens, unmasked_input(job))
+        backend = "flex_attention" if flex else "sdpa"
+    if backend == "flex_attention":
+        if not (training and queries.device.type in FLEX_FORWARD_ONLY_DEVICES):
+            whole_sequence, bounds = whole_sequence_bounds(job)
+            if whole_sequence:
+                return AttentionPath.FLEX_WHOLE_SEQUENCE, bounds
+            return AttentionPath.FLEX_KEY_SEQUENCE, None
+        logger.warning_once(
+            f"flex_attention has no backward pass on {queries.device.type}: LSG runs its sdpa backend while "
+            "gradients are needed (same results)."
+        )
+    plan = window_view_plan(job, training)
+    if plan is not None:
+        return AttentionPath.WINDOW_VIEWS, plan
+    if unmasked_input(job):
+        return AttentionPath.UNMASKED, None
+    if trained_position_terms(job) and not queries.is_cuda:
+        return AttentionPath.TRAINED_TERMS, None
+    return AttentionPath.GATHERED, None
+
+
+# Each path's function: (job, what `choose_path` gave with the path) -> the token queries' output
+PATH_FUNCTIONS: dict[AttentionPath, Callable[[TokenAttention, Any], TokenOutput]] = {
+    AttentionPath.EAGER: lambda job, _: eager_token_attention(job),
+    AttentionPath.WINDOW_VIEWS: window_view_token_attention,
+    AttentionPath.UNMASKED: lambda job, _: unmasked_attention(job),
+    AttentionPath.TRAINED_TERMS: lambda job, _: trained_terms_token_attention(job),
+    AttentionPath.GATHERED: lambda job, _: gathered_token_attention(job),
+    AttentionPath.FLEX_WHOLE_SEQUENCE: whole_sequence_attention,
+    AttentionPath.FLEX_KEY_SEQUENCE: lambda job, _: key_sequence_attention(job),
+}
+
+
+def run_path(choice: tuple[AttentionPath, Any], job: TokenAttention) -> TokenOutput:
+    """The token queries' output of `job` on the chosen path; on sdpa's where compiled flex_attention
+    cannot take the call after all (`BackendUnavailable`: its compile failed or its budget is spent)."""
+    path, detail = choice
     try:
-        return kernel.token_attention(job)
+        return PATH_FUNCTIONS[path](job, detail)
     except BackendUnavailable:
-        return BACKENDS["sdpa"].token_attention(job)
+        return run_path(choose_path("sdpa", job), job)
 
 
 def lsg_self_attention(*args: Any, **kwargs: Any) -> torch.Tensor:

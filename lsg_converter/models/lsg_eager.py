@@ -54,26 +54,27 @@ def token_weights(pattern: KeyPattern, block_weights, sparse: SparseContext | No
     return torch.cat([global_part, token_part[..., :num_tokens]], dim=-1)[:, :, :num_tokens]
 
 
+def eager_token_attention(job: TokenAttention) -> TokenOutput:
+    """The eager path: the blocks of the sdpa backend with explicit weights, spread over a (t, t) matrix per
+    head, returned as the token queries' weights."""
+    blocks = BlockKeys.of(job, with_values=False)
+    scores = blocks.queries @ blocks.keys.transpose(-1, -2) * job.scaling  # (B * nb, H, b, K)
+    block_weights = explicit_softmax(scores + blocks.mask, scores.dtype)
+    block_weights = block_weights.unflatten(0, (job.keys.shape[0], job.num_blocks))  # (B, nb, H, b, K)
+    weights = token_weights(job.pattern, block_weights, job.sparse, job.num_tokens)  # (B, H, t, g + t)
+    if job.real_rows is not None:  # the queries of blocks of padding only weigh nothing, as sdpa leaves them
+        weights = torch.where(job.real_rows[:, None, :, None], weights, 0)
+    layer_values = torch.cat([job.global_values, job.values[:, : job.num_tokens]], dim=1).transpose(1, 2)
+    output, token_block = weighted_values(weights, layer_values, job.pattern.num_global)
+    return TokenOutput(output.transpose(1, 2), token_block, None)
+
+
 class EagerBackend:
-    """The blocks of the sdpa backend with explicit weights, spread over a (t, t) matrix per head."""
+    """The dense attention of the eager backend, with explicit weights; its path for the token queries is
+    `eager_token_attention`."""
 
     name = "eager"
     returns_weights = True
-
-    def runs(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
-        return True
-
-    def token_attention(self, job: TokenAttention) -> TokenOutput:
-        blocks = BlockKeys.of(job, with_values=False)
-        scores = blocks.queries @ blocks.keys.transpose(-1, -2) * job.scaling  # (B * nb, H, b, K)
-        block_weights = explicit_softmax(scores + blocks.mask, scores.dtype)
-        block_weights = block_weights.unflatten(0, (job.keys.shape[0], job.num_blocks))  # (B, nb, H, b, K)
-        weights = token_weights(job.pattern, block_weights, job.sparse, job.num_tokens)  # (B, H, t, g + t)
-        if job.real_rows is not None:  # the queries of blocks of padding only weigh nothing, as sdpa leaves them
-            weights = torch.where(job.real_rows[:, None, :, None], weights, 0)
-        layer_values = torch.cat([job.global_values, job.values[:, : job.num_tokens]], dim=1).transpose(1, 2)
-        output, token_block = weighted_values(weights, layer_values, job.pattern.num_global)
-        return TokenOutput(output.transpose(1, 2), token_block, None)
 
     def dense_attention(self, query, key, value, allowed, scaling, scores):
         logits = (query @ key.transpose(-1, -2)) * scaling

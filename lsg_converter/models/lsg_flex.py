@@ -40,7 +40,7 @@ its position (and key-side rows), the query's position is its index.
 The global queries see every key: the core runs their few rows through SDPA on this same key
 sequence (`TokenOutput.global_context`); inside the flex mask one thread block would carry the
 whole sequence. Where flex cannot run (gradients on a device without its backward pass), the core
-runs the sdpa backend instead (`FlexBackend.runs`), and likewise for a call compiled flex cannot
+runs the sdpa backend instead (`lsg_attention.choose_path`), and likewise for a call compiled flex cannot
 take (`BackendUnavailable`).
 
 This file travels with saved models as remote code: it imports torch, transformers, lsg_pattern and lsg_transformers only.
@@ -552,143 +552,126 @@ def with_global_rows(kernel_output: torch.Tensor, global_output: torch.Tensor) -
 
 
 class FlexBackend:
-    """Every token query in one flex_attention call over a block-sparse mask; the global queries and
-    inputs too short for blocks through SDPA."""
+    """The dense attention of the flex_attention backend (through SDPA: inputs too short for blocks, the
+    global queries); its paths for the token queries are `whole_sequence_attention` and
+    `key_sequence_attention`, which `lsg_attention.choose_path` chooses."""
 
     name = "flex_attention"
     returns_weights = False
     dense_attention = staticmethod(sdpa_dense_attention)
 
-    def runs(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
-        """False while gradients are needed on a device where flex_attention has no backward pass."""
-        needs_gradients = torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value))
-        if needs_gradients and query.device.type in FLEX_FORWARD_ONLY_DEVICES:
-            logger.warning_once(
-                f"flex_attention has no backward pass on {query.device.type}: LSG runs its sdpa backend while "
-                "gradients are needed (same results)."
-            )
-            return False
-        return True
 
-    def token_attention(self, job: TokenAttention) -> TokenOutput:
-        """The t token queries: over the layer's own sequence (then the sparse segment) where each row's
-        valid keys are one run and there is no DropKey (`whole_sequence_bounds`), else over the gathered
-        key sequence [globals | tokens | sparse keys]."""
-        whole_sequence, bounds = whole_sequence_bounds(job)
-        if whole_sequence:
-            return self._whole_sequence_attention(job, bounds)
-        return self._key_sequence_attention(job)
+def whole_sequence_attention(job: TokenAttention, bounds: RowBounds | None) -> TokenOutput:
+    """The flex whole-sequence path (`whole_sequence_bounds`): every query row of the layer over its own g + t keys, the queries read where they lie, the keys and
+    values too without sparse keys (else one copy, with the compressed ones from the next whole tile on,
+    `KeyLayout.of`): the mask_mod is the pattern's rule, with the rows' bounds where a key is masked
+    (`whole_sequence_mask_mod`). The global queries see the layer's keys as they were given (no
+    `global_context`); where no block holds padding only, their output is written into the kernel's own
+    global rows, which saw no key (`with_global_rows`), and the kernel's output is the layer's
+    (`TokenOutput.is_layer_output`, not inside a graph being traced: there the core joins them); else
+    the global rows are left out and the core joins the parts."""
+    pattern, num_tokens, sparse = job.pattern, job.num_tokens, job.sparse
+    layout = KeyLayout.of(pattern, job.token_mask.shape[1], TILE, num_tokens)
+    segment_ends = (layout.sparse_offset, layout.length)
+    queries, keys, values = job.sequence  # (B, g + t, H, D)
+    queries = _cpu_graph_operand(_at_storage_start(queries).transpose(1, 2))  # (B, H, g + t, D)
+    if sparse is None:
+        keys, values = (_at_storage_start(x).transpose(1, 2) for x in (keys, values))
+        keys = _cpu_graph_operand(keys)
+    else:  # (B, H, length, D)
+        keys = _laid_out([keys.transpose(1, 2), sparse.keys], segment_ends)
+        values = _laid_out([values.transpose(1, 2), sparse.values], segment_ends)
+    if sparse is None and bounds is not None:  # a padded batch: each row's tiles, made once per forward
+        structure = job.made_once("flex row structure", lambda: row_block_structure(pattern, num_tokens, TILE, bounds.tokens))
+    else:  # the pattern's rule alone (full tiles skip the mask_mod), or sparse keys read through the rows' bounds
+        structure = block_structure(pattern, num_tokens, TILE, queries.device, whole_sequence=True, rule_only=bounds is None)
+    score_mod = None
+    terms = job.positions
+    if terms is not None:
+        num_global = pattern.num_global
+        key_positions = sequence_positions(terms, num_global, num_tokens, keys.device)  # (g + t,)
+        key_rows = terms.key_rows
+        if sparse is not None:
+            batch, heads = keys.shape[:2]
+            key_positions = _laid_out([key_positions.expand(batch, heads, -1), sparse.positions], segment_ends)
+            if key_rows is not None:
+                key_rows = _laid_out([key_rows, sparse.key_rows], segment_ends)  # (B, H, length, R)
+        score_mod = position_score_mod(terms, key_positions, key_rows, num_global, layout.query_offset)
+    output = _flex_kernel(kernel_signature(job, "whole sequence" if bounds is None else "whole sequence, row bounds"))(
+        queries, keys, values, score_mod=score_mod,
+        block_mask=_with_mask_mod(structure, whole_sequence_mask_mod(pattern, layout, bounds)), scale=job.scaling,
+    )  # (B, H, g + t, D)
+    sequence_output = output.transpose(1, 2)  # (B, g + t, H, D)
+    if job.real_rows is None and not tracing():  # the kernel's output is the layer's, kept once
+        if job.global_attention is not None:
+            sequence_output = with_global_rows(sequence_output, job.global_attention())
+        return TokenOutput(sequence_output, None, None, is_layer_output=True)
+    return TokenOutput(sequence_output[:, layout.query_offset :], None, None)
 
-    def _whole_sequence_attention(self, job: TokenAttention, bounds: RowBounds | None) -> TokenOutput:
-        """Every query row of the layer over its own g + t keys, the queries read where they lie, the keys and
-        values too without sparse keys (else one copy, with the compressed ones from the next whole tile on,
-        `KeyLayout.of`): the mask_mod is the pattern's rule, with the rows' bounds where a key is masked
-        (`whole_sequence_mask_mod`). The global queries see the layer's keys as they were given (no
-        `global_context`); where no block holds padding only, their output is written into the kernel's own
-        global rows, which saw no key (`with_global_rows`), and the kernel's output is the layer's
-        (`TokenOutput.is_layer_output`, not inside a graph being traced: there the core joins them); else
-        the global rows are left out and the core joins the parts."""
-        pattern, num_tokens, sparse = job.pattern, job.num_tokens, job.sparse
-        layout = KeyLayout.of(pattern, job.token_mask.shape[1], TILE, num_tokens)
-        segment_ends = (layout.sparse_offset, layout.length)
-        queries, keys, values = job.sequence  # (B, g + t, H, D)
-        queries = _cpu_graph_operand(_at_storage_start(queries).transpose(1, 2))  # (B, H, g + t, D)
-        if sparse is None:
-            keys, values = (_at_storage_start(x).transpose(1, 2) for x in (keys, values))
-            keys = _cpu_graph_operand(keys)
-        else:  # (B, H, length, D)
-            keys = _laid_out([keys.transpose(1, 2), sparse.keys], segment_ends)
-            values = _laid_out([values.transpose(1, 2), sparse.values], segment_ends)
-        if sparse is None and bounds is not None:  # a padded batch: each row's tiles, made once per forward
-            structure = job.made_once("flex row structure", lambda: row_block_structure(pattern, num_tokens, TILE, bounds.tokens))
-        else:  # the pattern's rule alone (full tiles skip the mask_mod), or sparse keys read through the rows' bounds
-            structure = block_structure(pattern, num_tokens, TILE, queries.device, whole_sequence=True, rule_only=bounds is None)
-        score_mod = None
-        terms = job.positions
-        if terms is not None:
-            num_global = pattern.num_global
-            key_positions = sequence_positions(terms, num_global, num_tokens, keys.device)  # (g + t,)
-            key_rows = terms.key_rows
-            if sparse is not None:
-                batch, heads = keys.shape[:2]
-                key_positions = _laid_out([key_positions.expand(batch, heads, -1), sparse.positions], segment_ends)
-                if key_rows is not None:
-                    key_rows = _laid_out([key_rows, sparse.key_rows], segment_ends)  # (B, H, length, R)
-            score_mod = position_score_mod(terms, key_positions, key_rows, num_global, layout.query_offset)
-        output = _flex_kernel(self._signature(job, "whole sequence" if bounds is None else "whole sequence, row bounds"))(
-            queries, keys, values, score_mod=score_mod,
-            block_mask=_with_mask_mod(structure, whole_sequence_mask_mod(pattern, layout, bounds)), scale=job.scaling,
-        )  # (B, H, g + t, D)
-        sequence_output = output.transpose(1, 2)  # (B, g + t, H, D)
-        if job.real_rows is None and not tracing():  # the kernel's output is the layer's, kept once
-            if job.global_attention is not None:
-                sequence_output = with_global_rows(sequence_output, job.global_attention())
-            return TokenOutput(sequence_output, None, None, is_layer_output=True)
-        return TokenOutput(sequence_output[:, layout.query_offset :], None, None)
+def key_sequence_attention(job: TokenAttention) -> TokenOutput:
+    """The flex key-sequence path: the t token queries over the key sequence [globals | tokens | sparse keys] of `KeyLayout`, one
+    copy of the keys and values, with a mask_mod reading the keys' validity (and DropKey's choice); the
+    global queries' context is that sequence."""
+    pattern, sparse, num_queries = job.pattern, job.sparse, job.num_tokens
+    batch, _, heads, head_dim = job.token_keys.shape
+    layout = KeyLayout.of(pattern, job.token_mask.shape[1], TILE)
+    structure = block_structure(pattern, num_queries, TILE, job.token_queries.device)
+    segment_ends = (layout.token_offset, layout.sparse_offset, layout.length)
 
-    def _key_sequence_attention(self, job: TokenAttention):
-        """The t token queries over the key sequence [globals | tokens | sparse keys] of `KeyLayout`, one
-        copy of the keys and values, with a mask_mod reading the keys' validity (and DropKey's choice); the
-        global queries' context is that sequence."""
-        pattern, sparse, num_queries = job.pattern, job.sparse, job.num_tokens
-        batch, _, heads, head_dim = job.token_keys.shape
-        layout = KeyLayout.of(pattern, job.token_mask.shape[1], TILE)
-        structure = block_structure(pattern, num_queries, TILE, job.token_queries.device)
-        segment_ends = (layout.token_offset, layout.sparse_offset, layout.length)
+    def no_sparse(x: torch.Tensor) -> torch.Tensor:  # an empty sparse segment shaped like x (B, H, n, ...)
+        return constant(0, x.dtype, x.device).expand(x.shape[0], x.shape[1], 0, *x.shape[3:])
 
-        def no_sparse(x: torch.Tensor) -> torch.Tensor:  # an empty sparse segment shaped like x (B, H, n, ...)
-            return constant(0, x.dtype, x.device).expand(x.shape[0], x.shape[1], 0, *x.shape[3:])
+    token_keys, token_values = job.keys.transpose(1, 2), job.values.transpose(1, 2)  # (B, H, T, D)
+    tokens = token_keys.shape[2]
+    sparse_keys = no_sparse(token_keys) if sparse is None else sparse.keys
+    sparse_values = no_sparse(token_values) if sparse is None else sparse.values
+    key_sequence = _laid_out([job.global_keys.transpose(1, 2), token_keys, sparse_keys], segment_ends)  # (B, H, length, D)
+    value_sequence = _laid_out([job.global_values.transpose(1, 2), token_values, sparse_values], segment_ends)
 
-        token_keys, token_values = job.keys.transpose(1, 2), job.values.transpose(1, 2)  # (B, H, T, D)
-        tokens = token_keys.shape[2]
-        sparse_keys = no_sparse(token_keys) if sparse is None else sparse.keys
-        sparse_values = no_sparse(token_values) if sparse is None else sparse.values
-        key_sequence = _laid_out([job.global_keys.transpose(1, 2), token_keys, sparse_keys], segment_ends)  # (B, H, length, D)
-        value_sequence = _laid_out([job.global_values.transpose(1, 2), token_values, sparse_values], segment_ends)
+    score_mod = None
+    terms = job.positions
+    if terms is not None:
+        num_global, device = pattern.num_global, job.token_keys.device
+        token_positions = torch.arange(tokens, device=device).expand(batch, heads, -1)
+        global_positions = global_query_positions(terms, num_global, device).expand(batch, heads, -1)
+        sparse_positions = no_sparse(token_positions) if sparse is None else sparse.positions
+        key_positions = _laid_out([global_positions, token_positions, sparse_positions], segment_ends)  # (B, H, length)
+        key_rows = None
+        if terms.key_rows is not None:
+            sparse_rows = no_sparse(job.token_key_rows) if sparse is None else sparse.key_rows
+            global_key_rows = terms.key_rows[:, :, :num_global]
+            key_rows = _laid_out([global_key_rows, job.token_key_rows, sparse_rows], segment_ends)  # (B, H, length, R)
+        score_mod = position_score_mod(terms, key_positions, key_rows, num_global)
+    sparse_mask = job.token_mask.new_zeros(batch, 1, 0) if sparse is None else sparse.mask
+    masks = (job.global_mask[:, None], job.token_mask[:, None], sparse_mask)
+    key_valid = _laid_out([m.expand(-1, heads, -1) for m in masks], segment_ends)  # (B, H, length) bool
+    block_mask = _with_mask_mod(structure, lsg_mask_mod(pattern, layout, key_valid, job.kept))
+    output = _flex_kernel(kernel_signature(job, "gathered"))(
+        _cpu_graph_operand(_at_storage_start(job.token_queries).transpose(1, 2)),
+        key_sequence,
+        value_sequence,
+        score_mod=score_mod,
+        block_mask=block_mask,
+        scale=job.scaling,
+    )  # (B, H, t, D)
+    # the global queries' context: the global segment (its padding rows at -1), then the t tokens
+    seen_rows = layout.token_offset + num_queries
+    global_rows = torch.arange(layout.token_offset, device=key_sequence.device)
+    token_rows = pattern.num_global + torch.arange(num_queries, device=key_sequence.device)
+    index = torch.cat([torch.where(global_rows < pattern.num_global, global_rows, -1), token_rows])
+    context = KeySequence(key_sequence[:, :, :seen_rows], value_sequence[:, :, :seen_rows], index)
+    return TokenOutput(output.transpose(1, 2), None, context)
 
-        score_mod = None
-        terms = job.positions
-        if terms is not None:
-            num_global, device = pattern.num_global, job.token_keys.device
-            token_positions = torch.arange(tokens, device=device).expand(batch, heads, -1)
-            global_positions = global_query_positions(terms, num_global, device).expand(batch, heads, -1)
-            sparse_positions = no_sparse(token_positions) if sparse is None else sparse.positions
-            key_positions = _laid_out([global_positions, token_positions, sparse_positions], segment_ends)  # (B, H, length)
-            key_rows = None
-            if terms.key_rows is not None:
-                sparse_rows = no_sparse(job.token_key_rows) if sparse is None else sparse.key_rows
-                global_key_rows = terms.key_rows[:, :, :num_global]
-                key_rows = _laid_out([global_key_rows, job.token_key_rows, sparse_rows], segment_ends)  # (B, H, length, R)
-            score_mod = position_score_mod(terms, key_positions, key_rows, num_global)
-        sparse_mask = job.token_mask.new_zeros(batch, 1, 0) if sparse is None else sparse.mask
-        masks = (job.global_mask[:, None], job.token_mask[:, None], sparse_mask)
-        key_valid = _laid_out([m.expand(-1, heads, -1) for m in masks], segment_ends)  # (B, H, length) bool
-        block_mask = _with_mask_mod(structure, lsg_mask_mod(pattern, layout, key_valid, job.kept))
-        output = _flex_kernel(self._signature(job, "gathered"))(
-            _cpu_graph_operand(_at_storage_start(job.token_queries).transpose(1, 2)),
-            key_sequence,
-            value_sequence,
-            score_mod=score_mod,
-            block_mask=block_mask,
-            scale=job.scaling,
-        )  # (B, H, t, D)
-        # the global queries' context: the global segment (its padding rows at -1), then the t tokens
-        seen_rows = layout.token_offset + num_queries
-        global_rows = torch.arange(layout.token_offset, device=key_sequence.device)
-        token_rows = pattern.num_global + torch.arange(num_queries, device=key_sequence.device)
-        index = torch.cat([torch.where(global_rows < pattern.num_global, global_rows, -1), token_rows])
-        context = KeySequence(key_sequence[:, :, :seen_rows], value_sequence[:, :, :seen_rows], index)
-        return TokenOutput(output.transpose(1, 2), None, context)
 
-    @staticmethod
-    def _signature(job: TokenAttention, layout: str) -> KernelSignature:
-        terms = job.positions
-        return KernelSignature(
-            job.pattern,
-            () if terms is None else tuple(side for side, _, _ in terms.parts()),
-            0 if job.kept is None else job.kept.shape[3],
-            layout,
-            (torch.is_grad_enabled(), any(x.requires_grad for x in (job.token_queries, job.token_keys, job.token_values))),
-            job.token_queries.device.type,
-            job.token_queries.dtype,
-        )
+def kernel_signature(job: TokenAttention, layout: str) -> KernelSignature:
+    """What the compiled kernel of `job` on `layout` (a name of its key layout) depends on."""
+    terms = job.positions
+    return KernelSignature(
+        job.pattern,
+        () if terms is None else tuple(side for side, _, _ in terms.parts()),
+        0 if job.kept is None else job.kept.shape[3],
+        layout,
+        (torch.is_grad_enabled(), any(x.requires_grad for x in (job.token_queries, job.token_keys, job.token_values))),
+        job.token_queries.device.type,
+        job.token_queries.dtype,
+    )

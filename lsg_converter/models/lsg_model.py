@@ -470,7 +470,7 @@ class LSGModelMixin:
 
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
         """transformers' check of an ``attn_implementation`` (when the model is built, loaded or switched): an
-        LSG model takes "eager", "sdpa", "flex_attention" or None (`lsg_attention.DeviceDefault`: sdpa, or
+        LSG model takes "eager", "sdpa", "flex_attention" or None (chosen per call, `lsg_attention.choose_path`: sdpa, or
         flex_attention on CUDA where it is faster, per call), and its config names it as transformers does
         (None: "sdpa"). While the model is built, the name is that of the registered LSG attention of the
         backend (`lsg_attention.registered_attention`), which every source class built inside it accepts

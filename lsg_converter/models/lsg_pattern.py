@@ -591,21 +591,17 @@ class TokenOutput:
 
 
 class BackendUnavailable(RuntimeError):
-    """Raised by a backend's `token_attention` for a call it cannot take after all (compiled flex_attention
+    """Raised by a path of a backend for a call it cannot take after all (compiled flex_attention
     whose compile failed or whose budget is spent): the core runs the sdpa backend for it."""
 
 
 class Backend(Protocol):
-    """An attention backend of LSG (lsg_sdpa, lsg_eager, lsg_flex)."""
+    """The dense attention of an LSG backend (lsg_sdpa, lsg_eager, lsg_flex): inputs of at most two blocks
+    and the global queries. Its paths for the token queries are functions that `lsg_attention.choose_path`
+    chooses."""
 
     name: str
-    returns_weights: bool  # its token_attention returns weights (the core then asks for `SparseContext.token_weights`)
-
-    def runs(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
-        """Whether it can run this call (otherwise the core runs sdpa)."""
-
-    def token_attention(self, job: TokenAttention) -> TokenOutput:
-        """The attention of the token queries."""
+    returns_weights: bool  # its path returns weights (the core then asks for `SparseContext.token_weights`)
 
     def dense_attention(
         self, query, key, value, allowed: torch.Tensor | None, scaling: float, scores: torch.Tensor | None

@@ -43,7 +43,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -87,58 +87,72 @@ WIDE_TILE_QUERIES = 192
 
 
 class SdpaBackend:
-    """Token queries block by block through SDPA; the global queries through one SDPA call."""
+    """The dense attention of the sdpa backend (inputs of at most two blocks, the global queries); its paths
+    for the token queries are the functions below that `lsg_attention.choose_path` chooses."""
 
     name = "sdpa"
     returns_weights = False
-
-    def runs(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
-        return True
-
-    def token_attention(self, job: TokenAttention) -> TokenOutput:
-        training = in_training(job)
-        plan = window_view_plan(job, training)
-        if plan is not None:  # the edge blocks' and the global queries' outputs written into the layer's
-            if training:
-                output = WindowViewAttention.apply(
-                    job.token_queries, job.sequence[1], job.sequence[2], global_output(job), job.pattern,
-                    tuple(plan.viewed_runs), plan.edges, plan.every_block, job.scaling,
-                )  # fmt: skip
-            else:
-                output = window_view_output(job, plan)
-            return TokenOutput(output, None, None, is_layer_output=True)
-        if unmasked_input(job):
-            return unmasked_attention(job)
-        batch, padded_tokens, heads = job.token_queries.shape[0], job.token_mask.shape[1], job.token_queries.shape[2]
-        chosen = job.query_blocks  # None: every block
-        output = gathered_attention(job, chosen)  # every block's keys gathered
-        if chosen is not None:  # the blocks of padding only get zeros
-            shape = (batch, job.num_blocks, job.pattern.block_size, heads, job.token_values.shape[-1])
-            output = output.new_zeros(shape).index_put_(chosen, output)
-        output = output.reshape(batch, padded_tokens, heads, -1)[:, : job.num_tokens]
-        return TokenOutput(output, None, None)
-
     dense_attention = staticmethod(sdpa_dense_attention)
 
 
-def gathered_attention(
-    job: TokenAttention, chosen: tuple[torch.Tensor, torch.Tensor] | None, chosen_name: str = "query blocks"
-) -> torch.Tensor:
-    """The output of every block, or of the `chosen` ones ((batch index, block index), which `chosen_name`
-    names in the pass's memo), their keys gathered (`BlockKeys`): (n, b, H, D). On the CPU, where the mask
-    carries position terms being trained, through `TrainedTermsAttention`, which reads them as views."""
-    if trained_position_terms(job) and not job.token_queries.is_cuda:
-        allowed, position_scores = folded_mask_parts(job, chosen)
-        layout, sources = window_layout(job)
-        output = TrainedTermsAttention.apply(
-            job.queries, allowed, layout, chosen_runs(job, chosen, chosen_name), job.scaling, *sources, *position_scores
-        )  # (n, H, b, D)
-        return output.transpose(1, 2)
+def window_view_token_attention(job: TokenAttention, plan: WindowViewPlan) -> TokenOutput:
+    """The window-view path (`window_view_plan`): the layer's output, into which the edge blocks' and the
+    global queries' outputs are written; in training through `WindowViewAttention`."""
+    if in_training(job):
+        output = WindowViewAttention.apply(
+            job.token_queries, job.sequence[1], job.sequence[2], global_output(job), job.pattern,
+            tuple(plan.viewed_runs), plan.edges, plan.every_block, job.scaling,
+        )  # fmt: skip
+    else:
+        output = window_view_output(job, plan)
+    return TokenOutput(output, None, None, is_layer_output=True)
+
+
+def gathered_token_attention(job: TokenAttention) -> TokenOutput:
+    """The gathered path: every block that holds a real token gets its keys gathered (`BlockKeys`) and runs
+    through SDPA, the runs of blocks without a masked key without a mask (`mask_runs`)."""
+    return blocks_token_output(job, gathered_blocks_attention)
+
+
+def trained_terms_token_attention(job: TokenAttention) -> TokenOutput:
+    """The path of position terms being trained on the CPU: the blocks through `TrainedTermsAttention`, which
+    reads each segment of their keys as a view, forward and backward."""
+    return blocks_token_output(job, trained_terms_blocks_attention)
+
+
+def blocks_token_output(
+    job: TokenAttention, attend: Callable[[TokenAttention, tuple[torch.Tensor, torch.Tensor] | None], torch.Tensor]
+) -> TokenOutput:
+    """The token queries' output (B, t, H, D) of the blocks that hold a real token (`TokenAttention.query_blocks`)
+    run by `attend` (-> (n, b, H, D)), the blocks of padding only left as zeros."""
+    batch, padded_tokens, heads = job.token_queries.shape[0], job.token_mask.shape[1], job.token_queries.shape[2]
+    chosen = job.query_blocks  # None: every block
+    output = attend(job, chosen)
+    if chosen is not None:
+        shape = (batch, job.num_blocks, job.pattern.block_size, heads, job.token_values.shape[-1])
+        output = output.new_zeros(shape).index_put_(chosen, output)
+    output = output.reshape(batch, padded_tokens, heads, -1)[:, : job.num_tokens]
+    return TokenOutput(output, None, None)
+
+
+def trained_terms_blocks_attention(job: TokenAttention, chosen: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """The output (n, b, H, D) of every block, or of the `chosen` ones, through `TrainedTermsAttention`."""
+    allowed, position_scores = folded_mask_parts(job, chosen)
+    layout, sources = window_layout(job)
+    output = TrainedTermsAttention.apply(
+        job.queries, allowed, layout, chosen_runs(job, chosen), job.scaling, *sources, *position_scores
+    )  # (n, H, b, D)
+    return output.transpose(1, 2)
+
+
+def gathered_blocks_attention(job: TokenAttention, chosen: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """The output (n, b, H, D) of every block, or of the `chosen` ones ((batch index, block index)), their
+    keys gathered (`BlockKeys`)."""
     blocks = BlockKeys.of(job, chosen=chosen)
     queries, keys, values, mask = blocks.queries, blocks.keys, blocks.values, blocks.mask
     output = queries.new_empty(queries.shape[0], job.pattern.block_size, queries.shape[1], values.shape[-1])
     if job.masks_of_padding_alone:
-        runs = job.made_once(("mask runs", "every block" if chosen is None else chosen_name), lambda: mask_runs(mask))
+        runs = job.made_once(("mask runs", chosen is None), lambda: mask_runs(mask))
     else:
         runs = mask_runs(mask)
     for start, end, masked in runs:
@@ -193,11 +207,11 @@ def window_layout(job: TokenAttention) -> tuple[WindowLayout, tuple[torch.Tensor
 
 
 def chosen_runs(
-    job: TokenAttention, chosen: tuple[torch.Tensor, torch.Tensor] | None, chosen_name: str
+    job: TokenAttention, chosen: tuple[torch.Tensor, torch.Tensor] | None
 ) -> tuple[tuple[int, int, int, int], ...]:
     """(row, start, end, at) of each run of consecutive blocks [start, end) of batch row `row` among every
-    block (row by row) or the `chosen` ones (in that order, as `nonzero` gives them; `chosen_name` names
-    them in the pass's memo), `at` the index of its first block among them."""
+    block (row by row) or the `chosen` ones (`TokenAttention.query_blocks`, in that order, as `nonzero` gives
+    them), `at` the index of its first block among them."""
     batch, num_blocks = job.token_keys.shape[0], job.num_blocks
     if chosen is None:
         return tuple((row, 0, num_blocks, row * num_blocks) for row in range(batch))
@@ -209,7 +223,7 @@ def chosen_runs(
         starts = itertools.accumulate((end - start for _, start, end in found), initial=0)
         return tuple((row, start, end, at) for (row, start, end), at in zip(found, starts))
 
-    return job.made_once(("chosen runs", chosen_name), runs)
+    return job.made_once("chosen runs", runs)
 
 
 def window_views(sequence: torch.Tensor, window: KeyWindow, start: int, end: int) -> torch.Tensor:
