@@ -57,7 +57,6 @@ from .lsg_flex import (
 from .lsg_pattern import (
     Backend,
     BackendUnavailable,
-    KeySequence,
     PositionTerms,
     RowLookup,
     TokenAttention,
@@ -359,14 +358,12 @@ def lsg_attention(
     if dropout:
         job.kept = block_dropout(job, heads, dropout)
 
-    def global_attention(context: KeySequence | None = None) -> torch.Tensor:  # (B, g, H, D)
-        every_key = no_masked_keys and context is None and not causal and not dropout
-        context = context or KeySequence(key, value, None)
-        mask = None if every_key else key_mask
-        return _global_attention(kernel, global_queries, mask, context, causal, dropout, scaling, position_terms)
-
-    if num_global:
-        job.global_attention = global_attention
+    if num_global:  # every key, causal: the global tokens before them; before the token queries, whose path
+        # may write it into the layer's output (`TokenOutput.is_layer_output`)
+        every_key = no_masked_keys and not causal and not dropout
+        job.global_output = _global_attention(
+            kernel, global_queries, None if every_key else key_mask, key, value, causal, dropout, scaling, position_terms
+        )
     tokens = run_path(choose_path(backend, job), job)
     if tokens.is_layer_output:
         return tokens.output.transpose(1, 2), tokens.weights
@@ -375,7 +372,7 @@ def lsg_attention(
         token_output = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
         pieces = [torch.where(job.real_rows[:, :, None, None], token_output, 0)]
     if num_global:
-        pieces.insert(0, global_attention(tokens.global_context))
+        pieces.insert(0, job.global_output)
     output = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)  # (B, g + t, H, D)
     return output.transpose(1, 2), tokens.weights
 
@@ -519,17 +516,14 @@ def _plain_attention(kernel, query, key, value, key_mask, causal, dropout, scali
     return output, weights
 
 
-def _global_attention(kernel, global_queries, key_mask, context: KeySequence, causal, dropout, scaling, terms):
-    """Attention of the g global queries (B, g, H, D) over `context` (the keys as the backend holds them):
+def _global_attention(kernel, global_queries, key_mask, keys, values, causal, dropout, scaling, terms):
+    """Attention of the g global queries (B, g, H, D) over the layer's keys and values (B, H, g + t, D):
     every key, causal: the global tokens before them. Returns (B, g, H, D).
 
-    key_mask: (B, g + t) bool, or None where every key of `context` (the layer's keys in their order, not
-    causal, no dropout) is seen: no mask then. A `context` without an index holds the layer's keys in
-    their order: the mask is read as it is. Dropout is drawn on the g + t keys whatever the layout, so
-    every backend hides the same keys.
+    key_mask: (B, g + t) bool, or None where every key is seen (not causal, no dropout): no mask then.
+    Dropout is drawn on the g + t keys, after the token queries' (`block_dropout`), in every backend.
     """
     batch, num_global, heads, _ = global_queries.shape
-    keys, values, index = context.keys, context.values, context.index
     if key_mask is None:
         scores = None
         if terms is not None:
@@ -537,9 +531,8 @@ def _global_attention(kernel, global_queries, key_mask, context: KeySequence, ca
             scores = dense_position_scores(terms, everything[:num_global], everything, num_global, keys.shape[2])
         output, _ = kernel.dense_attention(global_queries.transpose(1, 2), keys, values, None, scaling, scores)
         return output.transpose(1, 2)
-    if causal:  # the global tokens are a prefix: each sees the ones before it (the first g rows of every layout)
+    if causal:  # the global tokens are a prefix: each sees the ones before it
         keys, values = keys[:, :, :num_global], values[:, :, :num_global]
-        index = None if index is None else index[:num_global]
         allowed = key_mask[:, None, None, :num_global] & causal_mask(num_global, num_global, key_mask.device)
     else:
         allowed = key_mask[:, None, None, :]  # (B, 1, 1, g + t)
@@ -551,11 +544,6 @@ def _global_attention(kernel, global_queries, key_mask, context: KeySequence, ca
         scores = dense_position_scores(
             terms, torch.arange(num_global, device=keys.device), torch.arange(length, device=keys.device), num_global, length
         )  # (B or 1, H, g, g + t)
-    if index is not None:  # the layout's rows in the canonical order, padding rows hidden
-        rows = index.clamp(min=0)
-        allowed = allowed[..., rows] & (index >= 0)
-        if scores is not None:
-            scores = scores[..., rows]
     output, _ = kernel.dense_attention(global_queries.transpose(1, 2), keys, values, allowed, scaling, scores)
     return output.transpose(1, 2)
 

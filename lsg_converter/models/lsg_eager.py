@@ -66,7 +66,7 @@ def eager_token_attention(job: TokenAttention) -> TokenOutput:
         weights = torch.where(job.real_rows[:, None, :, None], weights, 0)
     layer_values = torch.cat([job.global_values, job.values[:, : job.num_tokens]], dim=1).transpose(1, 2)
     output, token_block = weighted_values(weights, layer_values, job.pattern.num_global)
-    return TokenOutput(output.transpose(1, 2), token_block, None)
+    return TokenOutput(output.transpose(1, 2), token_block)
 
 
 class EagerBackend:

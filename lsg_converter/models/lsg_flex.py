@@ -37,9 +37,8 @@ keys the padding and the sparse selection allow.
 Position terms (`lsg_pattern.PositionTerms`) enter as a score_mod: each key of the sequence carries
 its position (and key-side rows), the query's position is its index.
 
-The global queries see every key: the core runs their few rows through SDPA on this same key
-sequence (`TokenOutput.global_context`); inside the flex mask one thread block would carry the
-whole sequence. Where flex cannot run (gradients on a device without its backward pass), the core
+The global queries see every key: the core runs their few rows through SDPA over the layer's keys
+(`TokenAttention.global_output`); inside the flex mask one thread block would carry the whole sequence. Where flex cannot run (gradients on a device without its backward pass), the core
 runs the sdpa backend instead (`lsg_attention.choose_path`), and likewise for a call compiled flex cannot
 take (`BackendUnavailable`).
 
@@ -60,7 +59,6 @@ from transformers.utils import logging
 from .lsg_pattern import (
     BackendUnavailable,
     KeyPattern,
-    KeySequence,
     PositionTerms,
     TokenAttention,
     TokenOutput,
@@ -562,11 +560,11 @@ class FlexBackend:
 
 
 def whole_sequence_attention(job: TokenAttention, bounds: RowBounds | None) -> TokenOutput:
-    """The flex whole-sequence path (`whole_sequence_bounds`): every query row of the layer over its own g + t keys, the queries read where they lie, the keys and
-    values too without sparse keys (else one copy, with the compressed ones from the next whole tile on,
-    `KeyLayout.of`): the mask_mod is the pattern's rule, with the rows' bounds where a key is masked
-    (`whole_sequence_mask_mod`). The global queries see the layer's keys as they were given (no
-    `global_context`); where no block holds padding only, their output is written into the kernel's own
+    """The flex whole-sequence path (`whole_sequence_bounds`): every query row of the layer over its own g + t
+    keys, the queries read where they lie, the keys and values too without sparse keys (else one copy, with
+    the compressed ones from the next whole tile on, `KeyLayout.of`): the mask_mod is the pattern's rule,
+    with the rows' bounds where a key is masked (`whole_sequence_mask_mod`). Where no block holds padding
+    only, the global queries' output (`TokenAttention.global_output`) is written into the kernel's own
     global rows, which saw no key (`with_global_rows`), and the kernel's output is the layer's
     (`TokenOutput.is_layer_output`, not inside a graph being traced: there the core joins them); else
     the global rows are left out and the core joins the parts."""
@@ -603,17 +601,17 @@ def whole_sequence_attention(job: TokenAttention, bounds: RowBounds | None) -> T
     )  # (B, H, g + t, D)
     sequence_output = output.transpose(1, 2)  # (B, g + t, H, D)
     if job.real_rows is None and not tracing():  # the kernel's output is the layer's, kept once
-        if job.global_attention is not None:
-            sequence_output = with_global_rows(sequence_output, job.global_attention())
-        return TokenOutput(sequence_output, None, None, is_layer_output=True)
-    return TokenOutput(sequence_output[:, layout.query_offset :], None, None)
+        if job.global_output is not None:
+            sequence_output = with_global_rows(sequence_output, job.global_output)
+        return TokenOutput(sequence_output, None, is_layer_output=True)
+    return TokenOutput(sequence_output[:, layout.query_offset :], None)
 
 def key_sequence_attention(job: TokenAttention) -> TokenOutput:
-    """The flex key-sequence path: the t token queries over the key sequence [globals | tokens | sparse keys] of `KeyLayout`, one
-    copy of the keys and values, with a mask_mod reading the keys' validity (and DropKey's choice); the
-    global queries' context is that sequence."""
+    """The flex key-sequence path: the t token queries over the key sequence [globals | tokens | sparse keys]
+    of `KeyLayout`, one copy of the keys and values, with a mask_mod reading the keys' validity (and DropKey's
+    choice)."""
     pattern, sparse, num_queries = job.pattern, job.sparse, job.num_tokens
-    batch, _, heads, head_dim = job.token_keys.shape
+    batch, _, heads, _ = job.token_keys.shape
     layout = KeyLayout.of(pattern, job.token_mask.shape[1], TILE)
     structure = block_structure(pattern, num_queries, TILE, job.token_queries.device)
     segment_ends = (layout.token_offset, layout.sparse_offset, layout.length)
@@ -654,13 +652,7 @@ def key_sequence_attention(job: TokenAttention) -> TokenOutput:
         block_mask=block_mask,
         scale=job.scaling,
     )  # (B, H, t, D)
-    # the global queries' context: the global segment (its padding rows at -1), then the t tokens
-    seen_rows = layout.token_offset + num_queries
-    global_rows = torch.arange(layout.token_offset, device=key_sequence.device)
-    token_rows = pattern.num_global + torch.arange(num_queries, device=key_sequence.device)
-    index = torch.cat([torch.where(global_rows < pattern.num_global, global_rows, -1), token_rows])
-    context = KeySequence(key_sequence[:, :, :seen_rows], value_sequence[:, :, :seen_rows], index)
-    return TokenOutput(output.transpose(1, 2), None, context)
+    return TokenOutput(output.transpose(1, 2), None)
 
 
 def kernel_signature(job: TokenAttention, layout: str) -> KernelSignature:

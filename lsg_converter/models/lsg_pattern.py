@@ -8,9 +8,9 @@
 * `PositionTerms`: additive relative-position score terms (a bucketed table shared by all queries,
   as MPNet's; query-side and key-side rows per bucket, as DeBERTa's c2p and p2c), evaluated for the
   (query, key) pairs a backend evaluates and never as an (L, L) tensor (`relative_scores`).
-* `TokenAttention` / `TokenOutput`: the contract. The core (lsg_attention) hands a backend the token
-  queries and their keys; the backend returns their output, their weights if it computes them, and
-  the key sequence it holds, which the global queries then attend to (`KeySequence`).
+* `TokenAttention` / `TokenOutput`: the contract. The core (lsg_attention) hands a path the token
+  queries, their keys and the global queries' output (`TokenAttention.global_output`); the path returns
+  the token queries' output and their weights if it computes them.
 * Block keys (`block_table`, `BlockKeys`): where each block's queries and keys lie in the sequence
   [globals | tokens | compressed keys], one table made once per shape, and each block's keys gathered
   with it in the order [globals | sparse | local], with their mask and position terms, for the
@@ -461,10 +461,9 @@ class TokenAttention:
     padding mask, no masked first token);
     padding_memo: what the layers of this forward pass made before from its padding (`padding_memo_of`,
     through `made_once`), or None (each call makes its own);
-    global_attention: computes the global queries' output over the layer's keys as they were given,
-    (B, g, H, D), for a backend that writes it into its own output (`TokenOutput.is_layer_output`),
-    so that the kernel's saved output is the layer's output and no joined copy of it is kept; None
-    without global tokens.
+    global_output: the global queries' output (B, g, H, D), made by the core before the token queries' path,
+    which may write it into its own output (`TokenOutput.is_layer_output`), so that the kernel's saved
+    output is the layer's output and no joined copy of it is kept; None without global tokens.
     """
 
     token_queries: torch.Tensor
@@ -484,7 +483,7 @@ class TokenAttention:
     real_blocks: torch.Tensor | None = None
     no_masked_keys: bool = False
     padding_memo: dict | None = None
-    global_attention: Callable[[], torch.Tensor] | None = None
+    global_output: torch.Tensor | None = None
     _token_key_rows: torch.Tensor | None = field(default=None, init=False, repr=False)
     _padded: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = field(default=None, init=False, repr=False)
 
@@ -564,29 +563,16 @@ class TokenAttention:
 
 
 @dataclass
-class KeySequence:
-    """A backend's keys and values as one sequence, (B, H, n, D) each, with `index` (n,) int64: the
-    position of each row in the layer's sequence of g + t (-1 for a row of padding); None where the rows
-    are the layer's sequence itself, in its order."""
-
-    keys: torch.Tensor
-    values: torch.Tensor
-    index: torch.Tensor | None
-
-
-@dataclass
 class TokenOutput:
     """What a backend returns: output (B, t, H, D), or a tuple of pieces (B, t_i, H, D) in token order that
     the core joins with the global queries' output in one copy; weights (B, H, t, t), the token queries' weights
     over the tokens (the global columns left out, on the output's autograd path, see
-    `weighted_values`), or None where the backend does not compute them; global_context, the keys the global queries attend to
-    as the backend holds them, or None for the layer's keys and values as they were given;
+    `weighted_values`), or None where the backend does not compute them;
     is_layer_output: the output is the whole layer's, (B, g + t, H, D): the global queries' rows first
-    (`TokenAttention.global_attention`), the rows of blocks of padding only zero; the core joins nothing."""
+    (`TokenAttention.global_output`), the rows of blocks of padding only zero; the core joins nothing."""
 
     output: torch.Tensor | tuple[torch.Tensor, ...]
     weights: torch.Tensor | None
-    global_context: KeySequence | None
     is_layer_output: bool = False
 
 

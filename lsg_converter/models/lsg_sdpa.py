@@ -105,7 +105,7 @@ def window_view_token_attention(job: TokenAttention, plan: WindowViewPlan) -> To
         )  # fmt: skip
     else:
         output = window_view_output(job, plan)
-    return TokenOutput(output, None, None, is_layer_output=True)
+    return TokenOutput(output, None, is_layer_output=True)
 
 
 def gathered_token_attention(job: TokenAttention) -> TokenOutput:
@@ -132,7 +132,7 @@ def blocks_token_output(
         shape = (batch, job.num_blocks, job.pattern.block_size, heads, job.token_values.shape[-1])
         output = output.new_zeros(shape).index_put_(chosen, output)
     output = output.reshape(batch, padded_tokens, heads, -1)[:, : job.num_tokens]
-    return TokenOutput(output, None, None)
+    return TokenOutput(output, None)
 
 
 def trained_terms_blocks_attention(job: TokenAttention, chosen: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
@@ -498,14 +498,14 @@ def unmasked_attention(job: TokenAttention) -> TokenOutput:
     edge_queries = gather_block_rows(query_sequence, plan.edge_queries)  # (B e, H, b, D)
     edges = run(edge_queries, plan.edge_columns, plan.edge_mask)  # (B, e b, H, D)
     if plan.unmasked is None:
-        return TokenOutput(edges[:, : job.num_tokens], None, None)
+        return TokenOutput(edges[:, : job.num_tokens], None)
     start, end = plan.unmasked
     edge_outputs = edges[:, : len(plan.edge_rows)]  # (B, e b, H, D) -> (B, k, H, D): the tokens' rows
     middle_queries = queries[:, start * block : end * block].unflatten(1, (-1, block)).flatten(0, 1).transpose(1, 2)
     middle = run(middle_queries, plan.unmasked_columns, None)
     # the edge blocks before the middle, those after it
     before, after = edge_outputs.split([start * block, job.num_tokens - end * block], dim=1)
-    return TokenOutput((before, middle, after), None, None)
+    return TokenOutput((before, middle, after), None)
 
 
 @dataclass(frozen=True)
@@ -931,7 +931,7 @@ class WindowViewAttention(torch.autograd.Function):
 def global_output(job: TokenAttention) -> torch.Tensor | None:
     """The global queries' output (B, g, H, D), for a backend that writes it into its own; None without
     global tokens."""
-    return None if job.global_attention is None else job.global_attention()
+    return job.global_output
 
 
 @shape_cached
