@@ -100,20 +100,18 @@ logger = logging.get_logger(__name__)
 LSG_ATTENTION = "lsg_" + hashlib.sha256(__name__.encode()).hexdigest()[:12]
 # The backend of a model whose attn_implementation is left unset: chosen per call (`choose_path`).
 DEFAULT_BACKEND = "default"
-# The shortest input at which flex_attention was measured faster than the sdpa backend on CUDA (bf16, no
-# padding, sparse keys, DropKey or position terms; the lengths measured were 4,096, 16,384 and 32,768)
+# The shortest input that the default backend runs with flex_attention (`prefers_flex_attention`): measured
+# faster than sdpa on CUDA from there (docs/benchmarks.md, "lsg_attention.prefers_flex_attention")
 FLEX_MEASURED_FASTER_FROM_TOKENS = 4096
 
 
 def prefers_flex_attention(device_type: str, dtype: torch.dtype, num_tokens: int, unmasked: bool) -> bool:
-    """Whether the default backend runs a call with flex_attention rather than the sdpa backend: where it
-    was measured faster, on CUDA in bfloat16 from `FLEX_MEASURED_FASTER_FROM_TOKENS` tokens on, for an
-    input whose every key is seen and whose scores nothing else changes (`unmasked`: no padding, sparse
-    keys, DropKey or position terms, `lsg_sdpa.unmasked_input`), where its mask reads no tensor. On an
-    H200 (torch 2.11, 12 layers of 768; benchmarks/RESULTS.md, "GPU H200 (issue 48)") its training step
-    took 0.050, 0.065 and 0.108 s at 4,096, 16,384 and 32,768 tokens, the sdpa backend's 0.068, 0.080 and
-    0.120 s, with 0.72x its peak memory. Everywhere else sdpa: on the CPU flex_attention has no backward
-    pass and ran 1.4-1.9x slower for the attention alone; the other cases were not measured faster."""
+    """Whether the default backend runs a call with flex_attention rather than the sdpa backend: on CUDA in
+    bfloat16 from `FLEX_MEASURED_FASTER_FROM_TOKENS` tokens on, for an input whose every key is seen and
+    whose scores nothing else changes (`unmasked`: no padding, sparse keys, DropKey or position terms,
+    `lsg_sdpa.unmasked_input`), where its mask reads no tensor. Everywhere else sdpa (on the CPU
+    flex_attention has no backward pass). Where it was measured faster, and only there:
+    docs/benchmarks.md, "lsg_attention.prefers_flex_attention"."""
     return (
         FLEX_ATTENTION_AVAILABLE
         and device_type == "cuda"

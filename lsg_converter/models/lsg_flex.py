@@ -11,8 +11,8 @@ keys the padding and the sparse selection allow.
   and a compressor that leaves no key empty: `SparseContext.every_key_valid`), the mask_mod is the
   pattern's rule alone and reads no tensor; where a padded batch masks keys, it reads the rows' bounds
   (`RowBounds`: the first and last valid token, and compressed key, of each row): a few numbers per
-  row, never a tensor per key (on an H100, reading the keys' validity made the forward kernel 12-18x
-  slower: benchmarks/RESULTS.md, "GPU H100 (issue 36)"). Taken where each row's valid keys are one
+  row, never a tensor per key (a mask_mod reading one measured far slower on CUDA: docs/benchmarks.md,
+  "lsg_flex.RowBounds"). Taken where each row's valid keys are one
   run (padding at the end or the start of a row, as tokenizers give it) and there is no DropKey
   (`whole_sequence_bounds`).
 * Gathered, otherwise (holes in a row's mask, DropKey in training, a compiled graph reading a mask):

@@ -627,15 +627,15 @@ def drop_keys(allowed: torch.Tensor, groups_shape: torch.Size, num_keys: int, dr
     return torch.where(kept.any(dim=-1, keepdim=True), kept, allowed)
 
 
-# SDPA's kernels for LSG's calls on CUDA: not cuDNN's, the default on H100/H200, which fails on masked
-# calls of some key counts (torch 2.11, H200: "misaligned address" at 385 keys, block 128) and gives
-# NaN gradients at others (pytorch/pytorch#196678)
+# SDPA's kernels for LSG's calls on CUDA: not cuDNN's (torch's default on Hopper GPUs), which fails on masked
+# calls of some key counts and gives NaN gradients at others (pytorch/pytorch#196678; what was seen:
+# docs/benchmarks.md, "lsg_pattern.CUDA_SDPA_KERNELS")
 CUDA_SDPA_KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 # On CUDA, calls of at most this many queries (the global queries over every key) run `few_query_attention`:
-# SDPA's fused kernels give a few queries a handful of thread blocks that walk every key (on an H100, the
-# one global query over 16,384 keys took 3.9 ms forward + backward, as much as all the blocks)
+# SDPA's fused kernels give a few queries a handful of thread blocks that walk every key (measured slow:
+# docs/benchmarks.md, "lsg_pattern.FEW_QUERIES")
 FEW_QUERIES = 16
 
 

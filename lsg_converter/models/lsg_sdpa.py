@@ -12,8 +12,7 @@ An input whose every key is seen (no padding, sparse keys, DropKey or position t
 training and inference call, has masks that depend on its shape only (`ShapeBlocks`, made once per
 shape): its middle blocks run in one SDPA call without a mask, its edge blocks in one with theirs, and
 the core joins their outputs with the global queries' in one copy. No mask is read or built per layer,
-and nothing waits on the device (20 non-view ops per layer in a BERT forward, dense's 12). That is the
-path of CUDA.
+and nothing waits on the device. That is the path of CUDA.
 
 On the CPU, in every precision (without sparse keys, DropKey, a causal mask or position terms other
 than a table's, which are the same over every block's local keys: T5's and MPNet's bias, and those
@@ -76,13 +75,13 @@ from .lsg_transformers import CPU_FLASH_ATTENTION, CPU_FLASH_ATTENTION_BACKWARD
 # (CPU_FLASH_ATTENTION, which returns each query's log-sum-exp); elsewhere (CUDA) blocks gather their keys
 WINDOW_VIEW_DEVICES = ("cpu",)
 # The CPU flash kernel (CPU_FLASH_ATTENTION, absent from older torch builds) runs key counts of a multiple
-# of 16 fastest (its vector width: 510 keys take 14% longer than 512):
+# of 16 fastest (its vector width; measured: docs/benchmarks.md, "lsg_sdpa.KEY_MULTIPLE"):
 # window views round the local keys up with the rows that follow, masked
 KEY_MULTIPLE = 16
 # It splits a call's queries into tiles of 32 rows below 192 of them and of 64 from 192 on, and each tile
-# costs what 12 to 28 rows cost besides its own (packing its keys and values): window views give it
-# blocks of 161 to 191 queries as 192 rows, the block's own then those that follow it, whose outputs are
-# dropped (3 tiles of 64 instead of 6 of 32; 4-5% of all-MiniLM-L6-v2's forward at 16,384 tokens)
+# has a cost of its own besides its rows' (packing its keys and values): window views give it blocks of
+# 161 to 191 queries as 192 rows, the block's own then those that follow it, whose outputs are dropped
+# (3 tiles of 64 instead of 6 of 32; measured: docs/benchmarks.md, "lsg_sdpa.WIDE_TILE_QUERIES")
 WIDE_TILE_QUERIES = 192
 
 
@@ -399,8 +398,7 @@ def block_scores(
 def product_into(out: torch.Tensor, first: torch.Tensor, second: torch.Tensor) -> None:
     """Writes the batched product first @ second, (m, r, c), into `out`, a view whose rows are not
     contiguous (columns of wider scores): through a product of its own, then copied, which runs on every
-    thread (at::bmm writes such an `out` on one: the local keys' scores of 32 blocks of 128 queries, 12
-    heads, took 66 ms against 39 on 2 threads)."""
+    thread (at::bmm writes such an `out` on one; measured: docs/benchmarks.md, "lsg_sdpa.product_into")."""
     out.copy_(torch.bmm(first, second))
 
 
@@ -695,7 +693,7 @@ def window_view_plan_of(
 def kernel_query_rows(block: int) -> int:
     """The query rows a window view gives the CPU flash kernel for each block of `block` queries:
     `WIDE_TILE_QUERIES` for blocks of 161 to 191 queries (where the wider tiles save more than the extra
-    rows cost), else the block."""
+    rows cost: docs/benchmarks.md, "lsg_sdpa.WIDE_TILE_QUERIES"), else the block."""
     return WIDE_TILE_QUERIES if WIDE_TILE_QUERIES * 5 // 6 < block < WIDE_TILE_QUERIES else block
 
 

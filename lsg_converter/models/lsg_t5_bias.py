@@ -6,7 +6,7 @@ T5 adds to each score a learned scalar per head and bucket of the relative dista
 function documents it). `t5_position_terms` evaluates transformers' bucket function
 once, on the 2 M + 1 distances -M..M, and hands LSG attention the bias per head and distance, (H,
 2 M + 1), with `clamped_distance` as the bucket: each (query, key) pair then costs a clamp and a
-lookup, never the bucket function (at 4,096 tokens, 98% of a block's sparse keys lie beyond M).
+lookup, never the bucket function (a block's sparse keys mostly lie beyond M).
 The distance table is a gather of the bias table, so the bias gets its gradient through it.
 
 This file travels with saved models as remote code: it imports torch and transformers only.
