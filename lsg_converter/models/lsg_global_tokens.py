@@ -1,18 +1,18 @@
 """The global tokens of an LSG model: put in front of the sequence, taken out of what the model returns.
 
 `GlobalTokens` does it, in steps that modules of the model run inside their own forward: the model's
-modules at those places are adopted into classes that add the step (`adopt_step`), so ``print(model)``
-shows where the tokens join (`PrependsGlobalTokens`), where the layers record their token rows
-(`RecordsTokenStates`) and where they leave (`DropsGlobalTokens`). What one forward pass decided is one
-`ForwardCall`, made by the recorder's step (lsg_recorder.RecorderSteps) and held, for the length of
-that pass, as the model's `GlobalTokens.call`, where those modules read it.
+modules at those places are adopted into classes that add the step (`adopt_step`), written out in each
+architecture's file (`GlobalTokenStep`), so ``print(model)`` shows where the tokens join
+(`PrependsGlobalTokens`), where the layers record their token rows (`RecordsTokenStates`) and where
+they leave (`DropsGlobalTokens`). What one forward pass decided is one `ForwardCall`, made by the
+recorder's step (lsg_recorder.RecorderSteps) and held, for the length of that pass, as the model's
+`GlobalTokens.call`, where those modules read it.
 
 This file travels with saved models as remote code: it imports torch and transformers only.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -229,32 +229,41 @@ class GlobalTokens:
 # --------------------------------------------------------------------------------------------------
 
 
-class GlobalTokenStep:
-    """Base of the classes that add a step of the global tokens to a module's own forward.
+# The step classes by (step, source class): filled by their class statements (`GlobalTokenStep.__init_subclass__`).
+STEP_CLASSES: dict[tuple[type[GlobalTokenStep], type[nn.Module]], type[nn.Module]] = {}
 
-    `adopt_step` turns a module of the model into an instance of ``(step, its class)``: it keeps the
+
+class GlobalTokenStep:
+    """Base of the steps of the global tokens (`PrependsGlobalTokens`, ...), each added to a module's own forward
+    by a step class written out for that module's class: ``class <label>(step, source class)``, as
+    ``class BertLayerRecordingTokenStates(RecordsTokenStates, BertLayer)`` in modeling_lsg_bert.py (those of
+    torch's own modules at the end of this file; a module that takes two steps, T5's first block, has a step
+    class of a step class).
+
+    `adopt_step` turns a module of the model into an instance of its step class (`step_class`): it keeps the
     module's submodules, parameters, buffers and hooks under their names (checkpoints load as they are),
-    and ``print(model)`` names the step (``label``, formatted with the module's class name).
+    and ``print(model)`` names the step (``label``, formatted with the module's class name). Its modules are
+    pickled and copied as those of any class a file defines.
     """
 
     label: str
     lsg_global_tokens: GlobalTokens
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """A step class of a Hugging Face model (a recorder, a decoder) records the outputs its source class
-        records: transformers looks them up by the name of a model's class (lsg_transformers)."""
+        """A step class (a module's class) is entered in `STEP_CLASSES` under its (step, source class), named
+        as the step's ``label`` says (a module run again, as transformers runs a remote file whose code changed,
+        enters its classes anew). One of a Hugging Face model (a recorder, a decoder) records the outputs its
+        source class records: transformers looks them up by the name of a model's class (lsg_transformers)."""
         super().__init_subclass__(**kwargs)
+        if not issubclass(cls, nn.Module):
+            return  # a step
+        step, source = cls.__bases__
+        name = step.label.format(source.__name__)
+        if cls.__name__ != name:
+            raise TypeError(f"The class adding {step.__name__} to {source.__name__} is named {name}, not {cls.__name__}.")
+        STEP_CLASSES[step, source] = cls
         if issubclass(cls, PreTrainedModel):
             record_outputs_like_source(cls)
-
-    def __reduce_ex__(self, protocol: int) -> tuple:
-        """Pickled and copied as (steps, source class, state): the class is made anew where it is loaded
-        (a module that takes two steps, T5's first block, is a step class of a step class)."""
-        steps, module_class = [], type(self)
-        while issubclass(module_class, GlobalTokenStep):
-            step, module_class = module_class.__bases__
-            steps.append(step)
-        return _new_step_module, (tuple(steps), module_class), self.__getstate__()
 
 
 class PrependsGlobalTokens(GlobalTokenStep):
@@ -303,25 +312,36 @@ class ShiftsPastLength(GlobalTokenStep):
         return super().forward(*args, **self.lsg_global_tokens.embeddings_arguments(kwargs))
 
 
-@functools.cache
-def step_class(step: type[GlobalTokenStep], module_class: type[nn.Module]) -> type[nn.Module]:
-    """The class ``(step, module_class)``, made once per pair."""
-    return type(step.label.format(module_class.__name__), (step, module_class), {"__module__": step.__module__})
+def step_class(step: type[GlobalTokenStep], module_class: type[nn.Module], model_type: str) -> type[nn.Module]:
+    """The step class written out for ``(step, module_class)`` (`STEP_CLASSES`), for a model of the LSG
+    `model_type` ("lsg-bert"), whose architecture file is where a missing one is to be written."""
+    found = STEP_CLASSES.get((step, module_class))
+    if found is None:
+        torch_module = module_class.__module__.startswith("torch.")
+        home = "lsg_global_tokens.py" if torch_module else f"modeling_{model_type.replace('-', '_')}.py"
+        raise LookupError(
+            f"No step class adds {step.__name__} to {module_class.__module__}.{module_class.__qualname__}: write "
+            f"`class {step.label.format(module_class.__name__)}({step.__name__}, {module_class.__name__})` and its "
+            f"docstring in lsg_converter/models/{home}."
+        )
+    return found
 
 
-def _new_step_module(steps: tuple[type[GlobalTokenStep], ...], module_class: type[nn.Module]) -> nn.Module:
-    """An empty instance of `module_class` with `steps` added, the outermost first (unpickling fills it)."""
-    for step in reversed(steps):
-        module_class = step_class(step, module_class)
-    return module_class.__new__(module_class)
-
-
-def adopt_step(model: nn.Module, name: str, step: type[GlobalTokenStep], global_tokens: Any) -> nn.Module:
-    """Put in place of the module `name` of `model` an instance of ``step_class(step, its class)`` that
-    holds the module's state as it is (see `GlobalTokenStep`); -> the new module."""
+def adopt_step(model: nn.Module, name: str, step: type[GlobalTokenStep], global_tokens: GlobalTokens) -> nn.Module:
+    """Put in place of the module `name` of `model` an instance of its step class (`step_class`) that holds
+    the module's state as it is (see `GlobalTokenStep`); -> the new module."""
     module = model.get_submodule(name)
-    adopted = adopt(module, step_class(step, type(module)))
+    adopted = adopt(module, step_class(step, type(module), global_tokens.config.model_type))
     adopted.lsg_global_tokens = global_tokens
     if name:
         model.set_submodule(name, adopted)
     return adopted
+
+
+class GlobalTokensBeforeLayerNorm(PrependsGlobalTokens, nn.LayerNorm):
+    """The embeddings' LayerNorm, its input given the global tokens in front (`PrependsGlobalTokens`)."""
+
+
+class GlobalTokensBeforeLinear(PrependsGlobalTokens, nn.Linear):
+    """A projection of the embeddings (DeBERTa's ``embed_proj``), its input given the global tokens in front
+    (`PrependsGlobalTokens`)."""

@@ -7,8 +7,10 @@ they are prepended before `embeddings.LayerNorm` and mapped to ``hidden_size`` b
 """
 
 from .configuration_lsg_albert import LSGAlbertConfig
+from .lsg_global_tokens import DropsGlobalTokens, RecordsTokenStates
 from .lsg_layout import LSGLayout
 from .lsg_model import LSGModelMixin
+from .lsg_recorder import CarriesGlobalTokens
 from .lsg_transformers import transformers_names
 
 with transformers_names():  # one line naming both versions if a release removed one of these
@@ -19,8 +21,23 @@ with transformers_names():  # one line naming both versions if a release removed
         AlbertForQuestionAnswering,
         AlbertForSequenceClassification,
         AlbertForTokenClassification,
+        AlbertLayer,
         AlbertModel,
+        AlbertTransformer,
     )
+
+
+# The modules the global tokens pass through, each adopted into the class that adds its step (lsg_global_tokens)
+class AlbertLayerRecordingTokenStates(RecordsTokenStates, AlbertLayer):
+    """AlbertLayer recording the token rows of its states (`RecordsTokenStates`)."""
+
+
+class AlbertTransformerDroppingGlobalTokens(DropsGlobalTokens, AlbertTransformer):
+    """AlbertTransformer: its output leaves the global tokens out (`DropsGlobalTokens`)."""
+
+
+class AlbertModelWithGlobalTokens(CarriesGlobalTokens, AlbertModel):
+    """AlbertModel inside a head: its forward runs inside the model's `RecorderSteps` (`CarriesGlobalTokens`)."""
 
 
 class LSGAlbertMixin(LSGModelMixin):

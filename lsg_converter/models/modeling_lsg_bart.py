@@ -9,18 +9,38 @@ pretrained decoder alone: dense, with a longer position table.
 """
 
 from .configuration_lsg_bart import LSGBartConfig
+from .lsg_global_tokens import RecordsTokenStates
 from .lsg_layout import ENCODER_DECODER_POSITIONS, LSGLayout
 from .lsg_model import LSGModelMixin
+from .lsg_recorder import CarriesAndDropsGlobalTokens, SeesGlobalStates
 from .lsg_transformers import transformers_names
 
 with transformers_names():  # one line naming both versions if a release removed one of these
     from transformers.models.bart.modeling_bart import (
+        BartDecoder,
+        BartEncoder,
+        BartEncoderLayer,
         BartForCausalLM,
         BartForConditionalGeneration,
         BartForQuestionAnswering,
         BartForSequenceClassification,
         BartModel,
     )
+
+
+# The modules the global tokens pass through, each adopted into the class that adds its step (lsg_global_tokens)
+class BartEncoderLayerRecordingTokenStates(RecordsTokenStates, BartEncoderLayer):
+    """BartEncoderLayer recording the token rows of its states (`RecordsTokenStates`)."""
+
+
+class BartEncoderDroppingGlobalTokens(CarriesAndDropsGlobalTokens, BartEncoder):
+    """BartEncoder, the recorder: its forward runs inside its `RecorderSteps`, its output leaves the global tokens
+    out (`CarriesAndDropsGlobalTokens`)."""
+
+
+class BartDecoderSeeingGlobalTokens(SeesGlobalStates, BartDecoder):
+    """BartDecoder: its encoder mask covers the global states the encoder output keeps in front
+    (`SeesGlobalStates`)."""
 
 
 class LSGBartMixin(LSGModelMixin):

@@ -4,12 +4,16 @@ Each head ``LSGBert<Head>`` is the mixin below plus ``Bert<Head>``, one class pe
 """
 
 from .configuration_lsg_bert import LSGBertConfig
+from .lsg_global_tokens import DropsGlobalTokens, RecordsTokenStates, ShiftsPastLength
 from .lsg_layout import LSGLayout
 from .lsg_model import LSGModelMixin
+from .lsg_recorder import CarriesGlobalTokens
 from .lsg_transformers import transformers_names
 
 with transformers_names():  # one line naming both versions if a release removed one of these
     from transformers.models.bert.modeling_bert import (
+        BertEmbeddings,
+        BertEncoder,
         BertForMaskedLM,
         BertForMultipleChoice,
         BertForNextSentencePrediction,
@@ -18,8 +22,27 @@ with transformers_names():  # one line naming both versions if a release removed
         BertForSequenceClassification,
         BertForTokenClassification,
         BertLMHeadModel,
+        BertLayer,
         BertModel,
     )
+
+
+# The modules the global tokens pass through, each adopted into the class that adds its step (lsg_global_tokens)
+class BertEmbeddingsAfterGlobalTokens(ShiftsPastLength, BertEmbeddings):
+    """BertEmbeddings of a causal decoder: a cached step counts its positions from the first real token
+    (`ShiftsPastLength`)."""
+
+
+class BertLayerRecordingTokenStates(RecordsTokenStates, BertLayer):
+    """BertLayer recording the token rows of its states (`RecordsTokenStates`)."""
+
+
+class BertEncoderDroppingGlobalTokens(DropsGlobalTokens, BertEncoder):
+    """BertEncoder: its output leaves the global tokens out (`DropsGlobalTokens`)."""
+
+
+class BertModelWithGlobalTokens(CarriesGlobalTokens, BertModel):
+    """BertModel inside a head: its forward runs inside the model's `RecorderSteps` (`CarriesGlobalTokens`)."""
 
 
 class LSGBertMixin(LSGModelMixin):

@@ -39,9 +39,11 @@ import torch
 from .configuration_lsg_deberta_v2 import LSGDebertaV2Config
 from .lsg_attention import key_padding_mask
 from .lsg_attention_layers import SwappedAttention, adopted, swapped_attention_forward
+from .lsg_global_tokens import DropsGlobalTokens, RecordsTokenStates
 from .lsg_layout import LSGLayout
 from .lsg_model import LSGModelMixin
 from .lsg_pattern import PositionTerms
+from .lsg_recorder import CarriesGlobalTokens
 from .lsg_transformers import transformers_names
 
 with transformers_names():  # one line naming both versions if a release removed one of these
@@ -224,6 +226,19 @@ class LSGDebertaV2Encoder(DebertaV2Encoder):
         if not return_dict:
             return tuple(v for v in (hidden_states, all_hidden_states, all_attentions) if v is not None)
         return BaseModelOutput(last_hidden_state=hidden_states, hidden_states=all_hidden_states, attentions=all_attentions)
+
+
+# The modules the global tokens pass through, each adopted into the class that adds its step (lsg_global_tokens)
+class LSGDebertaV2LayerRecordingTokenStates(RecordsTokenStates, LSGDebertaV2Layer):
+    """LSGDebertaV2Layer recording the token rows of its states (`RecordsTokenStates`)."""
+
+
+class LSGDebertaV2EncoderDroppingGlobalTokens(DropsGlobalTokens, LSGDebertaV2Encoder):
+    """LSGDebertaV2Encoder: its output leaves the global tokens out (`DropsGlobalTokens`)."""
+
+
+class DebertaV2ModelWithGlobalTokens(CarriesGlobalTokens, DebertaV2Model):
+    """DebertaV2Model inside a head: its forward runs inside the model's `RecorderSteps` (`CarriesGlobalTokens`)."""
 
 
 class LSGDebertaV2Mixin(LSGModelMixin):

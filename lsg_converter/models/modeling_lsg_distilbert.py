@@ -5,8 +5,10 @@ LSGDistilBertConfig. ``inputs_embeds`` works like ``input_ids``: the global toke
 """
 
 from .configuration_lsg_distilbert import LSGDistilBertConfig
+from .lsg_global_tokens import DropsGlobalTokens, RecordsTokenStates
 from .lsg_layout import LSGLayout
 from .lsg_model import LSGModelMixin
+from .lsg_recorder import CarriesGlobalTokens
 from .lsg_transformers import transformers_names
 
 with transformers_names():  # one line naming both versions if a release removed one of these
@@ -17,7 +19,22 @@ with transformers_names():  # one line naming both versions if a release removed
         DistilBertForSequenceClassification,
         DistilBertForTokenClassification,
         DistilBertModel,
+        Transformer,
+        TransformerBlock,
     )
+
+
+# The modules the global tokens pass through, each adopted into the class that adds its step (lsg_global_tokens)
+class TransformerBlockRecordingTokenStates(RecordsTokenStates, TransformerBlock):
+    """TransformerBlock recording the token rows of its states (`RecordsTokenStates`)."""
+
+
+class TransformerDroppingGlobalTokens(DropsGlobalTokens, Transformer):
+    """Transformer: its output leaves the global tokens out (`DropsGlobalTokens`)."""
+
+
+class DistilBertModelWithGlobalTokens(CarriesGlobalTokens, DistilBertModel):
+    """DistilBertModel inside a head: its forward runs inside the model's `RecorderSteps` (`CarriesGlobalTokens`)."""
 
 
 class LSGDistilBertMixin(LSGModelMixin):

@@ -7,12 +7,16 @@ differs from ``hidden_size``) maps them to ``hidden_size`` with the other tokens
 """
 
 from .configuration_lsg_electra import LSGElectraConfig
+from .lsg_global_tokens import DropsGlobalTokens, RecordsTokenStates, ShiftsPastLength
 from .lsg_layout import LSGLayout
 from .lsg_model import LSGModelMixin
+from .lsg_recorder import CarriesGlobalTokens
 from .lsg_transformers import transformers_names
 
 with transformers_names():  # one line naming both versions if a release removed one of these
     from transformers.models.electra.modeling_electra import (
+        ElectraEmbeddings,
+        ElectraEncoder,
         ElectraForCausalLM,
         ElectraForMaskedLM,
         ElectraForMultipleChoice,
@@ -20,8 +24,27 @@ with transformers_names():  # one line naming both versions if a release removed
         ElectraForQuestionAnswering,
         ElectraForSequenceClassification,
         ElectraForTokenClassification,
+        ElectraLayer,
         ElectraModel,
     )
+
+
+# The modules the global tokens pass through, each adopted into the class that adds its step (lsg_global_tokens)
+class ElectraEmbeddingsAfterGlobalTokens(ShiftsPastLength, ElectraEmbeddings):
+    """ElectraEmbeddings of a causal decoder: a cached step counts its positions from the first real token
+    (`ShiftsPastLength`)."""
+
+
+class ElectraLayerRecordingTokenStates(RecordsTokenStates, ElectraLayer):
+    """ElectraLayer recording the token rows of its states (`RecordsTokenStates`)."""
+
+
+class ElectraEncoderDroppingGlobalTokens(DropsGlobalTokens, ElectraEncoder):
+    """ElectraEncoder: its output leaves the global tokens out (`DropsGlobalTokens`)."""
+
+
+class ElectraModelWithGlobalTokens(CarriesGlobalTokens, ElectraModel):
+    """ElectraModel inside a head: its forward runs inside the model's `RecorderSteps` (`CarriesGlobalTokens`)."""
 
 
 class LSGElectraMixin(LSGModelMixin):

@@ -11,17 +11,41 @@ LSGEuroBertConfig.
 """
 
 from .configuration_lsg_eurobert import LSGEuroBertConfig
+from .lsg_global_tokens import GivesGlobalTokensPosition0, PrependsGlobalTokens, RecordsTokenStates
 from .lsg_layout import LSGLayout
 from .lsg_model import LSGModelMixin
+from .lsg_recorder import CarriesAndDropsGlobalTokens
 from .lsg_transformers import transformers_names
 
 with transformers_names():  # one line naming both versions if a release removed one of these
     from transformers.models.eurobert.modeling_eurobert import (
+        EuroBertDecoderLayer,
         EuroBertForMaskedLM,
         EuroBertForSequenceClassification,
         EuroBertForTokenClassification,
         EuroBertModel,
+        EuroBertRotaryEmbedding,
     )
+
+
+# The modules the global tokens pass through, each adopted into the class that adds its step (lsg_global_tokens)
+class EuroBertRotaryEmbeddingWithGlobalTokensAtPosition0(GivesGlobalTokensPosition0, EuroBertRotaryEmbedding):
+    """EuroBertRotaryEmbedding: the global tokens' position ids, 0, go in front of the tokens'
+    (`GivesGlobalTokensPosition0`)."""
+
+
+class EuroBertDecoderLayerRecordingTokenStates(RecordsTokenStates, EuroBertDecoderLayer):
+    """EuroBertDecoderLayer recording the token rows of its states (`RecordsTokenStates`)."""
+
+
+class GlobalTokensBeforeEuroBertDecoderLayerRecordingTokenStates(PrependsGlobalTokens, EuroBertDecoderLayerRecordingTokenStates):
+    """The first EuroBertDecoderLayer: the global tokens join its input (`PrependsGlobalTokens`), whose token rows
+    it records."""
+
+
+class EuroBertModelDroppingGlobalTokens(CarriesAndDropsGlobalTokens, EuroBertModel):
+    """EuroBertModel, the recorder: its forward runs inside its `RecorderSteps`, its output leaves the global tokens
+    out (`CarriesAndDropsGlobalTokens`)."""
 
 
 class LSGEuroBertMixin(LSGModelMixin):

@@ -8,8 +8,10 @@ Each head ``LSGGte<Head>`` is the mixin below plus ``Gte<Head>``, one class per 
 """
 
 from .configuration_lsg_gte import LSGGteConfig
+from .lsg_global_tokens import GivesGlobalTokensPosition0, RecordsTokenStates
 from .lsg_layout import ROTARY_BERT_LAYOUT
 from .lsg_model import LSGModelMixin
+from .lsg_recorder import CarriesAndDropsGlobalTokens
 from .lsg_transformers import transformers_names
 
 with transformers_names():  # one line naming both versions if a release removed one of these
@@ -17,8 +19,25 @@ with transformers_names():  # one line naming both versions if a release removed
         GteForMaskedLM,
         GteForSequenceClassification,
         GteForTokenClassification,
+        GteLayer,
         GteModel,
+        GteRotaryEmbedding,
     )
+
+
+# The modules the global tokens pass through, each adopted into the class that adds its step (lsg_global_tokens)
+class GteRotaryEmbeddingWithGlobalTokensAtPosition0(GivesGlobalTokensPosition0, GteRotaryEmbedding):
+    """GteRotaryEmbedding: the global tokens' position ids, 0, go in front of the tokens'
+    (`GivesGlobalTokensPosition0`)."""
+
+
+class GteLayerRecordingTokenStates(RecordsTokenStates, GteLayer):
+    """GteLayer recording the token rows of its states (`RecordsTokenStates`)."""
+
+
+class GteModelDroppingGlobalTokens(CarriesAndDropsGlobalTokens, GteModel):
+    """GteModel, the recorder: its forward runs inside its `RecorderSteps`, its output leaves the global tokens out
+    (`CarriesAndDropsGlobalTokens`)."""
 
 
 class LSGGteMixin(LSGModelMixin):

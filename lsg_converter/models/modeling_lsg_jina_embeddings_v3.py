@@ -11,8 +11,10 @@ listed in LSGJinaEmbeddingsV3Config.
 """
 
 from .configuration_lsg_jina_embeddings_v3 import LSGJinaEmbeddingsV3Config
+from .lsg_global_tokens import GivesGlobalTokensPosition0, RecordsTokenStates
 from .lsg_layout import ROTARY_BERT_LAYOUT
 from .lsg_model import LSGModelMixin
+from .lsg_recorder import CarriesAndDropsGlobalTokens
 from .lsg_transformers import transformers_names
 
 with transformers_names():  # one line naming both versions if a release removed one of these
@@ -21,8 +23,25 @@ with transformers_names():  # one line naming both versions if a release removed
         JinaEmbeddingsV3ForQuestionAnswering,
         JinaEmbeddingsV3ForSequenceClassification,
         JinaEmbeddingsV3ForTokenClassification,
+        JinaEmbeddingsV3Layer,
         JinaEmbeddingsV3Model,
+        JinaEmbeddingsV3RotaryEmbedding,
     )
+
+
+# The modules the global tokens pass through, each adopted into the class that adds its step (lsg_global_tokens)
+class JinaEmbeddingsV3RotaryEmbeddingWithGlobalTokensAtPosition0(GivesGlobalTokensPosition0, JinaEmbeddingsV3RotaryEmbedding):
+    """JinaEmbeddingsV3RotaryEmbedding: the global tokens' position ids, 0, go in front of the tokens'
+    (`GivesGlobalTokensPosition0`)."""
+
+
+class JinaEmbeddingsV3LayerRecordingTokenStates(RecordsTokenStates, JinaEmbeddingsV3Layer):
+    """JinaEmbeddingsV3Layer recording the token rows of its states (`RecordsTokenStates`)."""
+
+
+class JinaEmbeddingsV3ModelDroppingGlobalTokens(CarriesAndDropsGlobalTokens, JinaEmbeddingsV3Model):
+    """JinaEmbeddingsV3Model, the recorder: its forward runs inside its `RecorderSteps`, its output leaves the
+    global tokens out (`CarriesAndDropsGlobalTokens`)."""
 
 
 class LSGJinaEmbeddingsV3Mixin(LSGModelMixin):

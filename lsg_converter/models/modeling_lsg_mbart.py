@@ -6,18 +6,38 @@ cache, and ``LSGMBartForCausalLM`` is the pretrained decoder alone, dense, with 
 """
 
 from .configuration_lsg_mbart import LSGMBartConfig
+from .lsg_global_tokens import RecordsTokenStates
 from .lsg_layout import ENCODER_DECODER_POSITIONS, LSGLayout
 from .lsg_model import LSGModelMixin
+from .lsg_recorder import CarriesAndDropsGlobalTokens, SeesGlobalStates
 from .lsg_transformers import transformers_names
 
 with transformers_names():  # one line naming both versions if a release removed one of these
     from transformers.models.mbart.modeling_mbart import (
+        MBartDecoder,
+        MBartEncoder,
+        MBartEncoderLayer,
         MBartForCausalLM,
         MBartForConditionalGeneration,
         MBartForQuestionAnswering,
         MBartForSequenceClassification,
         MBartModel,
     )
+
+
+# The modules the global tokens pass through, each adopted into the class that adds its step (lsg_global_tokens)
+class MBartEncoderLayerRecordingTokenStates(RecordsTokenStates, MBartEncoderLayer):
+    """MBartEncoderLayer recording the token rows of its states (`RecordsTokenStates`)."""
+
+
+class MBartEncoderDroppingGlobalTokens(CarriesAndDropsGlobalTokens, MBartEncoder):
+    """MBartEncoder, the recorder: its forward runs inside its `RecorderSteps`, its output leaves the global tokens
+    out (`CarriesAndDropsGlobalTokens`)."""
+
+
+class MBartDecoderSeeingGlobalTokens(SeesGlobalStates, MBartDecoder):
+    """MBartDecoder: its encoder mask covers the global states the encoder output keeps in front
+    (`SeesGlobalStates`)."""
 
 
 class LSGMBartMixin(LSGModelMixin):

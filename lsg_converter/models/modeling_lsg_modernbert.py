@@ -26,20 +26,24 @@ from torch import nn
 from .configuration_lsg_modernbert import LSGModernBertConfig
 from .lsg_attention import SelfAttentionRole
 from .lsg_attention_layers import DispatchedAttention
+from .lsg_global_tokens import GivesGlobalTokensPosition0, RecordsTokenStates
 from .lsg_layout import LSGLayout
 from .lsg_model import LSGModelMixin
 from .lsg_pattern import PositionTerms
+from .lsg_recorder import CarriesAndDropsGlobalTokens
 from .lsg_settings import LSGSettings
 from .lsg_transformers import transformers_names
 
 with transformers_names():  # one line naming both versions if a release removed one of these
     from transformers.models.modernbert.modeling_modernbert import (
+        ModernBertEncoderLayer,
         ModernBertForMaskedLM,
         ModernBertForMultipleChoice,
         ModernBertForQuestionAnswering,
         ModernBertForSequenceClassification,
         ModernBertForTokenClassification,
         ModernBertModel,
+        ModernBertRotaryEmbedding,
     )
 
 # The score added to a key beyond the window: finite, so that a padded query whose window holds padding
@@ -72,6 +76,21 @@ class SlidingWindowAttention(DispatchedAttention):
         band = dataclasses.replace(settings, block_size=half_window, sparsity_type="none")
         band.pattern()  # built now, not in a compiled forward
         return SelfAttentionRole(band, position_terms=functools.partial(window_terms, half_window=half_window))
+
+
+# The modules the global tokens pass through, each adopted into the class that adds its step (lsg_global_tokens)
+class ModernBertRotaryEmbeddingWithGlobalTokensAtPosition0(GivesGlobalTokensPosition0, ModernBertRotaryEmbedding):
+    """ModernBertRotaryEmbedding: the global tokens' position ids, 0, go in front of the tokens'
+    (`GivesGlobalTokensPosition0`)."""
+
+
+class ModernBertEncoderLayerRecordingTokenStates(RecordsTokenStates, ModernBertEncoderLayer):
+    """ModernBertEncoderLayer recording the token rows of its states (`RecordsTokenStates`)."""
+
+
+class ModernBertModelDroppingGlobalTokens(CarriesAndDropsGlobalTokens, ModernBertModel):
+    """ModernBertModel, the recorder: its forward runs inside its `RecorderSteps`, its output leaves the global
+    tokens out (`CarriesAndDropsGlobalTokens`)."""
 
 
 class LSGModernBertMixin(LSGModelMixin):

@@ -23,9 +23,11 @@ import torch
 
 from .configuration_lsg_mpnet import LSGMPNetConfig
 from .lsg_attention_layers import SwappedAttention, adopted, projected_self_attention
+from .lsg_global_tokens import DropsGlobalTokens, RecordsTokenStates
 from .lsg_layout import LSGLayout
 from .lsg_model import LSGModelMixin
 from .lsg_pattern import PositionTerms
+from .lsg_recorder import CarriesGlobalTokens
 from .lsg_transformers import transformers_names
 
 with transformers_names():  # one line naming both versions if a release removed one of these
@@ -75,6 +77,19 @@ class LSGMPNetSelfAttention(MPNetSelfAttention):
             output_attentions=output_attentions,
         )
         return (output, weights) if output_attentions else (output,)
+
+
+# The modules the global tokens pass through, each adopted into the class that adds its step (lsg_global_tokens)
+class MPNetLayerRecordingTokenStates(RecordsTokenStates, MPNetLayer):
+    """MPNetLayer recording the token rows of its states (`RecordsTokenStates`)."""
+
+
+class LSGMPNetEncoderDroppingGlobalTokens(DropsGlobalTokens, LSGMPNetEncoder):
+    """LSGMPNetEncoder: its output leaves the global tokens out (`DropsGlobalTokens`)."""
+
+
+class MPNetModelWithGlobalTokens(CarriesGlobalTokens, MPNetModel):
+    """MPNetModel inside a head: its forward runs inside the model's `RecorderSteps` (`CarriesGlobalTokens`)."""
 
 
 class LSGMPNetMixin(LSGModelMixin):

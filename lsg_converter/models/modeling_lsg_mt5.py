@@ -7,7 +7,9 @@ Each head ``LSGMT5<Head>`` is the mixin below plus ``MT5<Head>``, one class per 
 from .configuration_lsg_mt5 import LSGMT5Config
 from .configuration_lsg_t5 import T5_LAYOUT
 from .lsg_attention_layers import SwappedAttention, adopted
+from .lsg_global_tokens import PrependsGlobalTokens, RecordsTokenStates
 from .lsg_model import LSGModelMixin
+from .lsg_recorder import CarriesAndDropsGlobalTokens, SeesGlobalStates
 from .lsg_transformers import transformers_names
 from .modeling_lsg_t5 import LSGT5Attention
 
@@ -22,6 +24,7 @@ with transformers_names():  # one line naming both versions if a release removed
         MT5ForTokenClassification,
         MT5LayerCrossAttention,
         MT5Model,
+        MT5Stack,
     )
 
 
@@ -29,6 +32,25 @@ class LSGMT5Attention(MT5Attention):
     """MT5Attention of the encoder through LSG attention (`LSGT5Attention`'s forward)."""
 
     forward = LSGT5Attention.forward
+
+
+# The modules the global tokens pass through, each adopted into the class that adds its step (lsg_global_tokens)
+class MT5BlockRecordingTokenStates(RecordsTokenStates, MT5Block):
+    """MT5Block recording the token rows of its states (`RecordsTokenStates`)."""
+
+
+class GlobalTokensBeforeMT5BlockRecordingTokenStates(PrependsGlobalTokens, MT5BlockRecordingTokenStates):
+    """The first MT5Block: the global tokens join its input (`PrependsGlobalTokens`), whose token rows it records."""
+
+
+class MT5StackDroppingGlobalTokens(CarriesAndDropsGlobalTokens, MT5Stack):
+    """The encoder's MT5Stack, the recorder: its forward runs inside its `RecorderSteps`, its output leaves the
+    global tokens out (`CarriesAndDropsGlobalTokens`)."""
+
+
+class MT5StackSeeingGlobalTokens(SeesGlobalStates, MT5Stack):
+    """The decoder's MT5Stack: its encoder mask covers the global states the encoder output keeps in front
+    (`SeesGlobalStates`)."""
 
 
 class LSGMT5Mixin(LSGModelMixin):

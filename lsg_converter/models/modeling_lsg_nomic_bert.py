@@ -10,8 +10,10 @@ LSGNomicBertConfig.
 """
 
 from .configuration_lsg_nomic_bert import LSGNomicBertConfig
+from .lsg_global_tokens import GivesGlobalTokensPosition0, RecordsTokenStates
 from .lsg_layout import ROTARY_BERT_LAYOUT
 from .lsg_model import LSGModelMixin
+from .lsg_recorder import CarriesAndDropsGlobalTokens
 from .lsg_transformers import transformers_names
 
 with transformers_names():  # one line naming both versions if a release removed one of these
@@ -19,8 +21,25 @@ with transformers_names():  # one line naming both versions if a release removed
         NomicBertForMaskedLM,
         NomicBertForSequenceClassification,
         NomicBertForTokenClassification,
+        NomicBertLayer,
         NomicBertModel,
+        NomicBertRotaryEmbedding,
     )
+
+
+# The modules the global tokens pass through, each adopted into the class that adds its step (lsg_global_tokens)
+class NomicBertRotaryEmbeddingWithGlobalTokensAtPosition0(GivesGlobalTokensPosition0, NomicBertRotaryEmbedding):
+    """NomicBertRotaryEmbedding: the global tokens' position ids, 0, go in front of the tokens'
+    (`GivesGlobalTokensPosition0`)."""
+
+
+class NomicBertLayerRecordingTokenStates(RecordsTokenStates, NomicBertLayer):
+    """NomicBertLayer recording the token rows of its states (`RecordsTokenStates`)."""
+
+
+class NomicBertModelDroppingGlobalTokens(CarriesAndDropsGlobalTokens, NomicBertModel):
+    """NomicBertModel, the recorder: its forward runs inside its `RecorderSteps`, its output leaves the global
+    tokens out (`CarriesAndDropsGlobalTokens`)."""
 
 
 class LSGNomicBertMixin(LSGModelMixin):

@@ -26,8 +26,10 @@ import torch
 
 from .configuration_lsg_t5 import T5_LAYOUT, LSGT5Config
 from .lsg_attention_layers import SwappedAttention, adopted, projected_self_attention
+from .lsg_global_tokens import PrependsGlobalTokens, RecordsTokenStates
 from .lsg_model import LSGModelMixin
 from .lsg_pattern import PositionTerms
+from .lsg_recorder import CarriesAndDropsGlobalTokens, SeesGlobalStates
 from .lsg_t5_bias import t5_position_terms
 from .lsg_transformers import transformers_names
 
@@ -42,6 +44,7 @@ with transformers_names():  # one line naming both versions if a release removed
         T5ForTokenClassification,
         T5LayerCrossAttention,
         T5Model,
+        T5Stack,
     )
 
 class LSGT5Attention(T5Attention):
@@ -63,6 +66,25 @@ class LSGT5Attention(T5Attention):
             output_attentions=kwargs.get("output_attentions"),
         )
         return output, position_bias, weights
+
+
+# The modules the global tokens pass through, each adopted into the class that adds its step (lsg_global_tokens)
+class T5BlockRecordingTokenStates(RecordsTokenStates, T5Block):
+    """T5Block recording the token rows of its states (`RecordsTokenStates`)."""
+
+
+class GlobalTokensBeforeT5BlockRecordingTokenStates(PrependsGlobalTokens, T5BlockRecordingTokenStates):
+    """The first T5Block: the global tokens join its input (`PrependsGlobalTokens`), whose token rows it records."""
+
+
+class T5StackDroppingGlobalTokens(CarriesAndDropsGlobalTokens, T5Stack):
+    """The encoder's T5Stack, the recorder: its forward runs inside its `RecorderSteps`, its output leaves the
+    global tokens out (`CarriesAndDropsGlobalTokens`)."""
+
+
+class T5StackSeeingGlobalTokens(SeesGlobalStates, T5Stack):
+    """The decoder's T5Stack: its encoder mask covers the global states the encoder output keeps in front
+    (`SeesGlobalStates`)."""
 
 
 class LSGT5Mixin(LSGModelMixin):

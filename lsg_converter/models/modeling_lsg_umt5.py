@@ -15,7 +15,9 @@ import torch
 from .configuration_lsg_t5 import T5_LAYOUT
 from .configuration_lsg_umt5 import LSGUMT5Config
 from .lsg_attention_layers import SwappedAttention, adopted, projected_self_attention
+from .lsg_global_tokens import PrependsGlobalTokens, RecordsTokenStates
 from .lsg_model import LSGModelMixin
+from .lsg_recorder import CarriesAndDropsGlobalTokens, SeesGlobalStates
 from .lsg_t5_bias import t5_position_terms
 from .lsg_transformers import transformers_names
 
@@ -30,6 +32,7 @@ with transformers_names():  # one line naming both versions if a release removed
         UMT5ForTokenClassification,
         UMT5LayerCrossAttention,
         UMT5Model,
+        UMT5Stack,
     )
 
 
@@ -54,6 +57,25 @@ class LSGUMT5Attention(UMT5Attention):
             position_terms=t5_position_terms(self, self.config.global_token_position),
             output_attentions=kwargs.get("output_attentions"),
         )
+
+
+# The modules the global tokens pass through, each adopted into the class that adds its step (lsg_global_tokens)
+class UMT5BlockRecordingTokenStates(RecordsTokenStates, UMT5Block):
+    """UMT5Block recording the token rows of its states (`RecordsTokenStates`)."""
+
+
+class GlobalTokensBeforeUMT5BlockRecordingTokenStates(PrependsGlobalTokens, UMT5BlockRecordingTokenStates):
+    """The first UMT5Block: the global tokens join its input (`PrependsGlobalTokens`), whose token rows it records."""
+
+
+class UMT5StackDroppingGlobalTokens(CarriesAndDropsGlobalTokens, UMT5Stack):
+    """The encoder's UMT5Stack, the recorder: its forward runs inside its `RecorderSteps`, its output leaves the
+    global tokens out (`CarriesAndDropsGlobalTokens`)."""
+
+
+class UMT5StackSeeingGlobalTokens(SeesGlobalStates, UMT5Stack):
+    """The decoder's UMT5Stack: its encoder mask covers the global states the encoder output keeps in front
+    (`SeesGlobalStates`)."""
 
 
 class LSGUMT5Mixin(LSGModelMixin):

@@ -5,20 +5,43 @@ LSGXLMRobertaConfig. Positions keep RoBERTa's padding_idx convention (2 offset r
 """
 
 from .configuration_lsg_xlm_roberta import LSGXLMRobertaConfig
+from .lsg_global_tokens import DropsGlobalTokens, RecordsTokenStates, ShiftsPastLength
 from .lsg_layout import LSGLayout
 from .lsg_model import LSGModelMixin
+from .lsg_recorder import CarriesGlobalTokens
 from .lsg_transformers import transformers_names
 
 with transformers_names():  # one line naming both versions if a release removed one of these
     from transformers.models.xlm_roberta.modeling_xlm_roberta import (
+        XLMRobertaEmbeddings,
+        XLMRobertaEncoder,
         XLMRobertaForCausalLM,
         XLMRobertaForMaskedLM,
         XLMRobertaForMultipleChoice,
         XLMRobertaForQuestionAnswering,
         XLMRobertaForSequenceClassification,
         XLMRobertaForTokenClassification,
+        XLMRobertaLayer,
         XLMRobertaModel,
     )
+
+
+# The modules the global tokens pass through, each adopted into the class that adds its step (lsg_global_tokens)
+class XLMRobertaEmbeddingsAfterGlobalTokens(ShiftsPastLength, XLMRobertaEmbeddings):
+    """XLMRobertaEmbeddings of a causal decoder: a cached step counts its positions from the first real token
+    (`ShiftsPastLength`)."""
+
+
+class XLMRobertaLayerRecordingTokenStates(RecordsTokenStates, XLMRobertaLayer):
+    """XLMRobertaLayer recording the token rows of its states (`RecordsTokenStates`)."""
+
+
+class XLMRobertaEncoderDroppingGlobalTokens(DropsGlobalTokens, XLMRobertaEncoder):
+    """XLMRobertaEncoder: its output leaves the global tokens out (`DropsGlobalTokens`)."""
+
+
+class XLMRobertaModelWithGlobalTokens(CarriesGlobalTokens, XLMRobertaModel):
+    """XLMRobertaModel inside a head: its forward runs inside the model's `RecorderSteps` (`CarriesGlobalTokens`)."""
 
 
 class LSGXLMRobertaMixin(LSGModelMixin):
