@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
-from lsg_converter.models.lsg_attention import lsg_self_attention
+from lsg_converter.models.lsg_attention import lsg_attention
 from lsg_converter.models.lsg_defaults import LSG_DEFAULTS
 
 
@@ -56,7 +56,7 @@ def main() -> None:
     config = SimpleNamespace(**{**LSG_DEFAULTS, "sparsity_type": args.sparsity_type})
 
     def lsg(query, key, value):
-        return lsg_self_attention(query, key, value, None, config)
+        return lsg_attention(query, key, value, None, config)[0]
 
     def dense(query, key, value):
         return F.scaled_dot_product_attention(query, key, value)

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from lsg_converter import LSGBertConfig
-from lsg_converter.models.lsg_attention import lsg_self_attention
+from lsg_converter.models.lsg_attention import lsg_attention
 
 DEFAULTS = dict(block_size=170, sparse_block_size=0, sparsity_type="none", num_global_tokens=1)
 
@@ -112,7 +112,7 @@ def main() -> None:
         cells = [str(length), f"{dense:.1f}"]
         for backend in args.backends:
             lsg = held_mib(
-                lambda q, k, v: lsg_self_attention(q, k, v, mask, config, backend=backend),
+                lambda q, k, v: lsg_attention(q, k, v, mask, config, backend=backend)[0],
                 projections(1 + length, device, dtype, batch),
             )
             cells += [f"{lsg:.1f}", f"{lsg / dense:.2f}"]
@@ -123,7 +123,7 @@ def main() -> None:
             for backend in args.backends:
                 print(f"\nLSG {backend}, {length} tokens, what one call holds until its backward:")
                 lines = held_tensors(
-                    lambda q, k, v: lsg_self_attention(q, k, v, mask, config, backend=backend),
+                    lambda q, k, v: lsg_attention(q, k, v, mask, config, backend=backend)[0],
                     projections(1 + length, device, dtype, batch),
                 )
                 print("\n".join(f"- {line}" for line in lines), flush=True)

@@ -58,7 +58,7 @@ from transformers import AttentionInterface, BertConfig, BertModel, BigBirdConfi
 from transformers import LongformerConfig, LongformerModel
 
 from lsg_converter import LSGBertConfig, LSGBertModel
-from lsg_converter.models.lsg_attention import lsg_self_attention
+from lsg_converter.models.lsg_attention import lsg_attention
 
 BASE_DIMS = {"hidden_size": 768, "num_attention_heads": 12, "intermediate_size": 3072, "vocab_size": 30522}
 # name -> LSG keys; the first one measured is the reference every ratio is taken against.
@@ -213,7 +213,7 @@ def attention_inference(name: str, length: int, args: argparse.Namespace) -> Inf
 
     def forward() -> None:
         with torch.no_grad():
-            lsg_self_attention(q, k, v, None, config, backend=backend)
+            lsg_attention(q, k, v, None, config, backend=backend)
 
     first, median = first_and_median_seconds(forward, args.repeats, device)
     return InferenceRow("attention", name, length, first, median)
@@ -352,7 +352,7 @@ def attention_step(
     def attention(q, k, v):
         if config is None:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask[:, None, None])
-        return lsg_self_attention(q, k, v, mask, config, backend=backend)
+        return lsg_attention(q, k, v, mask, config, backend=backend)[0]
 
     generator = torch.Generator().manual_seed(0)
     q, k, v = (

@@ -20,7 +20,7 @@ from transformers.models.t5.modeling_t5 import T5Attention
 
 from lsg_converter import LSGBertConfig
 from lsg_converter.models import lsg_sdpa, lsg_t5_bias
-from lsg_converter.models.lsg_attention import lsg_self_attention
+from lsg_converter.models.lsg_attention import lsg_attention
 
 HEADS, HEAD_DIM = 12, 64
 
@@ -59,7 +59,7 @@ def step(attention: T5Attention, settings, inputs: list[torch.Tensor]) -> tuple[
     start = time.perf_counter()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         terms = lsg_t5_bias.t5_position_terms(attention, global_position=0)
-        output = lsg_self_attention(*inputs, None, settings, backend="sdpa", scaling=1.0, position_terms=terms)
+        output = lsg_attention(*inputs, None, settings, backend="sdpa", scaling=1.0, position_terms=terms)[0]
     for x in (*inputs, output):
         pack(x)
     output.sum().backward()

@@ -18,6 +18,7 @@ import transformers
 from safetensors.torch import load_file
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from lsg_converter.models.lsg_attention import lsg_attention
 from lsg_converter.models.lsg_defaults import LSG_DEFAULTS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -123,9 +124,50 @@ TINY_CONFIGS = {
 }
 
 
+# The files a saved model carries as remote code ("{stem}": its model_type with "_" for "-", as "lsg_bert"):
+# the architecture's pair and every file of lsg_converter/models/ they import.
+REMOTE_CODE_FILES = (
+    "configuration_{stem}.py",
+    "modeling_{stem}.py",
+    "lsg_model.py",
+    "lsg_attention_layers.py",
+    "lsg_global_tokens.py",
+    "lsg_layout.py",
+    "lsg_recorder.py",
+    "lsg_attention.py",
+    "lsg_pattern.py",
+    "lsg_settings.py",
+    "lsg_defaults.py",
+    "lsg_sparse.py",
+    "lsg_sdpa.py",
+    "lsg_eager.py",
+    "lsg_flex.py",
+    "lsg_transformers.py",
+)
+# The files of lsg_converter/models/ beyond `REMOTE_CODE_FILES` that an architecture's pair imports, by
+# model_type (T5's bias; mT5 adopts T5's attention).
+BORROWED_FILES = {
+    "lsg-t5": ("lsg_t5_bias.py",),
+    "lsg-mt5": ("configuration_lsg_t5.py", "modeling_lsg_t5.py", "lsg_t5_bias.py"),
+    "lsg-umt5": ("configuration_lsg_t5.py", "lsg_t5_bias.py"),
+}
+
+
+def remote_code_files(config: type[transformers.PretrainedConfig] | transformers.PretrainedConfig) -> tuple[str, ...]:
+    """The files `save_pretrained` writes beside the weights of a model of the LSG config (or config class)
+    `config`: `REMOTE_CODE_FILES` and its family's `BORROWED_FILES`."""
+    stem = config.lsg_file_stem()
+    return tuple(name.format(stem=stem) for name in REMOTE_CODE_FILES) + BORROWED_FILES.get(config.model_type, ())
+
+
 def lsg_config(**overrides) -> SimpleNamespace:
     """The LSG keys alone (the reference defaults with `overrides`), as the attention core reads them."""
     return SimpleNamespace(**{**LSG_DEFAULTS, **overrides})
+
+
+def lsg_self_attention(*args, **kwargs) -> torch.Tensor:
+    """The output of `lsg_attention` (same arguments): (B, H, q, D)."""
+    return lsg_attention(*args, **kwargs)[0]
 
 
 def saved_bytes(attention, qkv: list[torch.Tensor]) -> int:

@@ -17,6 +17,7 @@ from helpers import (
     reference_cases,
     is_causal_head,
     padded_batch,
+    remote_code_files,
     run_without_lsg_converter,
     save_tiny_source,
 )
@@ -197,7 +198,7 @@ def test_saved_folder_loads_as_remote_code_without_lsg_converter(arch, tmp_path)
     )
     assert result.returncode == 0, result.stderr
     assert float(result.stdout.split("MAX_DIFF")[1]) <= 1e-5
-    assert {path.name for path in folder.glob("*.py")} == set(model.config.remote_code_files())
+    assert {path.name for path in folder.glob("*.py")} == set(remote_code_files(model.config))
 
 
 @pytest.mark.parametrize("arch", list(ARCHITECTURES))

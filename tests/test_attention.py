@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import lsg_config, padding_mask
-from lsg_converter.models.lsg_attention import lsg_attention, lsg_self_attention
+from helpers import lsg_config, lsg_self_attention, padding_mask
+from lsg_converter.models.lsg_attention import lsg_attention
 from lsg_converter.models.lsg_pattern import KeyPattern, additive_mask, few_query_attention
 from lsg_converter.models.lsg_sparse import SPARSITY_TYPES
 

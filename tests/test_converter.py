@@ -26,7 +26,7 @@ from transformers import (
 )
 from transformers.utils import logging as transformers_logging
 
-from helpers import FIXTURES, TINY_CONFIGS, TINY_LENGTH, padded_batch, save_tiny_source
+from helpers import FIXTURES, TINY_CONFIGS, TINY_LENGTH, padded_batch, remote_code_files, save_tiny_source
 
 import lsg_converter
 from lsg_converter import (
@@ -907,13 +907,13 @@ def test_save_converted_writes_lsg_model_type_and_auto_map(saved_folder):
 
 def test_save_converted_writes_remote_code_weights_and_tokenizer(saved_folder):
     names = {p.name for p in saved_folder.iterdir()}
-    expected = {"config.json", *LSGBertConfig.remote_code_files(), "model.safetensors", "tokenizer_config.json"}
+    expected = {"config.json", *remote_code_files(LSGBertConfig), "model.safetensors", "tokenizer_config.json"}
     assert expected <= names
     assert {"tokenizer.json", "vocab.txt"} & names, "no tokenizer vocabulary saved"
 
 
 def test_saved_remote_code_imports_nothing_from_lsg_converter(saved_folder):
-    for name in LSGBertConfig.remote_code_files():
+    for name in remote_code_files(LSGBertConfig):
         assert "lsg_converter" not in (saved_folder / name).read_text().replace('"lsg_converter', ""), name
 
 

@@ -15,10 +15,10 @@ import torch.nn.functional as F
 from torch._dynamo.utils import counters
 from torch.nn.attention.flex_attention import create_mask, flex_attention
 
-from helpers import host_syncs, lsg_config, padding_mask
+from helpers import host_syncs, lsg_config, lsg_self_attention, padding_mask
 from lsg_converter import LSGBartConfig, LSGBartForConditionalGeneration, LSGBertConfig, LSGBertForMaskedLM
 from lsg_converter.models import lsg_flex
-from lsg_converter.models.lsg_attention import DEFAULT_BACKEND, lsg_backend, lsg_self_attention, prefers_flex_attention
+from lsg_converter.models.lsg_attention import DEFAULT_BACKEND, lsg_backend, prefers_flex_attention
 from lsg_converter.models.lsg_pattern import KeyPattern
 from lsg_converter.models.lsg_sparse import SPARSITY_TYPES, lsh_hyperplanes
 from lsg_converter.models.lsg_flex import (

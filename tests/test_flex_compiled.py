@@ -14,11 +14,10 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from helpers import lsg_config, padding_mask
+from helpers import lsg_config, lsg_self_attention, padding_mask
 from test_position_terms import BUCKETS, clamped_bucket
 from lsg_converter import LSGBertConfig, LSGBertModel
 from lsg_converter.models import lsg_flex
-from lsg_converter.models.lsg_attention import lsg_self_attention
 from lsg_converter.models.lsg_pattern import PositionTerms
 from lsg_converter.models.lsg_sparse import SPARSITY_TYPES
 

@@ -9,10 +9,9 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import flex_attention
 
-from helpers import padding_mask, run_without_lsg_converter, save_tiny_source
+from helpers import lsg_self_attention, padding_mask, run_without_lsg_converter, save_tiny_source
 from lsg_converter import LSGBertConfig, LSGBertForMaskedLM, LSGBertModel, LSGConverter, save_converted
 from lsg_converter.models import lsg_attention, lsg_flex
-from lsg_converter.models.lsg_attention import lsg_self_attention
 
 TOKENS = 300  # 19 blocks of 16, the last one padded
 # (family, head) x backend: flex_attention runs forward only on the CPU (no gradients); the seq2seq

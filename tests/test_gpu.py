@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import lsg_config, padding_mask, saved_bytes
+from helpers import lsg_config, lsg_self_attention, padding_mask, saved_bytes
 from lsg_converter import LSGBertConfig, LSGBertForMaskedLM, LSGBertLMHeadModel
 from lsg_converter.models import lsg_flex
-from lsg_converter.models.lsg_attention import DEFAULT_BACKEND, lsg_self_attention
+from lsg_converter.models.lsg_attention import DEFAULT_BACKEND
 from lsg_converter.models.lsg_sparse import SPARSITY_TYPES, sparse_by_lsh
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

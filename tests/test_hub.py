@@ -29,6 +29,7 @@ from helpers import (
     main_seconds,
     padded_batch,
     python_command,
+    remote_code_files,
     run_process,
     run_without_lsg_converter,
     timed_cli_command,
@@ -41,7 +42,7 @@ from lsg_converter.sources import httpx  # the HTTP client of the installed hugg
 REPO_ID = "me/tiny-bert-lsg-512"
 TOKEN = "hf_" + "tEsT" * 8 + "xy"  # spelt like a real token: hf_ and 34 letters
 OFFLINE_SECONDS = 15  # the longest an offline or refused Hub may keep a command waiting
-REMOTE_CODE = set(LSGBertConfig.remote_code_files())
+REMOTE_CODE = set(remote_code_files(LSGBertConfig))
 
 
 class FakeHub:

@@ -5,9 +5,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from helpers import OpRecorder, lsg_config, padding_mask
-from lsg_converter.models import lsg_sdpa
-from lsg_converter.models.lsg_attention import lsg_self_attention
+from helpers import OpRecorder, lsg_config, lsg_self_attention, padding_mask
 from lsg_converter.models.lsg_pattern import PositionTerms
 from lsg_converter.models.lsg_sdpa import mask_runs
 
@@ -165,16 +163,17 @@ def test_mask_runs_scan_a_bool_mask_with_rows_per_head():
     assert mask_runs(torch.zeros(6, 2, 3, 5, dtype=torch.bool)) == [(0, 6, True)]  # rows per query: not scanned
 
 
-def test_the_gathered_blocks_away_from_the_edges_run_without_a_mask(monkeypatch):
-    monkeypatch.setattr(lsg_sdpa, "WINDOW_VIEW_DEVICES", ())  # CUDA's path, on the CPU: every block's keys gathered
-    config = lsg_config(block_size=BLOCK, sparsity_type="none", num_global_tokens=1)
-    lengths = [1 + 80]  # 10 blocks: the first and the last lack a neighbour
+def test_the_gathered_blocks_away_from_the_edges_run_without_a_mask():
+    # sparse keys: no window views, every block's keys gathered (on CUDA, with or without sparse keys)
+    config = lsg_config(block_size=BLOCK, sparsity_type="pooling", sparsity_factor=2, sparse_block_size=BLOCK, num_global_tokens=1)
+    lengths = [1 + 80]  # 10 blocks, 40 pooled keys (4 a block)
     queries, keys, values = random_qkv(lengths)
     with SdpaCalls() as calls:
         lsg_self_attention(queries.requires_grad_(), keys, values, padding_mask(lengths, max(lengths)), config)
 
-    assert calls.rows[False] == 8 * BLOCK
-    assert calls.rows[True] == 2 * BLOCK + 1  # and the global query
+    # block i's sparse windows, pooled keys [4(i - 1) - 8, 4(i - 1)) and [4(i + 2), 4(i + 2) + 8), lie inside for 3 <= i <= 6
+    assert calls.rows[False] == 4 * BLOCK
+    assert calls.rows[True] == 6 * BLOCK + 1  # and the global query
 
 
 @pytest.mark.parametrize("num_global", [0, 1, 3])

@@ -142,7 +142,7 @@ def test_the_wheel_carries_py_typed_and_every_remote_code_file(tmp_path):
     import sys
     import zipfile
 
-    from lsg_converter.models.lsg_model import REMOTE_CODE_FILES
+    from helpers import REMOTE_CODE_FILES
 
     repository = ROOT.parent
     subprocess.run(

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from helpers import OpRecorder, lsg_config, padding_mask
-from lsg_converter.models.lsg_attention import lsg_attention, lsg_self_attention
+from helpers import OpRecorder, lsg_config, lsg_self_attention, padding_mask
+from lsg_converter.models.lsg_attention import lsg_attention
 from lsg_converter.models.lsg_pattern import PositionTerms
 from lsg_converter.models.lsg_sparse import SPARSITY_TYPES, sparse_context
 

@@ -6,8 +6,9 @@ at torch, transformers or a name imported from them (``torch._dynamo``, ``torch.
 getattr), or a private attribute of the objects every file meets (tensors, modules, models, configs) or of
 the torch and transformers classes the file's own classes subclass, read, written, called or named in a
 string. Another file of lsg_converter/models/ may name one only to define it in a class body, where
-``lsg_transformers.PRIVATE_NAMES`` lists it as overridden; every name in that table exists in the
-installed torch and transformers, and is still overridden or reached.
+`PRIVATE_NAMES` (the table of every private name the remote code relies on, with what LSG does with it)
+lists it as overridden; every name in that table exists in the installed torch and transformers, and
+is still overridden or reached.
 """
 
 from __future__ import annotations
@@ -24,7 +25,123 @@ import torch
 import transformers
 
 from lsg_converter.models import lsg_transformers
-from lsg_converter.models.lsg_transformers import PRIVATE_NAMES
+
+
+class PrivateName(NamedTuple):
+    """A private torch or transformers name the remote code relies on."""
+
+    path: str  # where it lives, importable: "torch._check", "transformers.PreTrainedModel._init_weights"
+    purpose: str  # what LSG does with it, and through what function or name of lsg_transformers
+    overridden: bool = False  # an LSG class defines it (the one way another file of models/ may name it)
+
+
+PRIVATE_NAMES: tuple[PrivateName, ...] = (
+    PrivateName(
+        "torch._check",
+        "shape_check: lsg_attention tells torch.export that an exported input holds at least two blocks",
+    ),
+    PrivateName(
+        "torch._inductor.compile_fx.compile_fx",
+        "inductor_compile: lsg_flex's compiled flex_attention runs inductor through a backend that counts its compiles",
+    ),
+    PrivateName(
+        "torch._dynamo.exc.TorchDynamoException",
+        "compile_error: what a failed compile of lsg_flex's flex_attention raises (inductor's errors derive from it)",
+    ),
+    PrivateName(
+        "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu",
+        "CPU_FLASH_ATTENTION: the CPU flash kernel, which also returns each query's log-sum-exp (lsg_sdpa's "
+        "window views join their local and global keys through it)",
+    ),
+    PrivateName(
+        "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward",
+        "CPU_FLASH_ATTENTION_BACKWARD: the CPU flash kernel's backward, given the output and log-sum-exp of "
+        "all of a query's keys (lsg_sdpa's window views in training: the local keys' gradients without a copy of them)",
+    ),
+    PrivateName(
+        "torch.autograd._unsafe_preserve_version_counter",
+        "unchanged_version: lsg_flex writes the global queries' output into the rows of the flex kernel's "
+        "output whose every key was masked (no weight, no gradient), which the kernel keeps for its backward: "
+        "the layer's output is then kept once",
+    ),
+    PrivateName(
+        "torch.Tensor._version",
+        "tensor_version: lsg_pattern finds a pass's padding mask unchanged when a backward pass runs its layers "
+        "again (gradient checkpointing), and reuses what the pass made from it",
+    ),
+    PrivateName(
+        "transformers.PretrainedConfig._attn_implementation",
+        "attn_implementation: the attention implementation a config names (\"eager\", \"sdpa\", \"flex_attention\"), "
+        "which lsg_attention.DispatchConfig turns into the registered LSG attention its layers dispatch on "
+        "(lsg_model refuses another when a config is made; lsg_attention_layers reads a swapped layer's backend "
+        "from it)",
+    ),
+    PrivateName(
+        "transformers.PretrainedConfig._attn_implementation",
+        "overridden by lsg_attention.DispatchConfig, the config an LSG layer holds: the registered LSG attention "
+        "of the backend the model's config names",
+        overridden=True,
+    ),
+    PrivateName(
+        "transformers.PretrainedConfig._attn_implementation_internal",
+        "store_attn_implementation: the value behind a config's _attn_implementation, written without its setter "
+        "as transformers' set_attn_implementation writes it (LSGModelMixin._name_attention)",
+    ),
+    PrivateName(
+        "transformers.PreTrainedModel._supports_sdpa",
+        "overridden by LSGModelMixin (LSG attention has an sdpa backend); read by dense_implementations",
+        overridden=True,
+    ),
+    PrivateName(
+        "transformers.PreTrainedModel._supports_flex_attn",
+        "overridden by LSGModelMixin (LSG attention has a flex_attention backend); read by dense_implementations",
+        overridden=True,
+    ),
+    PrivateName(
+        "transformers.PreTrainedModel._supports_flash_attn",
+        "overridden by LSGModelMixin: LSG attention has no flash-attention backend",
+        overridden=True,
+    ),
+    PrivateName(
+        "transformers.PreTrainedModel._supports_attention_backend",
+        "overridden by LSGModelMixin: LSG attention takes no kernel of transformers' attention backends",
+        overridden=True,
+    ),
+    PrivateName(
+        "transformers.PreTrainedModel._can_set_attn_implementation",
+        "overridden by LSGModelMixin: set_attn_implementation may always switch an LSG model's backend",
+        overridden=True,
+    ),
+    PrivateName(
+        "transformers.PreTrainedModel._init_weights",
+        "init_weights: lsg_model draws a pooler added after the model was built as the model draws its own",
+    ),
+    PrivateName(
+        "transformers.PreTrainedModel._auto_class",
+        "clear_auto_class: a subclass of an LSG head does not inherit the head's remote-code registration",
+    ),
+    PrivateName(
+        "transformers.utils.output_capturing._CAN_RECORD_REGISTRY",
+        "record_outputs_like_source: a step class lsg_global_tokens makes from a built model (a recorder, a "
+        "decoder) is entered under its own name, so that capture_outputs records what its source class records",
+    ),
+    PrivateName(
+        "transformers.PreTrainedModel._can_record_outputs",
+        "record_outputs_like_source: what a step class's source class records, entered under the step class's name",
+    ),
+    PrivateName(
+        "transformers.models.t5.modeling_t5.T5Attention._relative_position_bucket",
+        "relative_position_buckets: T5's bucket of a relative distance (lsg_t5_bias)",
+    ),
+    PrivateName(
+        "transformers.models.mt5.modeling_mt5.MT5Attention._relative_position_bucket",
+        "relative_position_buckets: mT5's bucket of a relative distance (lsg_t5_bias)",
+    ),
+    PrivateName(
+        "transformers.models.umt5.modeling_umt5.UMT5Attention._relative_position_bucket",
+        "relative_position_buckets: UMT5's bucket of a relative distance, a method reading the module's settings",
+    ),
+)
 
 MODELS = Path(lsg_transformers.__file__).parent
 MODEL_FILES = [path for path in sorted(MODELS.glob("*.py")) if path.name != "lsg_transformers.py"]
@@ -172,10 +289,8 @@ def overridden_names() -> set[str]:
 
 
 def reached_names() -> set[str]:
-    """The identifiers lsg_transformers' code (its table left out) names as attributes, imports or strings."""
+    """The identifiers lsg_transformers' code names as attributes, imports or strings."""
     tree = ast.parse(Path(lsg_transformers.__file__).read_text())
-    table = next(node for node in tree.body if isinstance(node, ast.AnnAssign) and node.target.id == "PRIVATE_NAMES")
-    tree.body.remove(table)
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute):
@@ -224,6 +339,15 @@ def test_the_scan_leaves_the_project_s_own_private_names_alone():
 @pytest.mark.parametrize("path", MODEL_FILES, ids=lambda path: path.name)
 def test_no_file_of_models_but_lsg_transformers_names_a_private_torch_or_transformers_name(path):
     assert unlisted_uses(path) == [], "reach these through lsg_transformers (or list an override in PRIVATE_NAMES)"
+
+
+def test_every_private_name_lsg_transformers_reaches_is_in_the_table():
+    path = MODELS / "lsg_transformers.py"
+    listed = {entry.path.rsplit(".", 1)[-1] for entry in PRIVATE_NAMES}
+    unlisted = [f"{path.name}:{use.line}: {use.name}" for use in file_uses(path)
+                if use.name.rsplit(".", 1)[-1].strip("'") not in listed]
+
+    assert unlisted == [], "list these in PRIVATE_NAMES with what LSG does with them"
 
 
 @pytest.mark.compat

@@ -9,10 +9,9 @@ import transformers
 from transformers.models.t5.modeling_t5 import T5Attention
 from transformers.models.umt5.modeling_umt5 import UMT5Attention
 
-from helpers import T5_SHAPE, TINY_CONFIGS, lsg_config, padded_batch, padding_mask, save_tiny_source
+from helpers import T5_SHAPE, TINY_CONFIGS, lsg_config, lsg_self_attention, padded_batch, padding_mask, save_tiny_source
 from lsg_converter import LSGConverter
 from lsg_converter.models import lsg_t5_bias
-from lsg_converter.models.lsg_attention import lsg_self_attention
 from lsg_converter.models.lsg_pattern import KeyPattern, PositionTerms, far_sparse_scores
 from lsg_converter.models.lsg_transformers import relative_position_buckets
 

@@ -10,9 +10,8 @@ import torch
 import transformers
 from transformers.models.t5.modeling_t5 import T5Attention
 
-from helpers import T5_SHAPE, OpRecorder, lsg_config, padding_mask
+from helpers import T5_SHAPE, OpRecorder, lsg_config, lsg_self_attention, padding_mask
 from lsg_converter.models import lsg_t5_bias
-from lsg_converter.models.lsg_attention import lsg_self_attention
 
 HEADS, HEAD_DIM = T5_SHAPE["num_heads"], T5_SHAPE["d_kv"]
 LENGTH = 2 + 75  # 2 global tokens, then 10 blocks of 8, the last one padded

@@ -17,4 +17,3 @@ class LSGMT5Config(LSGConfigMixin, MT5Config):
     lsg_heads = T5_HEADS
     lsg_defaults = T5_DEFAULTS
     lsg_dense_implementations = t5_dense_implementations(MT5PreTrainedModel)
-    lsg_borrowed_files = ("configuration_lsg_t5.py", "modeling_lsg_t5.py", "lsg_t5_bias.py")

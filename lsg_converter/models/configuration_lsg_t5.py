@@ -52,4 +52,3 @@ class LSGT5Config(LSGConfigMixin, T5Config):
     lsg_heads = T5_HEADS
     lsg_defaults = T5_DEFAULTS
     lsg_dense_implementations = t5_dense_implementations(T5PreTrainedModel)
-    lsg_borrowed_files = ("lsg_t5_bias.py",)

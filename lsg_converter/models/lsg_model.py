@@ -62,26 +62,6 @@ from .lsg_transformers import (
     warn_if_untested_transformers,
 )
 
-# The files a saved model carries as remote code ("{stem}": its model_type with "_" for "-", as
-# "lsg_bert"): the architecture's pair and every file of this folder they import (see `remote_code_files`).
-REMOTE_CODE_FILES = (
-    "configuration_{stem}.py",
-    "modeling_{stem}.py",
-    "lsg_model.py",
-    "lsg_attention_layers.py",
-    "lsg_global_tokens.py",
-    "lsg_layout.py",
-    "lsg_recorder.py",
-    "lsg_attention.py",
-    "lsg_pattern.py",
-    "lsg_settings.py",
-    "lsg_defaults.py",
-    "lsg_sparse.py",
-    "lsg_sdpa.py",
-    "lsg_eager.py",
-    "lsg_flex.py",
-    "lsg_transformers.py",
-)
 POOLER_KEY = "add_pooling_layer"  # config key: whether the base model holds a pooler (see LSGModelMixin)
 KEPT_WEIGHTS_KEY = "kept_source_weights"  # config key: source tensors held under their own names
 
@@ -169,9 +149,6 @@ class LSGConfigMixin:
     # where that is not every one LSG has (None): another asked for runs sdpa there, or eager where sdpa is
     # not among them (lsg_attention.dense_backend). The T5 family's (configuration_lsg_t5.py).
     lsg_dense_implementations: tuple[str, ...] | None = None
-    # the files of this folder beyond the shared ones that this one's pair imports (T5's bias; mT5 adopts
-    # T5's attention)
-    lsg_borrowed_files: tuple[str, ...] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # transformers turns config classes into dataclasses and would give a subclass without its
@@ -208,12 +185,6 @@ class LSGConfigMixin:
     def lsg_file_stem(cls) -> str:
         """What the architecture's file names end with ("lsg_bert" for model_type "lsg-bert")."""
         return cls.model_type.replace("-", "_")
-
-    @classmethod
-    def remote_code_files(cls) -> tuple[str, ...]:
-        """The files `save_pretrained` writes beside the weights as remote code (`REMOTE_CODE_FILES`, and
-        the `lsg_borrowed_files` of another architecture that the pair imports)."""
-        return tuple(name.format(stem=cls.lsg_file_stem()) for name in REMOTE_CODE_FILES) + cls.lsg_borrowed_files
 
     @classmethod
     def lsg_auto_map(cls) -> dict[str, str]:

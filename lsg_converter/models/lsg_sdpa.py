@@ -71,9 +71,6 @@ from .lsg_pattern import (
 )
 from .lsg_transformers import CPU_FLASH_ATTENTION, CPU_FLASH_ATTENTION_BACKWARD
 
-# The devices whose keys the window-view path reads as views: those of the flash kernel it calls
-# (CPU_FLASH_ATTENTION, which returns each query's log-sum-exp); elsewhere (CUDA) blocks gather their keys
-WINDOW_VIEW_DEVICES = ("cpu",)
 # The CPU flash kernel (CPU_FLASH_ATTENTION, absent from older torch builds) runs key counts of a multiple
 # of 16 fastest (its vector width; measured: docs/benchmarks.md, "lsg_sdpa.KEY_MULTIPLE"):
 # window views round the local keys up with the rows that follow, masked
@@ -641,7 +638,8 @@ def reads_window_views(job: TokenAttention) -> bool:
     keys = job.token_keys
     return (
         CPU_FLASH_ATTENTION is not None
-        and keys.device.type in WINDOW_VIEW_DEVICES
+        # the CPU flash kernel alone returns each query's log-sum-exp, which joins the views' two calls (CUDA gathers)
+        and keys.device.type == "cpu"
         and job.token_values.shape[-1] == keys.shape[-1]
         and job.sparse is None
         and (job.positions is None or terms_in_window_views(job))

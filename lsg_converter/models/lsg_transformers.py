@@ -3,10 +3,10 @@
 LSG models subclass transformers' modeling classes, so a transformers release can break them the way
 transformers 4.41 broke the 2023 reference; torch may rename its private modules and ops as freely.
 Adapting to a release starts here: the rest of the remote code reaches every such name through this
-module, and `PRIVATE_NAMES` lists each private one (a leading underscore) with what LSG does with it.
-tests/test_private_names.py fails where another file of this folder names a private torch or
-transformers name, unless it defines one that the table lists as overridden (a class attribute or
-method an LSG class must define), and where a name in the table is gone from the installed releases.
+module. tests/test_private_names.py lists each private one (a leading underscore) with what LSG does with
+it, and fails where another file of this folder names a private torch or transformers name, unless it
+defines one that the table lists as overridden (a class attribute or method an LSG class must define),
+and where a name in the table is gone from the installed releases.
 
 * Forward arguments read by name. transformers 5.24 renamed ``past_key_values`` to ``cache`` (the
   model's and the layers' forward) and ``past_key_values_length`` to ``cache_length`` (the
@@ -51,7 +51,7 @@ from __future__ import annotations
 import inspect
 import re
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, Callable, Iterator
 
 import transformers
 import torch
@@ -65,7 +65,6 @@ __all__ = [
     "CPU_FLASH_ATTENTION",
     "CPU_FLASH_ATTENTION_BACKWARD",
     "LSG_CODE_VERSION",
-    "PRIVATE_NAMES",
     "TESTED_TRANSFORMERS",
     "attn_implementation",
     "clear_auto_class",
@@ -95,124 +94,6 @@ TESTED_TRANSFORMERS = ("5.13.0", "5.24.0")  # the oldest and the newest transfor
 
 # The embeddings' argument that counts the cached tokens of a decoding step, newest name first.
 PAST_LENGTH_ARGUMENTS = ("cache_length", "past_key_values_length")
-
-
-
-class PrivateName(NamedTuple):
-    """A private torch or transformers name the remote code relies on."""
-
-    path: str  # where it lives, importable: "torch._check", "transformers.PreTrainedModel._init_weights"
-    purpose: str  # what LSG does with it, and through what here
-    overridden: bool = False  # an LSG class defines it (the one way another file of models/ may name it)
-
-
-PRIVATE_NAMES: tuple[PrivateName, ...] = (
-    PrivateName(
-        "torch._check",
-        "shape_check: lsg_attention tells torch.export that an exported input holds at least two blocks",
-    ),
-    PrivateName(
-        "torch._inductor.compile_fx.compile_fx",
-        "inductor_compile: lsg_flex's compiled flex_attention runs inductor through a backend that counts its compiles",
-    ),
-    PrivateName(
-        "torch._dynamo.exc.TorchDynamoException",
-        "compile_error: what a failed compile of lsg_flex's flex_attention raises (inductor's errors derive from it)",
-    ),
-    PrivateName(
-        "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu",
-        "CPU_FLASH_ATTENTION: the CPU flash kernel, which also returns each query's log-sum-exp (lsg_sdpa's "
-        "window views join their local and global keys through it)",
-    ),
-    PrivateName(
-        "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward",
-        "CPU_FLASH_ATTENTION_BACKWARD: the CPU flash kernel's backward, given the output and log-sum-exp of "
-        "all of a query's keys (lsg_sdpa's window views in training: the local keys' gradients without a copy of them)",
-    ),
-    PrivateName(
-        "torch.autograd._unsafe_preserve_version_counter",
-        "unchanged_version: lsg_flex writes the global queries' output into the rows of the flex kernel's "
-        "output whose every key was masked (no weight, no gradient), which the kernel keeps for its backward: "
-        "the layer's output is then kept once",
-    ),
-    PrivateName(
-        "torch.Tensor._version",
-        "tensor_version: lsg_pattern finds a pass's padding mask unchanged when a backward pass runs its layers "
-        "again (gradient checkpointing), and reuses what the pass made from it",
-    ),
-    PrivateName(
-        "transformers.PretrainedConfig._attn_implementation",
-        "attn_implementation: the attention implementation a config names (\"eager\", \"sdpa\", \"flex_attention\"), "
-        "which lsg_attention.DispatchConfig turns into the registered LSG attention its layers dispatch on "
-        "(lsg_model refuses another when a config is made; lsg_attention_layers reads a swapped layer's backend "
-        "from it)",
-    ),
-    PrivateName(
-        "transformers.PretrainedConfig._attn_implementation",
-        "overridden by lsg_attention.DispatchConfig, the config an LSG layer holds: the registered LSG attention "
-        "of the backend the model's config names",
-        overridden=True,
-    ),
-    PrivateName(
-        "transformers.PretrainedConfig._attn_implementation_internal",
-        "store_attn_implementation: the value behind a config's _attn_implementation, written without its setter "
-        "as transformers' set_attn_implementation writes it (LSGModelMixin._name_attention)",
-    ),
-    PrivateName(
-        "transformers.PreTrainedModel._supports_sdpa",
-        "overridden by LSGModelMixin (LSG attention has an sdpa backend); read by dense_implementations",
-        overridden=True,
-    ),
-    PrivateName(
-        "transformers.PreTrainedModel._supports_flex_attn",
-        "overridden by LSGModelMixin (LSG attention has a flex_attention backend); read by dense_implementations",
-        overridden=True,
-    ),
-    PrivateName(
-        "transformers.PreTrainedModel._supports_flash_attn",
-        "overridden by LSGModelMixin: LSG attention has no flash-attention backend",
-        overridden=True,
-    ),
-    PrivateName(
-        "transformers.PreTrainedModel._supports_attention_backend",
-        "overridden by LSGModelMixin: LSG attention takes no kernel of transformers' attention backends",
-        overridden=True,
-    ),
-    PrivateName(
-        "transformers.PreTrainedModel._can_set_attn_implementation",
-        "overridden by LSGModelMixin: set_attn_implementation may always switch an LSG model's backend",
-        overridden=True,
-    ),
-    PrivateName(
-        "transformers.PreTrainedModel._init_weights",
-        "init_weights: lsg_model draws a pooler added after the model was built as the model draws its own",
-    ),
-    PrivateName(
-        "transformers.PreTrainedModel._auto_class",
-        "clear_auto_class: a subclass of an LSG head does not inherit the head's remote-code registration",
-    ),
-    PrivateName(
-        "transformers.utils.output_capturing._CAN_RECORD_REGISTRY",
-        "record_outputs_like_source: a step class lsg_global_tokens makes from a built model (a recorder, a "
-        "decoder) is entered under its own name, so that capture_outputs records what its source class records",
-    ),
-    PrivateName(
-        "transformers.PreTrainedModel._can_record_outputs",
-        "record_outputs_like_source: what a step class's source class records, entered under the step class's name",
-    ),
-    PrivateName(
-        "transformers.models.t5.modeling_t5.T5Attention._relative_position_bucket",
-        "relative_position_buckets: T5's bucket of a relative distance (lsg_t5_bias)",
-    ),
-    PrivateName(
-        "transformers.models.mt5.modeling_mt5.MT5Attention._relative_position_bucket",
-        "relative_position_buckets: mT5's bucket of a relative distance (lsg_t5_bias)",
-    ),
-    PrivateName(
-        "transformers.models.umt5.modeling_umt5.UMT5Attention._relative_position_bucket",
-        "relative_position_buckets: UMT5's bucket of a relative distance, a method reading the module's settings",
-    ),
-)
 
 # The CPU flash kernel, which also returns each query's log-sum-exp (absent from older torch builds)
 CPU_FLASH_ATTENTION = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
