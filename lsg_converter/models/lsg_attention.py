@@ -266,7 +266,6 @@ def lsg_attention(
     """
     batch, heads, length, head_dim = key.shape
     scaling = head_dim**-0.5 if scaling is None else scaling
-    kernel = BACKENDS[backend]
     settings = LSGSettings.of(settings)
     num_global, block = settings.num_global_tokens, settings.block_size
     num_tokens = length - num_global
@@ -282,47 +281,97 @@ def lsg_attention(
         "masks",
         lambda: _padded_masks(padding_mask, batch, num_global, num_tokens, padding, key.device, settings.mask_first_token),
     )
-    no_masked_keys = padding_mask is None and not settings.mask_first_token
-    num_queries = query.shape[2]
-
+    num_queries, rows_kept = query.shape[2], None
+    if causal and num_queries < length and BACKENDS[backend].returns_weights:
+        # a cached step's weights are those of the last rows of the whole causal pass: run it, keep them
+        query = torch.cat([query.new_zeros(batch, heads, length - num_queries, head_dim), query], dim=2)
+        num_queries, rows_kept = length, num_queries
     # Short input: the local window already covers everything, plain attention is exact. (A program
     # torch.export traces takes the blocked path at every length: the same keys, one graph for all.)
     if not exporting and num_tokens <= 2 * block and num_queries == length:
-        return _plain_attention(kernel, query, key, value, key_mask, causal, dropout, scaling, position_terms, num_global)
-
-    if causal and num_queries < length:  # a cached decoding step
-        if kernel.returns_weights:  # the weights of the last rows of the whole causal pass
-            missing_queries = query.new_zeros(batch, heads, length - num_queries, head_dim)
-            full_query = torch.cat([missing_queries, query], dim=2)
-            output, weights = lsg_attention(
-                full_query, key, value, padding_mask, settings, dropout, scaling, causal, backend, position_terms
+        output, weights = _plain_attention(
+            BACKENDS[backend], query, key, value, key_mask, causal, dropout, scaling, position_terms, num_global
+        )
+    elif causal and num_queries < length:  # a cached decoding step
+        output = _cached_step(query, key, value, key_mask, padding_mask, settings, dropout, scaling, position_terms, memo)
+        weights = None
+    else:
+        if not settings.adaptive and -num_tokens % block:
+            raise ValueError(
+                f"Input length {num_tokens} is not a multiple of block_size {block}: pad it, or set adaptive=True."
             )
-            return output[:, :, -num_queries:], weights[:, :, -num_queries:]
-        step = _cached_causal_attention(
-            *(x.transpose(1, 2) for x in (query, key, value)), key_mask, settings, dropout, scaling, position_terms
-        )  # (B, q, H, D)
-        first = (num_tokens - num_queries) // block * block  # the first block of the step's queries
-        real_blocks = made_once(
-            memo, ("real blocks", first), lambda: _real_blocks(padding_mask, num_global, first, -num_tokens % block, block)
-        )
-        if real_blocks is not None:  # a query in a block of padding only (so far) gets zeros, as in a whole pass
-            step_blocks = (torch.arange(num_tokens - num_queries, num_tokens, device=query.device) - first) // block
-            step = torch.where(real_blocks[:, step_blocks, None, None], step, 0)
-        return step.transpose(1, 2), None
+        if exporting:
+            shape_check((num_tokens + padding) // block >= 2)
+        output, weights = _blocked_attention(
+            query, key, value, padding_mask, key_mask, token_mask, settings, dropout, scaling, causal, backend,
+            position_terms, memo, padding,
+        )  # fmt: skip
+    if rows_kept is not None:
+        return output[:, :, -rows_kept:], weights[:, :, -rows_kept:]
+    return output, weights
 
-    if not settings.adaptive and -num_tokens % block:
-        raise ValueError(
-            f"Input length {num_tokens} is not a multiple of block_size {block}: pad it, or set adaptive=True."
-        )
-    if exporting:
-        shape_check((num_tokens + padding) // block >= 2)
+
+def _cached_step(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_mask: torch.Tensor,
+    padding_mask: torch.Tensor | None,
+    settings: LSGSettings,
+    dropout: float,
+    scaling: float,
+    position_terms: PositionTerms | None,
+    memo: dict | None,
+) -> torch.Tensor:
+    """A cached causal decoding step of q queries (B, H, q, D), the last q of the g + t positions
+    (`_cached_causal_attention`): (B, H, q, D); a query in a block of padding only (so far) gets zeros, as
+    in a whole pass."""
+    num_global, block = settings.num_global_tokens, settings.block_size
+    num_queries, num_tokens = query.shape[2], key.shape[2] - num_global
+    step = _cached_causal_attention(
+        *(x.transpose(1, 2) for x in (query, key, value)), key_mask, settings, dropout, scaling, position_terms
+    )  # (B, q, H, D)
+    first = (num_tokens - num_queries) // block * block  # the first block of the step's queries
+    real_blocks = made_once(
+        memo, ("real blocks", first), lambda: _real_blocks(padding_mask, num_global, first, -num_tokens % block, block)
+    )
+    if real_blocks is not None:
+        step_blocks = (torch.arange(num_tokens - num_queries, num_tokens, device=query.device) - first) // block
+        step = torch.where(real_blocks[:, step_blocks, None, None], step, 0)
+    return step.transpose(1, 2)
+
+
+def _blocked_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    padding_mask: torch.Tensor | None,
+    key_mask: torch.Tensor,
+    token_mask: torch.Tensor,
+    settings: LSGSettings,
+    dropout: float,
+    scaling: float,
+    causal: bool,
+    backend: str,
+    position_terms: PositionTerms | None,
+    memo: dict | None,
+    padding: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`lsg_attention` of every one of the g + t queries (B, H, g + t, D), the tokens in blocks: the token
+    queries' job (`TokenAttention`) made, with its sparse keys and DropKey; the global queries' output; the
+    token queries' path chosen (`choose_path`) and run; the two outputs joined. `key_mask` (B, g + t) and
+    `token_mask` (B, t + `padding`) are the call's masks (`_padded_masks`)."""
+    kernel = BACKENDS[backend]
+    heads = key.shape[1]
+    num_global, block = settings.num_global_tokens, settings.block_size
+    num_tokens = key.shape[2] - num_global
+    no_masked_keys = padding_mask is None and not settings.mask_first_token
     pattern = settings.pattern(causal)
     # Sequence-major (B, L, H, D) views. Split (not slice) into global tokens and tokens: the backward
     # pass then joins the two gradients with one copy instead of zero-filling two full-size ones.
     global_queries, token_queries = query.transpose(1, 2).split([num_global, num_tokens], dim=1)
     global_keys, token_keys = key.transpose(1, 2).split([num_global, num_tokens], dim=1)
     global_values, token_values = value.transpose(1, 2).split([num_global, num_tokens], dim=1)
-    global_mask = made_once(memo, "global mask", lambda: key_mask[:, :num_global])
     job = TokenAttention(
         token_queries=token_queries,
         token_keys=token_keys,
@@ -330,7 +379,7 @@ def lsg_attention(
         token_mask=token_mask,
         global_keys=global_keys,
         global_values=global_values,
-        global_mask=global_mask,
+        global_mask=made_once(memo, "global mask", lambda: key_mask[:, :num_global]),
         sparse=None,
         pattern=pattern,
         scaling=scaling,
@@ -489,6 +538,11 @@ def run_path(choice: tuple[AttentionPath, Any], job: TokenAttention) -> TokenOut
         return PATH_FUNCTIONS[path](job, detail)
     except BackendUnavailable:
         return run_path(choose_path("sdpa", job), job)
+
+
+def lsg_self_attention(*args: Any, **kwargs: Any) -> torch.Tensor:
+    """The output of `lsg_attention` (same arguments): (B, H, q, D)."""
+    return lsg_attention(*args, **kwargs)[0]
 
 
 def _plain_attention(kernel, query, key, value, key_mask, causal, dropout, scaling, terms, num_global):
