@@ -540,11 +540,6 @@ def run_path(choice: tuple[AttentionPath, Any], job: TokenAttention) -> TokenOut
         return run_path(choose_path("sdpa", job), job)
 
 
-def lsg_self_attention(*args: Any, **kwargs: Any) -> torch.Tensor:
-    """The output of `lsg_attention` (same arguments): (B, H, q, D)."""
-    return lsg_attention(*args, **kwargs)[0]
-
-
 def _plain_attention(kernel, query, key, value, key_mask, causal, dropout, scaling, terms, num_global):
     """Attention of every query over every key (inputs of at most two blocks, where it is exact)."""
     length = key.shape[2]
