@@ -65,11 +65,6 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         "the layer's output is then kept once",
     ),
     PrivateName(
-        "torch.Tensor._version",
-        "tensor_version: lsg_pattern finds a pass's padding mask unchanged when a backward pass runs its layers "
-        "again (gradient checkpointing), and reuses what the pass made from it",
-    ),
-    PrivateName(
         "transformers.PretrainedConfig._attn_implementation",
         "attn_implementation: the attention implementation a config names (\"eager\", \"sdpa\", \"flex_attention\"), "
         "which lsg_attention.DispatchConfig turns into the registered LSG attention its layers dispatch on "

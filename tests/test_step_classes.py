@@ -104,7 +104,7 @@ def test_a_module_without_its_step_class_is_refused_naming_the_class_to_write_an
     with pytest.raises(LookupError) as refusal:
         adopt_step(nn.Sequential(module), "0", step, global_tokens)
 
-    assert f"`{statement}`" in str(refusal.value) and f"lsg_converter/models/{home}" in str(refusal.value)
+    assert f"`{statement}`" in str(refusal.value) and f"in {home}, in the folder of this file" in str(refusal.value)
 
 
 def test_a_step_class_is_named_as_its_step_says():

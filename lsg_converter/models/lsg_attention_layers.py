@@ -14,8 +14,8 @@ An architecture states it once, in its mixin's ``lsg_attention`` (see lsg_model.
   `swapped_attention_forward` itself (MPNet also swaps its encoder, whose relative position bias
   becomes per-block position terms). `adopted` builds such a replacement from a subclass.
 
-Either way the settings are the model's, resolved once when it is built (`LSGSettings`), never read
-from the config at a call.
+Either way the attention's LSG settings are the model's, resolved once when it is built (`LSGSettings`),
+never read from the config at a call; the backend is, at each call (`DispatchConfig`).
 
 This file travels with saved models as remote code: it imports torch and transformers only.
 """

@@ -322,7 +322,7 @@ def step_class(step: type[GlobalTokenStep], module_class: type[nn.Module], model
         raise LookupError(
             f"No step class adds {step.__name__} to {module_class.__module__}.{module_class.__qualname__}: write "
             f"`class {step.label.format(module_class.__name__)}({step.__name__}, {module_class.__name__})` and its "
-            f"docstring in lsg_converter/models/{home}."
+            f"docstring in {home}, in the folder of this file."
         )
     return found
 

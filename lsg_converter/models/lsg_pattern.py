@@ -16,7 +16,7 @@
   with it in the order [globals | sparse | local], with their mask and position terms, for the
   backends that batch blocks (sdpa, eager).
 
-A backend file (lsg_sdpa, lsg_eager, lsg_flex) imports this module only.
+A backend file (lsg_sdpa, lsg_eager, lsg_flex) imports this module, and lsg_transformers where it reads torch's private names.
 This file travels with saved models as remote code: it imports torch only.
 """
 

@@ -5,7 +5,7 @@ Hugging Face config: `LSGSettings.of` reads a config's LSG keys (the defaults of
 for the missing ones) and gives the same settings object for the same values, which builds its two key
 patterns once.
 
-This file travels with saved models as remote code: it imports torch only.
+This file travels with saved models as remote code: it imports lsg_defaults, lsg_pattern and lsg_sparse only.
 """
 
 from __future__ import annotations

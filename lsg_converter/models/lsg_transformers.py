@@ -16,8 +16,7 @@ and where a name in the table is gone from the installed releases.
   ``torch._check`` (`shape_check`), ``torch._inductor.compile_fx.compile_fx`` (`inductor_compile`),
   ``torch._dynamo.exc.TorchDynamoException`` (`compile_error`), the CPU flash kernel
   ``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu`` (`CPU_FLASH_ATTENTION`) and its backward
-  (`CPU_FLASH_ATTENTION_BACKWARD`), a tensor's ``_version`` (`tensor_version`),
-  ``torch.autograd._unsafe_preserve_version_counter`` (`unchanged_version`); a config's
+  (`CPU_FLASH_ATTENTION_BACKWARD`), ``torch.autograd._unsafe_preserve_version_counter`` (`unchanged_version`); a config's
   ``_attn_implementation`` and ``_attn_implementation_internal`` (`attn_implementation`,
   `store_attn_implementation`), a model's ``_init_weights`` (`init_weights`) and ``_auto_class``
   (`clear_auto_class`), a model class's ``_supports_sdpa`` / ``_supports_flex_attn``
@@ -80,7 +79,6 @@ __all__ = [
     "relative_position_buckets",
     "shape_check",
     "store_attn_implementation",
-    "tensor_version",
     "unchanged_version",
     "transformers_names",
     "warn_if_untested_transformers",
@@ -195,11 +193,6 @@ def relative_position_buckets(attention: Any, relative_position: torch.Tensor) -
             max_distance=attention.relative_attention_max_distance,
         )
     return bucket(relative_position)  # UMT5: bidirectional in an encoder module
-
-
-def tensor_version(tensor: torch.Tensor) -> int:
-    """How many times `tensor`'s data was changed in place (through it or a view of it)."""
-    return tensor._version
 
 
 def unchanged_version(tensor: torch.Tensor) -> Any:
