@@ -96,7 +96,7 @@ def window_view_token_attention(job: TokenAttention, plan: WindowViewPlan) -> To
     global queries' outputs are written; in training through `WindowViewAttention`."""
     if in_training(job):
         output = WindowViewAttention.apply(
-            job.token_queries, job.sequence[1], job.sequence[2], global_output(job), job.pattern,
+            job.token_queries, job.sequence[1], job.sequence[2], job.global_output, job.pattern,
             tuple(plan.viewed_runs), plan.edges, plan.every_block, job.scaling,
         )  # fmt: skip
     else:
@@ -740,7 +740,7 @@ def window_view_output(job: TokenAttention, plan: WindowViewPlan) -> torch.Tenso
     queries' rows, each run of viewed blocks (`window_view_attention`) and the edge blocks' kernel call
     written into it, the rows of blocks of padding only zero."""
     queries, keys, values = job.token_queries, job.sequence[1], job.sequence[2]
-    output = layer_output(queries, keys, values, global_output(job), job.pattern.num_global, plan.every_block)
+    output = layer_output(queries, keys, values, job.global_output, job.pattern.num_global, plan.every_block)
     for row, start, end in plan.viewed_runs:
         window_view_attention(job, row, start, end, out=run_rows(output, job.pattern, row, start, end))
     if plan.edges is not None:
@@ -922,12 +922,6 @@ class WindowViewAttention(torch.autograd.Function):
             grad_values.index_put_(gathered_rows, value_grad.transpose(1, 2), accumulate=True)
         grad_global_output = grad_output[:, :num_global] if ctx.has_global_output else None
         return grad_queries, grad_keys, grad_values, grad_global_output, *(None,) * 5
-
-
-def global_output(job: TokenAttention) -> torch.Tensor | None:
-    """The global queries' output (B, g, H, D), for a backend that writes it into its own; None without
-    global tokens."""
-    return job.global_output
 
 
 @shape_cached
