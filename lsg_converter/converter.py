@@ -24,6 +24,7 @@ from .positions import (
     POSITION_TILINGS,
     PRETRAINED_POSITIONS_KEY,
     extend_positions,
+    move_longrope_threshold,
     pretrained_positions,
 )
 from .sbert import attach_pipeline, carried_pipeline
@@ -209,7 +210,9 @@ class LSGConverter:
 
         # BART counts its 2 offset rows outside max_position_embeddings, RoBERTa inside: keep the source's
         # way; a config without the key (T5's) reads the positions it was pretrained on.
-        config.max_position_embeddings = getattr(config, "max_position_embeddings", positions) + added_rows
+        source_length = getattr(config, "max_position_embeddings", positions)
+        config.max_position_embeddings = source_length + added_rows
+        move_longrope_threshold(config, source_length, added_rows)
         setattr(config, PRETRAINED_POSITIONS_KEY, pretrained)
         config._name_or_path = source
         attach_pipeline(model, pipeline)

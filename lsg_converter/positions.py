@@ -126,6 +126,27 @@ def extend_positions(
     return added
 
 
+def move_longrope_threshold(config: Any, source_length: int, added_rows: int) -> None:
+    """Keep a LongRoPE rotary module on the factors its source rotates with at its own length, in place.
+
+    LongRoPE (``rope_type`` "longrope", per layer type too) rotates with its long factors once a call's positions
+    pass ``original_max_position_embeddings`` O. Where the source's length L stays within O (the source never
+    rotates with them), O moves on by the `added_rows`, as ``max_position_embeddings`` does (which keeps a
+    dynamic rope from rescaling within the new length): the converted model rotates with the short factors up
+    to its new length. A source whose length reaches past O (Phi-3's way) keeps O, and the attention ``factor``
+    LongRoPE reads, where the config names none, as max_position_embeddings / O: L / O, written in."""
+    parameters = getattr(config, "rope_parameters", None) or {}
+    per_layer_type = [rope for rope in parameters.values() if isinstance(rope, dict)]
+    for rope in per_layer_type or [parameters]:
+        if rope.get("rope_type") != "longrope":
+            continue
+        original = rope["original_max_position_embeddings"]
+        if original >= source_length:
+            rope["original_max_position_embeddings"] = original + added_rows
+        elif rope.get("factor") is None:
+            rope["factor"] = source_length / original
+
+
 def rebuild_position_buffers(module: nn.Module, rows: int) -> None:
     """The (1, rows) ``position_ids`` (0, 1, ...) and ``token_type_ids`` (zeros) buffers of `module`, where
     it has them: transformers sizes them by the length its config names when the model is built."""

@@ -96,12 +96,14 @@ def test_the_global_tokens_are_read_at_position_0_of_the_rotary_positions(arch, 
     assert ((output - shifted) * real).abs().max() > 10 * ((output - oracle) * real).abs().max().clamp(min=1e-7)
 
 
-# rope types whose frequencies depend on the source's length (yarn, dynamic) or on a factor (linear)
+# rope types whose frequencies depend on the source's length (yarn, dynamic, longrope) or on a factor (linear);
+# longrope's factors are one per frequency: the test spreads each over the head's (head_dim / 2)
 ROPE_PARAMETERS = [
     {"rope_type": "default"},
     {"rope_type": "linear", "factor": 2.0},
     {"rope_type": "dynamic", "factor": 2.0},
     {"rope_type": "yarn", "factor": 2.0},
+    {"rope_type": "longrope", "short_factor": 1.0, "long_factor": 4.0, "original_max_position_embeddings": TINY_LENGTH},
 ]
 
 
@@ -111,6 +113,9 @@ def test_the_rotary_positions_are_the_sources_at_the_longer_length(arch, rope, t
     source_dir = tmp_path / "source"
     config = TINY_CONFIGS[arch]()
     rope = {"rope_theta": 10000.0, **rope}
+    if rope["rope_type"] == "longrope":  # longrope switches to its long factors past original_max_position_embeddings
+        frequencies = (getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads) // 2
+        rope.update({name: [rope[name]] * frequencies for name in ("short_factor", "long_factor")})
     if getattr(config, "layer_types", None):  # ModernBERT: parameters per kind of layer
         rope = {layer_type: rope for layer_type in set(config.layer_types)}
     source = transformers.AutoModel.from_config(type(config)(**{**config.to_dict(), "rope_parameters": rope}))
@@ -122,7 +127,13 @@ def test_the_rotary_positions_are_the_sources_at_the_longer_length(arch, rope, t
     longest = torch.arange(8 * TINY_LENGTH)[None]  # the converted length: a dynamic rope must not rescale there
     for layer_type in sorted(set(getattr(source.config, "layer_types", None) or [None])):
         extra = () if layer_type is None else (layer_type,)  # ModernBERT: a table per kind of layer
-        model.rotary_emb(torch.zeros(1, longest.shape[1], source.config.hidden_size), longest, *extra)
+        # at the converted length, the source's positions rotate as in the source (nor does longrope switch factors)
+        rotations = [
+            model.rotary_emb(torch.zeros(1, longest.shape[1], source.config.hidden_size), longest, *extra),
+            source.rotary_emb(torch.zeros(1, TINY_LENGTH, source.config.hidden_size), longest[:, :TINY_LENGTH], *extra),
+        ]
+        for converted, original in zip(*rotations):
+            torch.testing.assert_close(converted[:, :TINY_LENGTH], original, atol=0, rtol=0)
         rotations = [module(states, positions, *extra) for module in (source.rotary_emb, model.rotary_emb)]
         for converted, original in zip(rotations[1], rotations[0]):
             torch.testing.assert_close(converted, original, atol=0, rtol=0)
