@@ -36,6 +36,7 @@ CARD_SETTINGS = (
     "mask_first_token",
     "adaptive",
     "pass_global_tokens_to_decoder",
+    "clamp_global_distances",
     "legacy_sparse_window",
 )
 # Settings the card lists only when True (they describe an exception, not a choice).

@@ -198,6 +198,7 @@ def _lsg_settings(args: argparse.Namespace) -> dict[str, Any]:
         "pool_with_global": args.pool_with_global,
         "mask_first_token": args.mask_first_token,
         "global_token_position": args.global_token_position,
+        "clamp_global_distances": args.clamp_global_distances,
         "num_labels": args.num_labels,
     }
     return {key: value for key, value in settings.items() if value is not None}

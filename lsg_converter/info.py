@@ -12,7 +12,7 @@ from .positions import PRETRAINED_POSITIONS_KEY
 from .sources import load_source_config
 
 # Keys shown after the LSG settings where the config has them.
-EXTRA_KEYS = ("global_token_position", "pass_global_tokens_to_decoder")
+EXTRA_KEYS = ("global_token_position", "pass_global_tokens_to_decoder", "clamp_global_distances")
 
 
 def describe(source: str, token: str | bool | None = None) -> str:

@@ -11,7 +11,7 @@ from torch import nn
 from transformers.utils import logging
 
 from .architectures import Architecture, max_length_of
-from .models.lsg_defaults import conversion_block_size
+from .models.lsg_defaults import PRETRAINED_POSITIONS_KEY, conversion_block_size
 from .models.lsg_pattern import uses_sparse_keys
 
 logger = logging.get_logger(__name__)
@@ -20,9 +20,6 @@ logger = logging.get_logger(__name__)
 POSITION_TILINGS = ("body", "table")
 # How fixed sinusoidal tables lay out their sines and cosines (see `sinusoidal_positions`).
 SINUSOID_LAYOUTS = ("halves", "interleaved")
-# LSG config key: the positions the model read before its first LSG conversion (512 for BERT and
-# RoBERTa), the length of the table that a longer conversion continues to tile.
-PRETRAINED_POSITIONS_KEY = "pretrained_positions"
 
 
 def window_block_size(source_positions: int, config: Any) -> int:

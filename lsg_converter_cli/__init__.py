@@ -234,6 +234,13 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default {defaults.RELATIVE_POSITION_DEFAULTS['global_token_position']})",
     )
     settings.add_argument(
+        "--clamp-global-distances",
+        action=argparse.BooleanOptionalAction,
+        help="ModernBERT, GTE, NomicBERT, jina-embeddings-v3, EuroBERT: a block past the source's trained length reads "
+        "the global tokens, and they read it, at a distance within that length "
+        f"(default {_on_off(defaults.ROTARY_DEFAULTS['clamp_global_distances'])})",
+    )
+    settings.add_argument(
         "--num-labels", type=_number_of_labels, metavar="N",
         help="labels of the classification head (ForSequenceClassification, ForTokenClassification): the source's, "
         "whose classifier is replaced by a new one when it has another number, or the one --architecture builds; "

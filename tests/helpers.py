@@ -139,6 +139,7 @@ REMOTE_CODE_FILES = (
     "lsg_settings.py",
     "lsg_defaults.py",
     "lsg_sparse.py",
+    "lsg_rotary.py",
     "lsg_sdpa.py",
     "lsg_eager.py",
     "lsg_flex.py",

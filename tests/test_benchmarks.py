@@ -196,3 +196,17 @@ def test_modernbert_benchmark_measures_each_model_in_a_process_of_its_own():
     source_peak, lsg_peak = float(row[8]), float(row[9])
     assert source_peak > 0 and lsg_peak > 0  # each process's own rise: the source's (L, L) masks at least
     assert "LSG forward peak 32,768 / 16,384 at most 2.1 (linear): not measured" in finished.stdout
+
+
+@pytest.mark.slow
+def test_global_clamp_benchmark_quick_times_the_clamped_model_beside_the_unclamped_one():
+    command = [sys.executable, str(BENCHMARKS / "bench_global_clamp.py"), "--quick"]
+
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=600)
+
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in finished.stdout.splitlines() if line.startswith("| tiny")]
+    assert [row[2] for row in rows] == ["forward", "fwd+bwd"]
+    for _, tokens, _, on, off, ratio in rows:
+        assert tokens == "9,000" and float(on) > 0 and float(off) > 0
+        assert abs(float(ratio) - float(on) / float(off)) <= 0.01 + 0.0005 / float(off)

@@ -18,6 +18,7 @@ from lsg_converter.models.lsg_defaults import (
     CONVERSION_DEFAULTS,
     LSG_DEFAULTS,
     RELATIVE_POSITION_DEFAULTS,
+    ROTARY_DEFAULTS,
     SEQ2SEQ_DEFAULTS,
     conversion_block_size,
 )
@@ -90,13 +91,14 @@ def test_the_help_states_the_defaults_a_conversion_takes(tiny_bert_dir):
     assert f"{conversion_block_size(512)} for 512" in helps["--block-size"]
     assert f"(default {as_help_states(SEQ2SEQ_DEFAULTS['pass_global_tokens_to_decoder'])})" in helps["--pass-global-tokens-to-decoder"]
     assert f"(default {RELATIVE_POSITION_DEFAULTS['global_token_position']})" in helps["--global-token-position"]
+    assert f"(default {as_help_states(ROTARY_DEFAULTS['clamp_global_distances'])})" in helps["--clamp-global-distances"]
 
 
 def test_the_settings_page_states_the_defaults_a_conversion_takes():
     page = (REPO_ROOT / "docs" / "settings.md").read_text()
     table = page.split("| key | default | meaning |", 1)[1].split("\n\n", 1)[0]
     stated = dict(re.findall(r"^\| `(\w+)` \| ([^|]+) \|", table, re.MULTILINE))
-    conversion = {**RELATIVE_POSITION_DEFAULTS, **SEQ2SEQ_DEFAULTS, **CONVERSION_DEFAULTS}
+    conversion = {**RELATIVE_POSITION_DEFAULTS, **SEQ2SEQ_DEFAULTS, **ROTARY_DEFAULTS, **CONVERSION_DEFAULTS}
 
     assert stated.keys() == conversion.keys()
     assert f"({conversion_block_size(512)} for 512)" in stated.pop("block_size")

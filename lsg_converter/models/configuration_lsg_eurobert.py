@@ -3,6 +3,7 @@ lsg_model.LSGConfigMixin)."""
 
 from transformers import EuroBertConfig
 
+from .lsg_defaults import ROTARY_DEFAULTS
 from .lsg_model import ROTARY_ENCODER_HEADS, LSGConfigMixin
 
 
@@ -11,3 +12,4 @@ class LSGEuroBertConfig(LSGConfigMixin, EuroBertConfig):
 
     model_type = "lsg-eurobert"
     lsg_heads = ROTARY_ENCODER_HEADS
+    lsg_defaults = ROTARY_DEFAULTS

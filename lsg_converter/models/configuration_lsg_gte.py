@@ -3,6 +3,7 @@ lsg_model.LSGConfigMixin). transformers has GTE from 5.18."""
 
 from transformers import GteConfig
 
+from .lsg_defaults import ROTARY_DEFAULTS
 from .lsg_model import ROTARY_ENCODER_HEADS, LSGConfigMixin
 from .lsg_transformers import convert_weights_as
 
@@ -12,6 +13,7 @@ class LSGGteConfig(LSGConfigMixin, GteConfig):
 
     model_type = "lsg-gte"
     lsg_heads = ROTARY_ENCODER_HEADS
+    lsg_defaults = ROTARY_DEFAULTS
 
 
 convert_weights_as(LSGGteConfig.model_type, "gte")  # the hub checkpoints' own weight names

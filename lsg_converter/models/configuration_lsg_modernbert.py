@@ -3,6 +3,7 @@ plus the LSG keys (see lsg_model.LSGConfigMixin)."""
 
 from transformers import ModernBertConfig
 
+from .lsg_defaults import ROTARY_DEFAULTS
 from .lsg_model import ENCODER_HEADS, LSGConfigMixin
 
 
@@ -12,3 +13,4 @@ class LSGModernBertConfig(LSGConfigMixin, ModernBertConfig):
 
     model_type = "lsg-modernbert"
     lsg_heads = ENCODER_HEADS
+    lsg_defaults = ROTARY_DEFAULTS

@@ -87,6 +87,7 @@ from .lsg_sdpa import (
     window_view_plan,
     window_view_token_attention,
 )
+from .lsg_rotary import GlobalDistanceClamp
 from .lsg_settings import LSGSettings
 from .lsg_sparse import sparse_context
 from .lsg_transformers import ALL_ATTENTION_FUNCTIONS, attn_implementation, shape_check
@@ -237,6 +238,7 @@ def lsg_attention(
     backend: str = "sdpa",
     position_terms: PositionTerms | None = None,
     padding_memo: dict | None = None,
+    global_clamp: GlobalDistanceClamp | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """LSG attention over ``g`` global tokens followed by ``t`` tokens.
 
@@ -257,6 +259,8 @@ def lsg_attention(
         position_terms: relative position score terms (see `lsg_pattern.PositionTerms`), or None.
         padding_memo: where the layers of a forward pass keep what they make from its `padding_mask`
             alone, made by the first and shared by the next ones (`lsg_pattern.padding_memo_of`), or None.
+        global_clamp: an encoder with rotary positions: the clamp of the global tokens' distances to the
+            trained length (`lsg_rotary.GlobalDistanceClamp`), or None.
     Returns:
         The output (B, H, q, D), a transposed view of a contiguous (B, q, H, D) tensor, and, with the
         "eager" backend, the weights of the token queries over the tokens, (B, H, q', t) with q' = q - g
@@ -304,7 +308,7 @@ def lsg_attention(
             shape_check((num_tokens + padding) // block >= 2)
         output, weights = _blocked_attention(
             query, key, value, padding_mask, key_mask, token_mask, settings, dropout, scaling, causal, backend,
-            position_terms, memo, padding,
+            position_terms, memo, padding, global_clamp,
         )  # fmt: skip
     if rows_kept is not None:
         return output[:, :, -rows_kept:], weights[:, :, -rows_kept:]
@@ -356,11 +360,14 @@ def _blocked_attention(
     position_terms: PositionTerms | None,
     memo: dict | None,
     padding: int,
+    global_clamp: GlobalDistanceClamp | None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`lsg_attention` of every one of the g + t queries (B, H, g + t, D), the tokens in blocks: the token
     queries' job (`TokenAttention`) made, with its sparse keys and DropKey; the global queries' output; the
     token queries' path chosen (`choose_path`) and run; the two outputs joined. `key_mask` (B, g + t) and
-    `token_mask` (B, t + `padding`) are the call's masks (`_padded_masks`)."""
+    `token_mask` (B, t + `padding`) are the call's masks (`_padded_masks`). Where `global_clamp` moves the
+    global keys of the blocks past the trained length, each block gets its own (`block_global_keys`) and the
+    global queries read the tokens' keys rotated back."""
     kernel = BACKENDS[backend]
     heads = key.shape[1]
     num_global, block = settings.num_global_tokens, settings.block_size
@@ -404,13 +411,20 @@ def _blocked_attention(
         )
     if dropout:
         job.kept = block_dropout(job, heads, dropout)
+    global_query_keys = key
+    shifts = None if global_clamp is None or not num_global else global_clamp.block_shifts(job.num_blocks, block, key.device)
+    if shifts is not None:
+        job.block_global_keys = global_clamp.block_global_keys(global_keys, shifts)
+        far_keys = global_clamp.keys_for_global_queries(job.keys, shifts, block)[:, :num_tokens]
+        global_query_keys = torch.cat([global_keys, far_keys], dim=1).transpose(1, 2)  # (B, H, g + t, D)
 
     if num_global:  # every key, causal: the global tokens before them; before the token queries, whose path
         # may write it into the layer's output (`TokenOutput.is_layer_output`)
         every_key = no_masked_keys and not causal and not dropout
         job.global_output = _global_attention(
-            kernel, global_queries, None if every_key else key_mask, key, value, causal, dropout, scaling, position_terms
-        )
+            kernel, global_queries, None if every_key else key_mask, global_query_keys, value, causal, dropout, scaling,
+            position_terms,
+        )  # fmt: skip
     tokens = run_path(choose_path(backend, job), job)
     if tokens.is_layer_output:
         return tokens.output.transpose(1, 2), tokens.weights
@@ -490,15 +504,19 @@ def choose_path(backend: str, job: TokenAttention) -> tuple[AttentionPath, Any]:
     * "sdpa": the window views where the CPU flash kernel can read the local keys as views
       (`window_view_plan`); else unmasked where every key is seen (`unmasked_input`); else, on the CPU,
       trained terms where position terms are being trained (`trained_position_terms`); else gathered.
+
+    Each block with its own global keys (`TokenAttention.block_global_keys`) runs sdpa's window views where
+    they apply, else the gathered blocks, whatever the backend but eager.
     """
     if backend == "eager":
         return AttentionPath.EAGER, None
+    own_global_keys = job.block_global_keys is not None
     queries = job.token_queries
     training = in_training(job)
     if backend == DEFAULT_BACKEND:
         flex = prefers_flex_attention(queries.device.type, queries.dtype, job.num_tokens, unmasked_input(job))
         backend = "flex_attention" if flex else "sdpa"
-    if backend == "flex_attention":
+    if backend == "flex_attention" and not own_global_keys:
         if not (training and queries.device.type in FLEX_FORWARD_ONLY_DEVICES):
             whole_sequence, bounds = whole_sequence_bounds(job)
             if whole_sequence:
@@ -511,6 +529,8 @@ def choose_path(backend: str, job: TokenAttention) -> tuple[AttentionPath, Any]:
     plan = window_view_plan(job, training)
     if plan is not None:
         return AttentionPath.WINDOW_VIEWS, plan
+    if own_global_keys:
+        return AttentionPath.GATHERED, None
     if unmasked_input(job):
         return AttentionPath.UNMASKED, None
     if trained_position_terms(job) and not queries.is_cuda:
@@ -740,11 +760,13 @@ class SelfAttentionRole:
     """The role of an LSG self-attention layer (its ``lsg_role``, given when the model is built): LSG
     attention with the model's `settings` (or the layer's own: ModernBERT's sliding-window layers), `causal`
     in a decoder-only LSG model (BertLMHeadModel), and the `position_terms` that `position_terms(query)` makes
-    at each call where the layer's scores have some (ModernBERT's window)."""
+    at each call where the layer's scores have some (ModernBERT's window), and, in an encoder with rotary
+    positions, the clamp of the global tokens' distances (`lsg_rotary.GlobalDistanceClamp`)."""
 
     settings: LSGSettings
     causal: bool = False
     position_terms: Callable[[torch.Tensor], PositionTerms] | None = None
+    global_clamp: GlobalDistanceClamp | None = None
 
 
 @dataclass(frozen=True)
@@ -772,6 +794,8 @@ def registered_attention_forward(
     if isinstance(role, SelfAttentionRole):
         if role.position_terms is not None:
             kwargs["position_terms"] = role.position_terms(query)
+        if role.global_clamp is not None:
+            kwargs["global_clamp"] = role.global_clamp
         return lsg_attention_forward(
             module, query, key, value, attention_mask, role.settings, causal=role.causal, backend=backend, **kwargs
         )
@@ -803,6 +827,7 @@ def lsg_attention_forward(
     causal: bool = False,
     backend: str = "sdpa",
     position_terms: PositionTerms | None = None,
+    global_clamp: GlobalDistanceClamp | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The self-attention of the LSG layers (their `SelfAttentionRole`), and what a swapped attention module
@@ -822,6 +847,7 @@ def lsg_attention_forward(
     output, weights = lsg_attention(
         query, key, value, padding_mask, settings, dropout, scaling, causal, backend, position_terms,
         padding_memo_of(attention_mask),  # this forward pass's, shared by its layers
+        global_clamp,
     )
     return output.transpose(1, 2).contiguous(), weights
 

@@ -22,13 +22,16 @@ This file travels with saved models as remote code: it imports torch and transfo
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from torch import nn
 
 from .lsg_attention import DispatchConfig, SelfAttentionRole, lsg_attention_forward, lsg_backend
+from .lsg_defaults import PRETRAINED_POSITIONS_KEY
 from .lsg_layout import adopt
+from .lsg_rotary import GlobalDistanceClamp
 from .lsg_settings import LSGSettings
 from .lsg_transformers import attn_implementation
 
@@ -57,6 +60,33 @@ class DispatchedAttention:
     def role(self, module: nn.Module, config: Any, settings: LSGSettings) -> SelfAttentionRole:
         """The role of one attention layer: LSG attention with the model's `settings`."""
         return SelfAttentionRole(settings, bool(getattr(config, "is_decoder", False) and getattr(module, "is_causal", False)))
+
+
+@dataclass(frozen=True)
+class RotaryAttention(DispatchedAttention):
+    """`DispatchedAttention` in an encoder with rotary positions: where the config's ``clamp_global_distances``
+    is on (the default), the layers that read every block's global tokens (`reads_far_global_tokens`) clamp
+    the global tokens' distances to the positions the source was trained on (``pretrained_positions``, else
+    ``max_position_embeddings``), rotating with the buffer `frequencies` of the recorder's module
+    `rotary_module` (`lsg_rotary.GlobalDistanceClamp`)."""
+
+    rotary_module: str = "rotary_emb"
+    frequencies: str = "inv_freq"
+
+    def apply(self, recorder: nn.Module, config: Any, settings: LSGSettings) -> None:
+        super().apply(recorder, config, settings)
+        if not getattr(config, "clamp_global_distances", True):
+            return
+        trained = getattr(config, PRETRAINED_POSITIONS_KEY, None) or config.max_position_embeddings
+        clamp = GlobalDistanceClamp(recorder, self.rotary_module, self.frequencies, trained)
+        for module in recorded_modules(recorder, "attentions"):
+            if self.reads_far_global_tokens(module):
+                module.lsg_role = dataclasses.replace(module.lsg_role, global_clamp=clamp)
+
+    def reads_far_global_tokens(self, module: nn.Module) -> bool:
+        """Whether the attention layer `module` reads the global tokens from every block (every layer; not
+        ModernBERT's sliding-window layers, which read them within their window only)."""
+        return True
 
 
 Replacement = Callable[[nn.Module, Any], nn.Module]  # (source module, model config) -> the module in its place

@@ -33,6 +33,15 @@ MAX_GLOBAL_TOKENS = 512
 RELATIVE_POSITION_DEFAULTS: dict[str, object] = {**LSG_DEFAULTS, "global_token_position": 0}
 # Encoder-decoder models: the decoder also attends to the encoder's global tokens.
 SEQ2SEQ_DEFAULTS: dict[str, object] = {**LSG_DEFAULTS, "pass_global_tokens_to_decoder": True}
+# Encoders with rotary positions (ModernBERT, GTE, NomicBERT, jina-embeddings-v3, EuroBERT): a block that ends
+# past the trained length reads the global tokens, and they read it, at a distance within it
+# (lsg_rotary.GlobalDistanceClamp); False: at the distance from position 0, however far.
+ROTARY_DEFAULTS: dict[str, object] = {**LSG_DEFAULTS, "clamp_global_distances": True}
+
+# LSG config key: the positions the model read before its first LSG conversion (512 for BERT and
+# RoBERTa), the length of the table that a longer conversion continues to tile, and the trained length of
+# a rotary encoder.
+PRETRAINED_POSITIONS_KEY = "pretrained_positions"
 
 # What a conversion of a plain (not yet LSG) source takes instead of the reference's values, unless told
 # otherwise: local attention only, one global token ([CLS] at position 0), and a block size derived from

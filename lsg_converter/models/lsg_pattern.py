@@ -464,6 +464,8 @@ class TokenAttention:
     global_output: the global queries' output (B, g, H, D), made by the core before the token queries' path,
     which may write it into its own output (`TokenOutput.is_layer_output`), so that the kernel's saved
     output is the layer's output and no joined copy of it is kept; None without global tokens.
+    block_global_keys: (B, nb, g, H, D), each block's own global keys where they differ per block (their
+    distances clamped to the trained length, `lsg_rotary`), else None: `global_keys` serve every block.
     """
 
     token_queries: torch.Tensor
@@ -484,6 +486,7 @@ class TokenAttention:
     no_masked_keys: bool = False
     padding_memo: dict | None = None
     global_output: torch.Tensor | None = None
+    block_global_keys: torch.Tensor | None = None
     _token_key_rows: torch.Tensor | None = field(default=None, init=False, repr=False)
     _padded: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = field(default=None, init=False, repr=False)
 
@@ -1058,9 +1061,13 @@ class BlockKeys:
         mask = cached_block_mask(job, chosen)  # first: the position terms' pieces are freed before the keys are gathered
         table = job_block_table(job)
         key_sequence, value_sequence = key_sequences(job)
+        keys = gather_block_rows(key_sequence, table.columns, chosen)  # (n, H, K, D)
+        if job.block_global_keys is not None:  # the first g columns of each block's keys: its own global keys
+            batch = job.token_keys.shape[0]
+            keys[:, :, : job.pattern.num_global] = folded_blocks(job.block_global_keys, batch, chosen).transpose(1, 2)
         return cls(
             queries=block_queries(job, table, chosen),
-            keys=gather_block_rows(key_sequence, table.columns, chosen),
+            keys=keys,
             values=gather_block_rows(value_sequence, table.columns, chosen) if with_values else None,
             mask=mask,
         )

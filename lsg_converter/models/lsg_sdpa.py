@@ -96,7 +96,7 @@ def window_view_token_attention(job: TokenAttention, plan: WindowViewPlan) -> To
     global queries' outputs are written; in training through `WindowViewAttention`."""
     if in_training(job):
         output = WindowViewAttention.apply(
-            job.token_queries, job.sequence[1], job.sequence[2], job.global_output, job.pattern,
+            job.token_queries, job.sequence[1], job.sequence[2], job.global_output, job.block_global_keys, job.pattern,
             tuple(plan.viewed_runs), plan.edges, plan.every_block, job.scaling,
         )  # fmt: skip
     else:
@@ -526,23 +526,25 @@ class EdgeBlocks:
     dropped: torch.Tensor | None
     targets: tuple[torch.Tensor, torch.Tensor]
 
-    def gathered(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def gathered(
+        self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, block_global_keys: torch.Tensor | None
+    ) -> tuple[torch.Tensor, ...]:
         """The blocks' queries (e, H, b, D) from the token queries (B, t, H, D), and their keys and values
-        (e, H, K, D) from the layer's (B, g + t, H, D), one copy each."""
-        return (
-            gather_rows(queries, self.batch, self.query_rows),
-            gather_rows(keys, self.batch, self.key_rows),
-            gather_rows(values, self.batch, self.key_rows),
-        )
+        (e, H, K, D) from the layer's (B, g + t, H, D), one copy each; the first g keys each block's own where
+        it has (`block_global_keys` (B, nb, g, H, D))."""
+        gathered_keys = gather_rows(keys, self.batch, self.key_rows)
+        if block_global_keys is not None:
+            gathered_keys[:, :, : block_global_keys.shape[2]] = block_global_keys[self.batch, self.blocks].transpose(1, 2)
+        return gather_rows(queries, self.batch, self.query_rows), gathered_keys, gather_rows(values, self.batch, self.key_rows)
 
     def attend_into(
         self, output: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-        mask: torch.Tensor, scaling: float,
+        mask: torch.Tensor, scaling: float, block_global_keys: torch.Tensor | None,
     ) -> torch.Tensor:  # fmt: skip
         """Runs the blocks' one kernel call with `mask` and writes their token rows into the layer's `output`
         (B, g + t, H, D); returns their log-sum-exps (e, H, b)."""
         edge_output, edge_lse = CPU_FLASH_ATTENTION(
-            *self.gathered(queries, keys, values), 0.0, False, attn_mask=mask, scale=scaling
+            *self.gathered(queries, keys, values, block_global_keys), 0.0, False, attn_mask=mask, scale=scaling
         )  # (e, H, b, D), in the kernel's (e, b, H, D) memory
         output.index_put_(self.targets, edge_output.transpose(1, 2).flatten(0, 1)[self.kept])
         return edge_lse
@@ -726,7 +728,7 @@ def window_view_attention(job: TokenAttention, row: int, start: int, end: int, o
     rows = kernel_query_rows(block)  # under 2 b: the rows after a block lie in its window's next block
     queries = block_query_views(pattern, job.token_queries[row], start, end, rows)
     keys, values = (local_window_views(pattern, x[row], start, end, size) for x in (job.token_keys, job.token_values))
-    global_keys, global_values = job.global_keys[row : row + 1], job.global_values[row : row + 1]
+    global_keys, global_values = run_global_keys(job.sequence[1], job.sequence[2], job.block_global_keys, pattern, row, start, end)
     global_mask = global_view_mask(job)
     if global_mask is not None:
         global_mask = global_mask[:, :, start * block : end * block]
@@ -744,8 +746,22 @@ def window_view_output(job: TokenAttention, plan: WindowViewPlan) -> torch.Tenso
     for row, start, end in plan.viewed_runs:
         window_view_attention(job, row, start, end, out=run_rows(output, job.pattern, row, start, end))
     if plan.edges is not None:
-        plan.edges.attend_into(output, queries, keys, values, edge_mask(job, plan.edges), job.scaling)
+        plan.edges.attend_into(output, queries, keys, values, edge_mask(job, plan.edges), job.scaling, job.block_global_keys)
     return output
+
+
+def run_global_keys(
+    keys: torch.Tensor, values: torch.Tensor, block_global_keys: torch.Tensor | None, pattern: KeyPattern, row: int,
+    start: int, end: int,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The global keys and values that blocks [start, end) of batch row `row` read, from the layer's `keys` and
+    `values` (B, g + t, H, D): (1, g, H, D) each, every block's; where each block has its own global keys
+    (`block_global_keys` (B, nb, g, H, D), `TokenAttention.block_global_keys`), (n, g, H, D) each."""
+    num_global = pattern.num_global
+    global_values = values[row : row + 1, :num_global]
+    if block_global_keys is None:
+        return keys[row : row + 1, :num_global], global_values
+    return block_global_keys[row, start:end], global_values.expand(end - start, -1, -1, -1)
 
 
 def layer_output(
@@ -838,19 +854,21 @@ class WindowViewAttention(torch.autograd.Function):
     block's gathered keys, its gradients added back to the rows they were gathered from.
 
     queries: the token queries (B, t, H, D); keys, values: the layer's (B, g + t, H, D), the global tokens'
-    first; global_output: the global queries' output (B, g, H, D), or None without global tokens; runs:
+    first; global_output: the global queries' output (B, g, H, D), or None without global tokens;
+    block_global_keys: each block's own global keys (B, nb, g, H, D) (`TokenAttention.block_global_keys`), or
+    None (the layer's serve every block); runs:
     (row, start, end) of each run of viewed blocks; every_block: whether the runs and the edges cover
     every block (else the rows of those of padding only are zero). Returns (B, g + t, H, D)."""
 
     @staticmethod
-    def forward(ctx, queries, keys, values, global_output, pattern: KeyPattern, runs: tuple[tuple[int, int, int], ...],
-                edges: EdgeBlocks | None, every_block: bool, scaling: float):  # fmt: skip
+    def forward(ctx, queries, keys, values, global_output, block_global_keys, pattern: KeyPattern,
+                runs: tuple[tuple[int, int, int], ...], edges: EdgeBlocks | None, every_block: bool, scaling: float):  # fmt: skip
         num_global = pattern.num_global
         output = layer_output(queries, keys, values, global_output, num_global, every_block)
         local_lses, global_lses = [], []  # (n, H, b) per run
         for row, start, end in runs:
             row_queries, row_keys, row_values = run_views(pattern, queries[row], keys[row, num_global:], values[row, num_global:], start, end)
-            global_row = (keys[row : row + 1, :num_global], values[row : row + 1, :num_global])
+            global_row = run_global_keys(keys, values, block_global_keys, pattern, row, start, end)
             row_output = run_rows(output, pattern, row, start, end)
             local_lse, global_lse = local_then_global(row_queries, row_keys, row_values, None, *global_row, scaling, row_output)
             local_lses.append(local_lse)
@@ -858,8 +876,8 @@ class WindowViewAttention(torch.autograd.Function):
                 global_lses.append(global_lse)
         edge_lses = []  # (e, H, b)
         if edges is not None:
-            edge_lses.append(edges.attend_into(output, queries, keys, values, edges.mask, scaling))
-        ctx.save_for_backward(queries, keys, values, output, *local_lses, *global_lses, *edge_lses)
+            edge_lses.append(edges.attend_into(output, queries, keys, values, edges.mask, scaling, block_global_keys))
+        ctx.save_for_backward(queries, keys, values, output, block_global_keys, *local_lses, *global_lses, *edge_lses)
         ctx.pattern, ctx.runs, ctx.edges, ctx.scaling = pattern, runs, edges, scaling
         ctx.has_global_output = global_output is not None
         return output
@@ -867,11 +885,12 @@ class WindowViewAttention(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output):
-        queries, keys, values, output, *lses = ctx.saved_tensors
+        queries, keys, values, output, block_global_keys, *lses = ctx.saved_tensors
         pattern, runs, edges, scaling = ctx.pattern, ctx.runs, ctx.edges, ctx.scaling
         block, size, num_global = pattern.block_size, pattern.local_size, pattern.num_global
         local_lses, global_lses = lses[: len(runs)], lses[len(runs) : 2 * len(runs)] if num_global else []
         grad_queries, grad_keys, grad_values = (torch.zeros_like(x) for x in (queries, keys, values))
+        grad_block_global_keys = None if block_global_keys is None else torch.zeros_like(block_global_keys)
         for index, (row, start, end) in enumerate(runs):
             token_keys, token_values = keys[row, num_global:], values[row, num_global:]
             row_queries, row_keys, row_values = run_views(pattern, queries[row], token_keys, token_values, start, end)
@@ -887,7 +906,16 @@ class WindowViewAttention(torch.autograd.Function):
             )
             # (n, H, b, D) -> the rows of the blocks' queries
             row_query_grad = grad_queries[row, start * block : end * block].unflatten(0, (-1, block)).transpose(1, 2)
-            if num_global:  # at the global keys: the blocks' queries as one sequence over the row's
+            if block_global_keys is not None:  # at each block's own global keys
+                global_keys, global_values = run_global_keys(keys, values, block_global_keys, pattern, row, start, end)
+                global_query_grad, global_key_grad, global_value_grad = CPU_FLASH_ATTENTION_BACKWARD(
+                    row_grad, row_queries, global_keys.transpose(1, 2), global_values.transpose(1, 2), row_output, lse,
+                    0.0, False, scale=scaling,
+                )  # fmt: skip
+                torch.add(query_grad, global_query_grad, out=row_query_grad)
+                grad_block_global_keys[row, start:end] = global_key_grad.transpose(1, 2)  # (n, H, g, D) -> (n, g, H, D)
+                grad_values[row, :num_global].add_(global_value_grad.sum(0).transpose(0, 1))
+            elif num_global:  # at the global keys: the blocks' queries as one sequence over the row's
                 global_query_grad, global_key_grad, global_value_grad = CPU_FLASH_ATTENTION_BACKWARD(
                     *(as_one_sequence(x) for x in (row_grad, row_queries)),
                     *(x[row : row + 1, :num_global].transpose(1, 2) for x in (keys, values)),
@@ -911,17 +939,22 @@ class WindowViewAttention(torch.autograd.Function):
             edge_output, edge_grad = output[edge_rows], grad_output[edge_rows]
             if edges.dropped is not None:
                 edge_grad.flatten(0, 1)[edges.dropped] = 0
-            gathered = edges.gathered(queries, keys, values)
+            gathered = edges.gathered(queries, keys, values, block_global_keys)
             query_grad, key_grad, value_grad = CPU_FLASH_ATTENTION_BACKWARD(
                 edge_grad.transpose(1, 2), *gathered, edge_output.transpose(1, 2), lses[-1], 0.0, False,
                 attn_mask=edges.mask, scale=scaling,
             )  # fmt: skip
+            if block_global_keys is not None:  # the global columns' gradients are those of the blocks' own keys
+                grad_block_global_keys.index_put_(
+                    (edges.batch, edges.blocks), key_grad[:, :, :num_global].transpose(1, 2), accumulate=True
+                )
+                key_grad[:, :, :num_global] = 0
             gathered_rows = edges.batch[:, None], edges.key_rows
             grad_queries.index_put_((edges.batch[:, None], edges.query_rows), query_grad.transpose(1, 2), accumulate=True)
             grad_keys.index_put_(gathered_rows, key_grad.transpose(1, 2), accumulate=True)
             grad_values.index_put_(gathered_rows, value_grad.transpose(1, 2), accumulate=True)
         grad_global_output = grad_output[:, :num_global] if ctx.has_global_output else None
-        return grad_queries, grad_keys, grad_values, grad_global_output, *(None,) * 5
+        return grad_queries, grad_keys, grad_values, grad_global_output, grad_block_global_keys, *(None,) * 5
 
 
 @shape_cached

@@ -11,6 +11,7 @@ LSGEuroBertConfig.
 """
 
 from .configuration_lsg_eurobert import LSGEuroBertConfig
+from .lsg_attention_layers import RotaryAttention
 from .lsg_global_tokens import GivesGlobalTokensPosition0, PrependsGlobalTokens, RecordsTokenStates
 from .lsg_layout import LSGLayout
 from .lsg_model import LSGModelMixin
@@ -55,6 +56,7 @@ class LSGEuroBertMixin(LSGModelMixin):
     lsg_layout = LSGLayout(
         embeddings="", prepend_before=("layers.0",), encoder="", position_tables=(), rotary_embeddings=("rotary_emb",)
     )
+    lsg_attention = RotaryAttention()
 
 
 class LSGEuroBertModel(LSGEuroBertMixin, EuroBertModel):

@@ -8,6 +8,7 @@ Each head ``LSGGte<Head>`` is the mixin below plus ``Gte<Head>``, one class per 
 """
 
 from .configuration_lsg_gte import LSGGteConfig
+from .lsg_attention_layers import RotaryAttention
 from .lsg_global_tokens import GivesGlobalTokensPosition0, RecordsTokenStates
 from .lsg_layout import ROTARY_BERT_LAYOUT
 from .lsg_model import LSGModelMixin
@@ -45,6 +46,7 @@ class LSGGteMixin(LSGModelMixin):
 
     config_class = LSGGteConfig
     lsg_layout = ROTARY_BERT_LAYOUT
+    lsg_attention = RotaryAttention()
 
 
 class LSGGteModel(LSGGteMixin, GteModel):

@@ -11,6 +11,7 @@ listed in LSGJinaEmbeddingsV3Config.
 """
 
 from .configuration_lsg_jina_embeddings_v3 import LSGJinaEmbeddingsV3Config
+from .lsg_attention_layers import RotaryAttention
 from .lsg_global_tokens import GivesGlobalTokensPosition0, RecordsTokenStates
 from .lsg_layout import ROTARY_BERT_LAYOUT
 from .lsg_model import LSGModelMixin
@@ -49,6 +50,7 @@ class LSGJinaEmbeddingsV3Mixin(LSGModelMixin):
 
     config_class = LSGJinaEmbeddingsV3Config
     lsg_layout = ROTARY_BERT_LAYOUT
+    lsg_attention = RotaryAttention()
 
 
 class LSGJinaEmbeddingsV3Model(LSGJinaEmbeddingsV3Mixin, JinaEmbeddingsV3Model):

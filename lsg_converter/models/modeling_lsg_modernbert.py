@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,7 +26,7 @@ from torch import nn
 
 from .configuration_lsg_modernbert import LSGModernBertConfig
 from .lsg_attention import SelfAttentionRole
-from .lsg_attention_layers import DispatchedAttention
+from .lsg_attention_layers import RotaryAttention
 from .lsg_global_tokens import GivesGlobalTokensPosition0, RecordsTokenStates
 from .lsg_layout import LSGLayout
 from .lsg_model import LSGModelMixin
@@ -64,10 +65,17 @@ def window_terms(query: torch.Tensor, half_window: int) -> PositionTerms:
     return PositionTerms(bucket=bucket, table=table, global_position=0, max_distance=half_window + 1)
 
 
-class SlidingWindowAttention(DispatchedAttention):
-    """ModernBERT's attention layers: the full-attention ones run LSG attention with the model's settings,
-    the sliding-window ones a band of their window (blocks of half the window, so that a block's local
-    keys cover it; no sparse keys; `window_terms` masking the keys beyond it)."""
+@dataclass(frozen=True)
+class SlidingWindowAttention(RotaryAttention):
+    """ModernBERT's attention layers: the full-attention ones run LSG attention with the model's settings
+    (the global distances clamped with the full-attention frequencies), the sliding-window ones a band of
+    their window (blocks of half the window, so that a block's local keys cover it; no sparse keys;
+    `window_terms` masking the keys beyond it, the global tokens' included)."""
+
+    frequencies: str = "full_attention_inv_freq"
+
+    def reads_far_global_tokens(self, module: nn.Module) -> bool:
+        return module.sliding_window is None
 
     def role(self, module: nn.Module, config: Any, settings: LSGSettings) -> SelfAttentionRole:
         if module.sliding_window is None:

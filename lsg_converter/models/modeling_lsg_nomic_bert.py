@@ -10,6 +10,7 @@ LSGNomicBertConfig.
 """
 
 from .configuration_lsg_nomic_bert import LSGNomicBertConfig
+from .lsg_attention_layers import RotaryAttention
 from .lsg_global_tokens import GivesGlobalTokensPosition0, RecordsTokenStates
 from .lsg_layout import ROTARY_BERT_LAYOUT
 from .lsg_model import LSGModelMixin
@@ -47,6 +48,7 @@ class LSGNomicBertMixin(LSGModelMixin):
 
     config_class = LSGNomicBertConfig
     lsg_layout = ROTARY_BERT_LAYOUT
+    lsg_attention = RotaryAttention()
 
 
 class LSGNomicBertModel(LSGNomicBertMixin, NomicBertModel):
