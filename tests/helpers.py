@@ -227,6 +227,16 @@ def block_local_mask(attention_mask: torch.Tensor, block: int) -> torch.Tensor:
     return torch.where(allowed, 0.0, torch.finfo(torch.float32).min)
 
 
+def outputs_per_backend(model, backends, **inputs) -> dict:
+    """{backend: the last hidden states of `model` on `inputs`, without gradients, run with that backend}."""
+    outputs = {}
+    for backend in backends:
+        model.set_attn_implementation(backend)
+        with torch.no_grad():
+            outputs[backend] = model(**inputs).last_hidden_state
+    return outputs
+
+
 def padded_batch(lengths, total, arch="bert", seed=0):
     """(input_ids, attention_mask): random tokens (no pad/eos ids), each row ending in eos, right padding."""
     generator = torch.Generator().manual_seed(seed)

@@ -13,7 +13,7 @@ import pytest
 import torch
 import transformers
 
-from helpers import TINY_CONFIGS, TINY_LENGTH, padded_batch, save_tiny_source
+from helpers import TINY_CONFIGS, TINY_LENGTH, outputs_per_backend, padded_batch, save_tiny_source
 from lsg_converter import ARCHITECTURES, LSGConverter
 from lsg_converter.models import lsg_attention as lsg_attention_module
 from lsg_converter.models.lsg_attention import AttentionPath, lsg_attention
@@ -148,11 +148,7 @@ def test_every_backend_gives_the_same_clamped_outputs(arch, tmp_path):
     model = converted(arch, tmp_path)
     input_ids, attention_mask = padded_batch([LONG, LONG - 50], LONG, arch)
 
-    outputs = {}
-    for backend in BACKENDS:
-        model.set_attn_implementation(backend)
-        with torch.no_grad():
-            outputs[backend] = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    outputs = outputs_per_backend(model, BACKENDS, input_ids=input_ids, attention_mask=attention_mask)
     real = attention_mask.bool()
     for backend in ("eager", "flex_attention"):
         torch.testing.assert_close(outputs[backend][real], outputs["sdpa"][real], atol=1e-5, rtol=0)

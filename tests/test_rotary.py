@@ -13,7 +13,7 @@ import transformers
 
 from packaging.version import Version
 
-from helpers import TINY_CONFIGS, TINY_LENGTH, block_local_mask, padded_batch, save_tiny_source
+from helpers import TINY_CONFIGS, TINY_LENGTH, block_local_mask, outputs_per_backend, padded_batch, save_tiny_source
 from lsg_converter import ARCHITECTURES, InvalidSettingsError, LSGConverter, UnsupportedModelError
 from lsg_converter.architectures import NEWER_MODEL_TYPES, find_architecture
 
@@ -175,12 +175,7 @@ def test_every_sparsity_type_gives_the_same_outputs_on_every_backend(arch, spars
     )
     input_ids, attention_mask = padded_batch([TINY_LENGTH, 70], TINY_LENGTH, arch)
 
-    outputs = {}
-    for backend in BACKENDS:
-        model.set_attn_implementation(backend)
-        with torch.no_grad():
-            outputs[backend] = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-
+    outputs = outputs_per_backend(model, BACKENDS, input_ids=input_ids, attention_mask=attention_mask)
     real = attention_mask.bool()
     assert torch.isfinite(outputs["sdpa"][real]).all()
     for backend in ("eager", "flex_attention"):
