@@ -320,7 +320,8 @@ def adapt_to_long_documents(
         The adapted SentenceTransformer (the one given, trained in place).
 
     Raises:
-        TrainingTextsError: no texts, or none long enough to cut a document of two blocks from.
+        TrainingTextsError: no texts, or too few long enough to cut documents of two blocks from (of a whole
+            window's body, where it holds fewer tokens: a model adapted at its own length).
         UnsupportedModelError: `model` is no sentence-transformers model over an LSG model.
         InvalidSettingsError: an unknown `train`, or `in_document_share` / `source_share` out of range.
         MissingDependencyError: sentence-transformers or datasets is not installed.
@@ -355,17 +356,20 @@ def adapt_to_long_documents(
         raise InvalidSettingsError(f"in_document_share={in_document_share} is no share: give a number from 0 to 1.")
     if not 0.0 <= source_share < 1.0:
         raise InvalidSettingsError(f"source_share={source_share} is no share: give a number from 0 (the trained weights) up to 1.")
-    block_size = transformer.config.block_size
+    document_tokens = model.max_seq_length - 2  # a window's body, between its first and last token
+    # two blocks, or a whole window's body where it holds fewer (a model adapted at its own length)
+    min_tokens = min(2 * transformer.config.block_size, document_tokens)
     rounds = document_rounds(
-        texts, model.tokenizer, model.max_seq_length - 2, passage_tokens, 2 * block_size,
+        texts, model.tokenizer, document_tokens, passage_tokens, min_tokens,
         rounds=max(1, math.ceil(epochs)), in_document_share=in_document_share, seed=seed,
     )
     pairs = [pair for made in rounds for pair in made]
     smallest_round = min(len(made) for made in rounds)
     if smallest_round < 2:
+        what = "two blocks" if min_tokens < document_tokens else "a whole window"
         raise TrainingTextsError(
             f"The texts given ({counted(len(texts), 'text')}) give {counted(smallest_round, 'document')} of at "
-            f"least {2 * block_size} tokens (two blocks): adapting needs two or more; give longer texts."
+            f"least {min_tokens} tokens ({what}): adapting needs two or more; give longer texts."
         )
     with trained_part(transformer, train) as trained:
         logger.info(

@@ -265,6 +265,19 @@ def test_texts_shorter_than_two_blocks_are_refused_and_nothing_is_written(conver
     assert not (tmp_path / "adapted").exists()
 
 
+def test_a_model_adapted_at_its_own_length_takes_documents_of_a_whole_window(source_folder, tmp_path):
+    # the source's own 128 positions in 2 blocks of 64: a window's body (126 tokens) is under two blocks
+    model, tokenizer = LSGConverter(max_sequence_length=128).convert_from_pretrained(
+        str(source_folder), block_size=64, num_global_tokens=0, sparsity_type="none"
+    )
+    model = SentenceTransformer(str(save_converted(model, tokenizer, tmp_path / "own-length")), trust_remote_code=True)
+
+    adapt_to_long_documents(model, long_texts(4, 800), passage_tokens=32, batch_size=2, max_steps=2, seed=0)
+
+    adaptation = model[0].auto_model.lsg_adaptation
+    assert adaptation.documents >= 2 and adaptation.steps == 2 and adaptation.max_tokens == 128
+
+
 def test_too_few_documents_are_counted_in_plain_words(converted_folder, tmp_path):
     with pytest.raises(TrainingTextsError, match=r"The texts given \(1 text\) give 0 documents of at least 32 tokens"):
         adapt_to_long_documents(converted_folder, long_texts(1, 12), output_path=tmp_path / "adapted")
