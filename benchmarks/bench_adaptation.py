@@ -42,10 +42,14 @@ The places, passages and keys are drawn with ``--seed``. Methods, on the same do
   ``--adapted DIR`` loads the adapted weights an earlier run saved (``--save-adapted DIR``) instead;
 * LSG, after adaptation, source share s (each s of ``--source-shares`` but 0): the adapted weights
   moved the share s of the way back to the converted ones, as `adapt_to_long_documents(source_share=s)`
-  leaves them (one adaptation serves every share).
+  leaves them (one adaptation serves every share);
+* control, chunk mean / chunk max (the fair control of issue 68; ``--no-control`` leaves it out): the
+  source adapted the same way at its own length: converted to its 512 positions in two blocks of 256, no
+  global tokens, no sparse keys (so it attends as the source does), adapted by `adapt_to_long_documents` on
+  the same plays with the same settings and time budget, then run on chunks of its 510 body tokens.
 
-Scores: MRR and Acc@1 per method and query kind; for "after adaptation minus chunk mean" a 95%
-bootstrap interval of the MRR difference over documents (each document's reciprocal ranks averaged
+Scores: MRR and Acc@1 per method and query kind; for "after adaptation minus chunk mean" (and minus the
+control's chunk mean and chunk max) a 95% bootstrap interval of the MRR difference over documents (each document's reciprocal ranks averaged
 over its queries, documents resampled: documents, not queries, are the unit);
 short-text fidelity: on 20 fixed sentences under 128 tokens, the mean and min cosine between the
 converted model's embedding (before / after adaptation) and the source's.
@@ -81,10 +85,15 @@ PASSAGE_TOKENS = 64
 QUERY_KINDS = ("in-document", "cut-out", "passkey")
 TRUNCATED, CHUNK_MEAN, CHUNK_MAX = "source, truncated", "source, chunk mean", "source, chunk max"
 BEFORE, AFTER = "LSG, before adaptation", "LSG, after adaptation"
+# The fair control (issue 68): the source adapted the same way at its own length, on chunks
+CONTROL = {CHUNK_MEAN: "control, chunk mean", CHUNK_MAX: "control, chunk max"}
 BOOTSTRAP_SAMPLES = 10_000
 # Targets of issue 34: the adapted model ahead of chunk mean by this MRR (interval above zero) on these
 # kinds, and short texts embedded as the source embeds them.
 TARGET_GAIN, TARGET_KINDS, TARGET_FIDELITY = 0.03, ("in-document", "cut-out"), 0.95
+# Goal of issue 68 against the control's chunk max: above it on cut-out passages (interval above zero), no
+# more than this below it in-document
+CONTROL_LOSS_ALLOWED = 0.02
 SHORT_TEXTS = (
     "The train to Edinburgh leaves at nine from platform four.",
     "Photosynthesis turns light, water and carbon dioxide into sugar and oxygen.",
@@ -259,8 +268,8 @@ def fidelity(model: SentenceTransformer, reference: torch.Tensor) -> tuple[float
     return cosines.mean().item(), cosines.min().item()
 
 
-def convert(length: int, folder: Path) -> SentenceTransformer:
-    model, tokenizer = LSGConverter(max_sequence_length=length).convert_from_pretrained(str(minilm_path()))
+def convert(length: int, folder: Path, **settings) -> SentenceTransformer:
+    model, tokenizer = LSGConverter(max_sequence_length=length).convert_from_pretrained(str(minilm_path()), **settings)
     save_converted(model, tokenizer, folder)
     return SentenceTransformer(str(folder), trust_remote_code=True)
 
@@ -296,6 +305,7 @@ class LengthResult:
     fidelity: dict[str, tuple[float, float]]  # method -> (mean, min) cosine
     adaptation: Adaptation | None  # None: the adapted weights were loaded (--adapted)
     seconds: float
+    control: Adaptation | None = None  # the control's adaptation; None: no control
 
 
 def after_method(share: float) -> str:
@@ -340,9 +350,29 @@ def run_length(length: int, source: SentenceTransformer, args: argparse.Namespac
             blend_weights(model, adapted, 1.0)  # the adapted weights again, then the share of the way back
             blend_weights(model, converted, share)
             evaluate(model, after_method(share))
+        control = None
+        if args.control:
+            control = adapted_control(task_ranks, task_list, args, Path(scratch))
+            print(f"control adapted in {control.seconds:.0f} s, {control.steps} steps", flush=True)
     methods = [TRUNCATED, CHUNK_MEAN, CHUNK_MAX, BEFORE] + [after_method(share) for share in args.source_shares]
+    methods += list(CONTROL.values()) if control else []
     ranks = {key: per_document(value, len(documents)) for key, value in task_ranks.items()}
-    return LengthResult(length, len(documents), methods, ranks, fidelities, adaptation, time.perf_counter() - started)
+    return LengthResult(length, len(documents), methods, ranks, fidelities, adaptation, time.perf_counter() - started, control)
+
+
+def adapted_control(task_ranks: dict, task_list: list[Task], args: argparse.Namespace, scratch: Path) -> Adaptation:
+    """The control: the source converted to its own positions so that it attends as the source does (two blocks
+    that cover them, no global tokens, no sparse keys), adapted as the long model was, its chunk ranks added to
+    `task_ranks` under `CONTROL`'s names."""
+    own_length = transformers.AutoConfig.from_pretrained(minilm_path()).max_position_embeddings
+    control = convert(own_length, scratch / "minilm-own-length", block_size=own_length // 2, num_global_tokens=0,
+                      sparsity_type="none")  # fmt: skip
+    adaptation = adapt(control, args)
+    for task in task_list:
+        for method, ranks in source_ranks(control, task).items():
+            if method in CONTROL:
+                task_ranks.setdefault((CONTROL[method], task.kind), []).append(ranks)
+    return adaptation
 
 
 def report(result: LengthResult, args: argparse.Namespace) -> tuple[str, list[str]]:
@@ -365,6 +395,24 @@ def report(result: LengthResult, args: argparse.Namespace) -> tuple[str, list[st
                 met = differences.mean().item() >= TARGET_GAIN and low > 0
                 checks.append(f"- {'met' if met else 'NOT met'}: {method}, {kind}, minus chunk mean MRR "
                               f"{differences.mean().item():+.3f} >= +{TARGET_GAIN} with the interval above zero ([{low:+.3f}, {high:+.3f}])")
+    if result.control is not None:
+        lines += ["", "After adaptation minus the control (the source adapted the same way at its own length, on "
+                  "chunks), MRR, 95% bootstrap interval over documents\n", "| method | against | query kind | difference | "
+                  "95% interval |", "|---|---|---|---|---|"]
+        for method in (after_method(share) for share in args.source_shares):
+            for control in CONTROL.values():
+                for kind in QUERY_KINDS:
+                    differences = (1 / result.ranks[method, kind].float() - 1 / result.ranks[control, kind].float()).mean(dim=1)
+                    low, high = bootstrap_interval(differences, args.seed)
+                    lines.append(f"| {method} | {control} | {kind} | {differences.mean().item():+.3f} | [{low:+.3f}, {high:+.3f}] |")
+                    if control == CONTROL[CHUNK_MAX] and kind == "cut-out":
+                        met = low > 0
+                        checks.append(f"- {'met' if met else 'NOT met'}: {method} above the {control} on cut-out passages, "
+                                      f"interval above zero ({differences.mean().item():+.3f} [{low:+.3f}, {high:+.3f}])")
+                    if control == CONTROL[CHUNK_MAX] and kind == "in-document":
+                        met = differences.mean().item() >= -CONTROL_LOSS_ALLOWED
+                        checks.append(f"- {'met' if met else 'NOT met'}: {method} at most {CONTROL_LOSS_ALLOWED} below the "
+                                      f"{control} in-document ({differences.mean().item():+.3f} [{low:+.3f}, {high:+.3f}])")
     lines += ["", "Short-text fidelity: cosine to the source's embedding, 20 sentences under 128 tokens\n",
               "| model | mean cosine | min cosine |", "|---|---|---|"]
     for method, (mean, low) in result.fidelity.items():
@@ -379,6 +427,10 @@ def report(result: LengthResult, args: argparse.Namespace) -> tuple[str, list[st
         lines += ["", f"Adaptation: {adaptation.seconds / 60:.1f} min wall time (budget {args.minutes:g} min), "
                   f"{adaptation.steps} optimizer steps of {args.batch_size} documents "
                   f"({adaptation.seconds / max(adaptation.steps, 1):.0f} s per step)"]
+    if result.control is not None:
+        control = result.control
+        lines.append(f"Control's adaptation: {control.seconds / 60:.1f} min wall time, {control.steps} optimizer steps of "
+                     f"{args.batch_size} documents")
     return "\n".join(lines), checks
 
 
@@ -420,6 +472,9 @@ def main() -> None:
                         default=sorted({0.0, inspect.signature(adapt_to_long_documents).parameters["source_share"].default}),
                         help="evaluate the adapted weights blended back toward the converted ones by each share "
                         "(adapt_to_long_documents' source_share; default: 0 and the library's default)")
+    parser.add_argument("--no-control", dest="control", action="store_false",
+                        help="leave out the control (the source adapted the same way at its own length), which doubles "
+                        "the adaptation time")
     parser.add_argument("--seed", type=int, default=0)
     results_arguments(parser)
     args = parser.parse_args()

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -210,3 +211,22 @@ def test_global_clamp_benchmark_quick_times_the_clamped_model_beside_the_unclamp
     for _, tokens, _, on, off, ratio in rows:
         assert tokens == "9,000" and float(on) > 0 and float(off) > 0
         assert abs(float(ratio) - float(on) / float(off)) <= 0.01 + 0.0005 / float(off)
+
+
+def test_adaptation_report_states_the_adapted_model_against_the_fair_control():
+    bench = import_benchmark("bench_adaptation")
+    documents = 6
+    # reciprocal ranks per method: the adapted model ranks every document first, the control's chunk max second
+    first, second = torch.ones(documents, 2, dtype=torch.long), torch.full((documents, 2), 2)
+    methods = [bench.TRUNCATED, bench.CHUNK_MEAN, bench.CHUNK_MAX, bench.BEFORE, bench.AFTER, *bench.CONTROL.values()]
+    ranks = {(method, kind): first if method == bench.AFTER else second for method in methods for kind in bench.QUERY_KINDS}
+    control = bench.Adaptation(seconds=60.0, steps=4)
+    result = bench.LengthResult(1024, documents, methods, ranks, {}, bench.Adaptation(60.0, 2), 90.0, control)
+    args = argparse.Namespace(source_shares=[0.0], seed=0, adapted=None, minutes=1.0, batch_size=8)
+
+    text, checks = bench.report(result, args)
+
+    assert "| LSG, after adaptation | control, chunk max | cut-out | +0.500 | [+0.500, +0.500] |" in text
+    assert "Control's adaptation: 1.0 min wall time, 4 optimizer steps of 8 documents" in text
+    assert any(check.startswith("- met: LSG, after adaptation above the control, chunk max on cut-out") for check in checks)
+    assert any(check.startswith("- met: LSG, after adaptation at most 0.02 below the control, chunk max in-document") for check in checks)
