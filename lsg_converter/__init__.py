@@ -33,6 +33,7 @@ from .errors import (
 )
 from .push import push_converted
 from .saving import save_converted
+from .spans import SpanEmbeddings, encode_spans
 from .models.lsg_sparse import SPARSITY_TYPES
 
 register_auto_classes()
@@ -58,10 +59,12 @@ __all__ = [
     "OutputOverlapsSourceError",
     "SPARSITY_TYPES",
     "SourceNotFoundError",
+    "SpanEmbeddings",
     "UnknownSettingError",
     "UnsafeCheckpointError",
     "UnsupportedModelError",
     "__version__",
+    "encode_spans",
     "model_card",
     "push_converted",
     "save_converted",
