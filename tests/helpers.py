@@ -227,6 +227,26 @@ def block_local_mask(attention_mask: torch.Tensor, block: int) -> torch.Tensor:
     return torch.where(allowed, 0.0, torch.finfo(torch.float32).min)
 
 
+def save_tiny_sentence_transformer(folder: Path, tokenizer_path: Path, max_seq_length: int) -> Path:
+    """A tiny sentence-transformers model saved into `folder` / "source": a random 2-layer BERT of 128 positions
+    (weights drawn wide enough that texts get different embeddings) with the tokenizer of `tokenizer_path` ->
+    mean Pooling -> Normalize, reading `max_seq_length` tokens."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_path)
+    config = transformers.BertConfig(
+        vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=37, max_position_embeddings=128, initializer_range=0.2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.BertModel(config).save_pretrained(folder / "bert")
+    tokenizer.save_pretrained(folder / "bert")
+    modules = [Transformer(str(folder / "bert"), max_seq_length=max_seq_length), Pooling(32, "mean"), Normalize()]
+    SentenceTransformer(modules=modules).save(str(folder / "source"))
+    return folder / "source"
+
+
 def outputs_per_backend(model, backends, **inputs) -> dict:
     """{backend: the last hidden states of `model` on `inputs`, without gradients, run with that backend}."""
     outputs = {}

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from transformers import TrainerCallback
 
+from helpers import save_tiny_sentence_transformer
 from lsg_converter import LSGConverter, model_card, save_converted
 from lsg_converter.adaptation import (
     adapt_converted_model,
@@ -47,23 +48,8 @@ def long_texts(count: int, words: int, seed: int = 0) -> list[str]:
 
 @pytest.fixture(scope="module")
 def source_folder(minilm_path, tmp_path_factory) -> Path:
-    """A tiny sentence-transformers model: a random 2-layer BERT (weights drawn wide enough that texts get
-    different embeddings) with MiniLM's tokenizer -> mean Pooling -> Normalize, max_seq_length 100."""
-    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    folder = tmp_path_factory.mktemp("adaptation-source")
-    tokenizer = AutoTokenizer.from_pretrained(minilm_path)
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=37, max_position_embeddings=128, initializer_range=0.2,
-    )
-    torch.manual_seed(0)
-    BertModel(config).save_pretrained(folder / "bert")
-    tokenizer.save_pretrained(folder / "bert")
-    modules = [Transformer(str(folder / "bert"), max_seq_length=100), Pooling(32, "mean"), Normalize()]
-    SentenceTransformer(modules=modules).save(str(folder / "source"))
-    return folder / "source"
+    """A tiny sentence-transformers model (`save_tiny_sentence_transformer`) reading 100 tokens."""
+    return save_tiny_sentence_transformer(tmp_path_factory.mktemp("adaptation-source"), minilm_path, max_seq_length=100)
 
 
 def convert(source: Path, folder: Path, **settings) -> Path:

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import save_tiny_sentence_transformer
 from lsg_converter import InvalidSettingsError, LSGConverter, UnsupportedModelError, encode_spans, save_converted
 from lsg_converter.spans import token_vectors
 
@@ -22,23 +23,8 @@ def text_of(words: int, seed: int = 0) -> str:
 
 @pytest.fixture(scope="module")
 def source_folder(minilm_path, tmp_path_factory) -> Path:
-    """A tiny sentence-transformers model: a random 2-layer BERT of 128 positions with MiniLM's tokenizer ->
-    mean Pooling -> Normalize, max_seq_length 64."""
-    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    folder = tmp_path_factory.mktemp("spans-source")
-    tokenizer = AutoTokenizer.from_pretrained(minilm_path)
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=37, max_position_embeddings=128, initializer_range=0.2,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    BertModel(config).save_pretrained(folder / "bert")
-    tokenizer.save_pretrained(folder / "bert")
-    modules = [Transformer(str(folder / "bert"), max_seq_length=64), Pooling(32, "mean"), Normalize()]
-    SentenceTransformer(modules=modules).save(str(folder / "source"))
-    return folder / "source"
+    """A tiny sentence-transformers model with MiniLM's tokenizer, mean pooling, reading 64 tokens."""
+    return save_tiny_sentence_transformer(tmp_path_factory.mktemp("spans-source"), minilm_path, max_seq_length=64)
 
 
 @pytest.fixture(scope="module")
