@@ -37,6 +37,9 @@ The places, passages and keys are drawn with ``--seed``. Methods, on the same do
   normalized;
 * source, chunk max: the same chunks, a document scored by its best chunk's cosine;
 * LSG, before adaptation: the converted model reading the whole document;
+* LSG, ..., late-chunked spans (beside each LSG method): the same model reading the whole document once, its
+  token vectors pooled over spans of the source's window body (510 tokens; `lsg_converter.encode_spans`), a
+  document scored by its best span's cosine;
 * LSG, after adaptation: the same model after `adapt_to_long_documents` on the adaptation plays
   (``--minutes`` of training, 30 by default; its wall time and optimizer steps are reported);
   ``--adapted DIR`` loads the adapted weights an earlier run saved (``--save-adapted DIR``) instead;
@@ -75,7 +78,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from bench_extrapolation import play_paths
 from bench_speed import cpu_name, record_results, results_arguments
-from lsg_converter import LSGConverter, save_converted
+from lsg_converter import LSGConverter, encode_spans, save_converted
 from lsg_converter.adaptation import LEARNING_RATES, TRAINABLE_PARTS, adapt_to_long_documents, blend_weights, weights_of
 from real_models import minilm_path
 
@@ -85,6 +88,7 @@ PASSAGE_TOKENS = 64
 QUERY_KINDS = ("in-document", "cut-out", "passkey")
 TRUNCATED, CHUNK_MEAN, CHUNK_MAX = "source, truncated", "source, chunk mean", "source, chunk max"
 BEFORE, AFTER = "LSG, before adaptation", "LSG, after adaptation"
+LATE = ", late-chunked spans"  # the same model's span vectors from one pass (encode_spans), best span
 # The fair control (issue 68): the source adapted the same way at its own length, on chunks
 CONTROL = {CHUNK_MEAN: "control, chunk mean", CHUNK_MAX: "control, chunk max"}
 BOOTSTRAP_SAMPLES = 10_000
@@ -245,6 +249,14 @@ def long_ranks(model: SentenceTransformer, task: Task) -> torch.Tensor:
     return target_ranks(encode(model, task.queries) @ encode(model, task.indexed, batch_size=1).T)
 
 
+def late_chunk_ranks(model: SentenceTransformer, task: Task) -> torch.Tensor:
+    """Ranks of a converted model's span vectors of each document (one pass each, `encode_spans` with its default
+    spans), a document scored by its best span."""
+    queries = encode(model, task.queries)
+    spans = encode_spans(model, task.indexed)
+    return target_ranks(torch.stack([(queries @ text.embeddings.T).max(dim=1).values for text in spans], dim=1))
+
+
 def mrr(ranks: torch.Tensor) -> float:
     return (1 / ranks.float()).mean().item()
 
@@ -329,9 +341,11 @@ def run_length(length: int, source: SentenceTransformer, args: argparse.Namespac
     def evaluate(model: SentenceTransformer, method: str) -> None:
         for task in task_list:
             task_ranks.setdefault((method, task.kind), []).append(long_ranks(model, task))
+            task_ranks.setdefault((method + LATE, task.kind), []).append(late_chunk_ranks(model, task))
         fidelities[method] = fidelity(model, reference)
-        print(f"{method}: " + ", ".join(f"{kind} MRR {mrr(per_document(task_ranks[method, kind], len(documents))):.3f}"
-                                         for kind in QUERY_KINDS), flush=True)
+        for name in (method, method + LATE):
+            print(f"{name}: " + ", ".join(f"{kind} MRR {mrr(per_document(task_ranks[name, kind], len(documents))):.3f}"
+                                          for kind in QUERY_KINDS), flush=True)
 
     with tempfile.TemporaryDirectory() as scratch:
         model = convert(length, Path(scratch) / f"minilm-{length}")
@@ -354,7 +368,8 @@ def run_length(length: int, source: SentenceTransformer, args: argparse.Namespac
         if args.control:
             control = adapted_control(task_ranks, task_list, args, Path(scratch))
             print(f"control adapted in {control.seconds:.0f} s, {control.steps} steps", flush=True)
-    methods = [TRUNCATED, CHUNK_MEAN, CHUNK_MAX, BEFORE] + [after_method(share) for share in args.source_shares]
+    methods = [TRUNCATED, CHUNK_MEAN, CHUNK_MAX, BEFORE, BEFORE + LATE]
+    methods += [name for share in args.source_shares for name in (after_method(share), after_method(share) + LATE)]
     methods += list(CONTROL.values()) if control else []
     ranks = {key: per_document(value, len(documents)) for key, value in task_ranks.items()}
     return LengthResult(length, len(documents), methods, ranks, fidelities, adaptation, time.perf_counter() - started, control)
@@ -386,7 +401,8 @@ def report(result: LengthResult, args: argparse.Namespace) -> tuple[str, list[st
     lines += ["", "After adaptation minus chunk mean, MRR, 95% bootstrap interval over documents "
               f"({BOOTSTRAP_SAMPLES:,} resamples)\n", "| method | query kind | difference | 95% interval |", "|---|---|---|---|"]
     checks = []
-    for method in (after_method(share) for share in args.source_shares):
+    adapted = [name for share in args.source_shares for name in (after_method(share), after_method(share) + LATE)]
+    for method in adapted:
         for kind in QUERY_KINDS:
             differences = (1 / result.ranks[method, kind].float() - 1 / result.ranks[CHUNK_MEAN, kind].float()).mean(dim=1)
             low, high = bootstrap_interval(differences, args.seed)
@@ -399,7 +415,7 @@ def report(result: LengthResult, args: argparse.Namespace) -> tuple[str, list[st
         lines += ["", "After adaptation minus the control (the source adapted the same way at its own length, on "
                   "chunks), MRR, 95% bootstrap interval over documents\n", "| method | against | query kind | difference | "
                   "95% interval |", "|---|---|---|---|---|"]
-        for method in (after_method(share) for share in args.source_shares):
+        for method in adapted:
             for control in CONTROL.values():
                 for kind in QUERY_KINDS:
                     differences = (1 / result.ranks[method, kind].float() - 1 / result.ranks[control, kind].float()).mean(dim=1)

@@ -218,8 +218,10 @@ def test_adaptation_report_states_the_adapted_model_against_the_fair_control():
     documents = 6
     # reciprocal ranks per method: the adapted model ranks every document first, the control's chunk max second
     first, second = torch.ones(documents, 2, dtype=torch.long), torch.full((documents, 2), 2)
-    methods = [bench.TRUNCATED, bench.CHUNK_MEAN, bench.CHUNK_MAX, bench.BEFORE, bench.AFTER, *bench.CONTROL.values()]
-    ranks = {(method, kind): first if method == bench.AFTER else second for method in methods for kind in bench.QUERY_KINDS}
+    late = bench.AFTER + bench.LATE
+    methods = [bench.TRUNCATED, bench.CHUNK_MEAN, bench.CHUNK_MAX, bench.BEFORE, bench.BEFORE + bench.LATE, bench.AFTER,
+               late, *bench.CONTROL.values()]  # fmt: skip
+    ranks = {(method, kind): first if method.startswith(bench.AFTER) else second for method in methods for kind in bench.QUERY_KINDS}
     control = bench.Adaptation(seconds=60.0, steps=4)
     result = bench.LengthResult(1024, documents, methods, ranks, {}, bench.Adaptation(60.0, 2), 90.0, control)
     args = argparse.Namespace(source_shares=[0.0], seed=0, adapted=None, minutes=1.0, batch_size=8)
@@ -227,6 +229,7 @@ def test_adaptation_report_states_the_adapted_model_against_the_fair_control():
     text, checks = bench.report(result, args)
 
     assert "| LSG, after adaptation | control, chunk max | cut-out | +0.500 | [+0.500, +0.500] |" in text
+    assert f"| {late} | control, chunk max | cut-out | +0.500 | [+0.500, +0.500] |" in text
     assert "Control's adaptation: 1.0 min wall time, 4 optimizer steps of 8 documents" in text
     assert any(check.startswith("- met: LSG, after adaptation above the control, chunk max on cut-out") for check in checks)
     assert any(check.startswith("- met: LSG, after adaptation at most 0.02 below the control, chunk max in-document") for check in checks)
