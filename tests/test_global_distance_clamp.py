@@ -180,3 +180,22 @@ def test_modernbert_clamps_its_full_attention_layers_only(tmp_path):
     roles = {layer.attention_type: layer.attn.lsg_role for layer in model.layers}
     assert roles["full_attention"].global_clamp is not None
     assert roles["sliding_attention"].global_clamp is None
+
+
+@pytest.mark.parametrize("arch", ["eurobert", "modernbert"])
+def test_one_exported_program_clamps_past_the_trained_length_and_serves_every_length(arch, tmp_path):
+    from torch.export import Dim, export
+
+    model = converted(arch, tmp_path)
+    dynamic = {"input_ids": {1: Dim.AUTO}, "attention_mask": {1: Dim.AUTO}}
+
+    def inputs(length):
+        input_ids = torch.randint(5, 90, (1, length), generator=torch.Generator().manual_seed(length))
+        return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+
+    program = export(model, (), inputs(300), dynamic_shapes=dynamic)
+
+    assert [(bounds.lower, bounds.upper) for bounds in program.range_constraints.values()] == [(2, LONG)]
+    for length in (2, 40, TINY_LENGTH, 300, LONG):  # within the trained length, then past it
+        with torch.no_grad():
+            torch.testing.assert_close(program.module()(**inputs(length))[0], model(**inputs(length))[0], atol=1e-5, rtol=0)

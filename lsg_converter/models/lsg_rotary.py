@@ -10,7 +10,7 @@ the source's attention scaling, if any, is already in the keys). transformers' r
 (ModernBERT, GTE, NomicBERT, jina-embeddings-v3, EuroBERT) rotate the whole head dimension in halves
 (``rotate_half``), as this file does.
 
-This file travels with saved models as remote code: it imports torch only.
+This file travels with saved models as remote code: it imports torch and lsg_pattern only.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from .lsg_pattern import is_exporting
 
 
 @dataclass(frozen=True, eq=False)
@@ -38,8 +40,9 @@ class GlobalDistanceClamp:
 
     def block_shifts(self, num_blocks: int, block: int, device: torch.device) -> torch.Tensor | None:
         """(nb,) int64: how far each block's global keys move on (0 for a block that ends within the trained
-        length); None where no block ends beyond it."""
-        if num_blocks * block <= self.trained_positions:
+        length); None where no block ends beyond it, except while exporting (one program serves every length,
+        so it moves them, by 0 where no block ends beyond it)."""
+        if not is_exporting() and num_blocks * block <= self.trained_positions:
             return None
         ends = torch.arange(1, num_blocks + 1, device=device) * block
         return (ends - self.trained_positions).clamp(min=0)
