@@ -227,7 +227,7 @@ def block_local_mask(attention_mask: torch.Tensor, block: int) -> torch.Tensor:
     return torch.where(allowed, 0.0, torch.finfo(torch.float32).min)
 
 
-def save_tiny_sentence_transformer(folder: Path, tokenizer_path: Path, max_seq_length: int) -> Path:
+def save_tiny_mean_embedder(folder: Path, tokenizer_path: Path, max_seq_length: int) -> Path:
     """A tiny sentence-transformers model saved into `folder` / "source": a random 2-layer BERT of 128 positions
     (weights drawn wide enough that texts get different embeddings) with the tokenizer of `tokenizer_path` ->
     mean Pooling -> Normalize, reading `max_seq_length` tokens."""

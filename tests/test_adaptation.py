@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from transformers import TrainerCallback
 
-from helpers import save_tiny_sentence_transformer
+from helpers import save_tiny_mean_embedder
 from lsg_converter import LSGConverter, model_card, save_converted
 from lsg_converter.adaptation import (
     adapt_converted_model,
@@ -48,8 +48,8 @@ def long_texts(count: int, words: int, seed: int = 0) -> list[str]:
 
 @pytest.fixture(scope="module")
 def source_folder(minilm_path, tmp_path_factory) -> Path:
-    """A tiny sentence-transformers model (`save_tiny_sentence_transformer`) reading 100 tokens."""
-    return save_tiny_sentence_transformer(tmp_path_factory.mktemp("adaptation-source"), minilm_path, max_seq_length=100)
+    """A tiny sentence-transformers model (`save_tiny_mean_embedder`) reading 100 tokens."""
+    return save_tiny_mean_embedder(tmp_path_factory.mktemp("adaptation-source"), minilm_path, max_seq_length=100)
 
 
 def convert(source: Path, folder: Path, **settings) -> Path:

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import save_tiny_sentence_transformer
+from helpers import save_tiny_mean_embedder
 from lsg_converter import InvalidSettingsError, LSGConverter, UnsupportedModelError, encode_spans, save_converted
 from lsg_converter.spans import token_vectors
 
@@ -24,7 +24,7 @@ def text_of(words: int, seed: int = 0) -> str:
 @pytest.fixture(scope="module")
 def source_folder(minilm_path, tmp_path_factory) -> Path:
     """A tiny sentence-transformers model with MiniLM's tokenizer, mean pooling, reading 64 tokens."""
-    return save_tiny_sentence_transformer(tmp_path_factory.mktemp("spans-source"), minilm_path, max_seq_length=64)
+    return save_tiny_mean_embedder(tmp_path_factory.mktemp("spans-source"), minilm_path, max_seq_length=64)
 
 
 @pytest.fixture(scope="module")
