@@ -244,15 +244,15 @@ def source_ranks(source: SentenceTransformer, task: Task) -> dict[str, torch.Ten
             CHUNK_MAX: target_ranks(best)}
 
 
-def long_ranks(model: SentenceTransformer, task: Task) -> torch.Tensor:
-    """Ranks of a converted model reading each document whole (one at a time: lean on memory)."""
-    return target_ranks(encode(model, task.queries) @ encode(model, task.indexed, batch_size=1).T)
+def long_ranks(model: SentenceTransformer, task: Task, queries: torch.Tensor) -> torch.Tensor:
+    """Ranks of a converted model reading each document whole (one at a time: lean on memory), for the task's
+    `queries` as the model embeds them."""
+    return target_ranks(queries @ encode(model, task.indexed, batch_size=1).T)
 
 
-def late_chunk_ranks(model: SentenceTransformer, task: Task) -> torch.Tensor:
+def late_chunk_ranks(model: SentenceTransformer, task: Task, queries: torch.Tensor) -> torch.Tensor:
     """Ranks of a converted model's span vectors of each document (one pass each, `encode_spans` with its default
-    spans), a document scored by its best span."""
-    queries = encode(model, task.queries)
+    spans), a document scored by its best span, for the task's `queries` as the model embeds them."""
     spans = encode_spans(model, task.indexed)
     return target_ranks(torch.stack([(queries @ text.embeddings.T).max(dim=1).values for text in spans], dim=1))
 
@@ -340,8 +340,9 @@ def run_length(length: int, source: SentenceTransformer, args: argparse.Namespac
 
     def evaluate(model: SentenceTransformer, method: str) -> None:
         for task in task_list:
-            task_ranks.setdefault((method, task.kind), []).append(long_ranks(model, task))
-            task_ranks.setdefault((method + LATE, task.kind), []).append(late_chunk_ranks(model, task))
+            queries = encode(model, task.queries)
+            task_ranks.setdefault((method, task.kind), []).append(long_ranks(model, task, queries))
+            task_ranks.setdefault((method + LATE, task.kind), []).append(late_chunk_ranks(model, task, queries))
         fidelities[method] = fidelity(model, reference)
         for name in (method, method + LATE):
             print(f"{name}: " + ", ".join(f"{kind} MRR {mrr(per_document(task_ranks[name, kind], len(documents))):.3f}"

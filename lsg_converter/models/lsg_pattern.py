@@ -1035,6 +1035,16 @@ def key_sequences(job: TokenAttention) -> tuple[torch.Tensor, torch.Tensor]:
     return keys, values
 
 
+def put_block_global_keys(
+    keys: torch.Tensor, block_global_keys: torch.Tensor, blocks: tuple[torch.Tensor, torch.Tensor] | None
+) -> None:
+    """Writes each block's own global keys (`TokenAttention.block_global_keys`, (B, nb, g, H, D)) into the first
+    g columns of its gathered keys `keys` (n, H, K, D), in place; `blocks`: (batch index, block index) of the n
+    blocks, or None: every block (`folded_blocks`)."""
+    own = folded_blocks(block_global_keys, block_global_keys.shape[0], blocks)  # (n, g, H, D)
+    keys[:, :, : own.shape[1]] = own.transpose(1, 2)
+
+
 @dataclass
 class BlockKeys:
     """Each block's keys gathered for the block backends (sdpa, eager), blocks folded into the batch.
@@ -1062,9 +1072,8 @@ class BlockKeys:
         table = job_block_table(job)
         key_sequence, value_sequence = key_sequences(job)
         keys = gather_block_rows(key_sequence, table.columns, chosen)  # (n, H, K, D)
-        if job.block_global_keys is not None:  # the first g columns of each block's keys: its own global keys
-            batch = job.token_keys.shape[0]
-            keys[:, :, : job.pattern.num_global] = folded_blocks(job.block_global_keys, batch, chosen).transpose(1, 2)
+        if job.block_global_keys is not None:
+            put_block_global_keys(keys, job.block_global_keys, chosen)
         return cls(
             queries=block_queries(job, table, chosen),
             keys=keys,

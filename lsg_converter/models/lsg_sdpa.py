@@ -55,6 +55,7 @@ from .lsg_pattern import (
     trained_position_terms,
     gather_block_rows,
     gather_rows,
+    put_block_global_keys,
     local_causal_mask,
     shape_cached,
     TokenAttention,
@@ -534,7 +535,7 @@ class EdgeBlocks:
         it has (`block_global_keys` (B, nb, g, H, D))."""
         gathered_keys = gather_rows(keys, self.batch, self.key_rows)
         if block_global_keys is not None:
-            gathered_keys[:, :, : block_global_keys.shape[2]] = block_global_keys[self.batch, self.blocks].transpose(1, 2)
+            put_block_global_keys(gathered_keys, block_global_keys, (self.batch, self.blocks))
         return gather_rows(queries, self.batch, self.query_rows), gathered_keys, gather_rows(values, self.batch, self.key_rows)
 
     def attend_into(
