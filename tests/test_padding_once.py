@@ -4,6 +4,7 @@ and block masks, flex_attention's row bounds). Host synchronisations, which stal
 then do not grow with the layers; a mask changed between two forwards is read anew.
 """
 
+import dataclasses
 import gc
 import weakref
 
@@ -13,7 +14,7 @@ import torch
 from helpers import host_syncs, padding_mask
 from lsg_converter import LSGBertConfig, LSGBertForMaskedLM
 from lsg_converter.models import lsg_attention
-from lsg_converter.models.lsg_pattern import give_padding_memo, padding_memo_of
+from lsg_converter.models.lsg_pattern import give_padding_plans, padding_plans_of
 from test_conventions import batch, tiny_lsg
 
 TOKENS = 1000  # 16 blocks of 64, the last one padded to whole blocks
@@ -92,24 +93,26 @@ def test_a_mask_changed_in_place_between_two_forwards_is_read_anew(backend):
 
 
 def memos_found_in(model, monkeypatch, **inputs) -> list:
-    """The memo each LSG layer's call finds (`padding_memo_of`) in a forward of `model` without gradients."""
+    """The padding plans each LSG layer's call finds (`padding_plans_of`) in a forward of `model` without gradients."""
     found = []
-    memo_of = lsg_attention.padding_memo_of
+    memo_of = lsg_attention.padding_plans_of
 
     def recorded_memo(mask):
         found.append(memo_of(mask))
         return found[-1]
 
-    monkeypatch.setattr(lsg_attention, "padding_memo_of", recorded_memo)
+    monkeypatch.setattr(lsg_attention, "padding_plans_of", recorded_memo)
     with torch.no_grad():
         model(**inputs)
     return found
 
 
 def tensors_in(held) -> list[torch.Tensor]:
-    """The tensors a memo holds, in its dicts, tuples and lists."""
+    """The tensors padding plans hold, in their dicts, dataclasses, tuples and lists."""
     if isinstance(held, torch.Tensor):
         return [held]
+    if dataclasses.is_dataclass(held):
+        held = [getattr(held, field.name) for field in dataclasses.fields(held)]
     if isinstance(held, dict):
         held = list(held.values())
     if isinstance(held, (tuple, list)):
@@ -127,7 +130,7 @@ def test_what_a_pass_made_goes_with_its_mask_when_the_pass_returns(monkeypatch):
     assert made and all(tensor() is None for tensor in made)
 
 
-def test_each_pass_has_a_memo_of_its_own(monkeypatch):
+def test_each_pass_has_plans_of_its_own(monkeypatch):
     model = lsg_bert(1, "sdpa")
     batch = inputs(padded=True)
 
@@ -183,9 +186,9 @@ def test_layers_run_again_by_gradient_checkpointing_find_what_their_pass_made():
     assert syncs_of_a_checkpointed_training_step(2) == syncs_of_a_checkpointed_training_step(1)
 
 
-def test_a_mask_no_recorder_made_has_no_memo():
+def test_a_mask_no_recorder_made_has_no_plans():
     mask = torch.ones(2, 8, dtype=torch.bool)
-    assert padding_memo_of(mask) is None
+    assert padding_plans_of(mask) is None
 
-    give_padding_memo(mask)
-    assert padding_memo_of(mask) == {} and padding_memo_of(mask.clone()) is None
+    give_padding_plans(mask, {})
+    assert padding_plans_of(mask) == {} and padding_plans_of(mask.clone()) is None

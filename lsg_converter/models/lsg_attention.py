@@ -37,7 +37,7 @@ import functools
 import hashlib
 import re
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -57,6 +57,7 @@ from .lsg_flex import (
 from .lsg_pattern import (
     Backend,
     BackendUnavailable,
+    PaddingPlan,
     PositionTerms,
     RowLookup,
     TokenAttention,
@@ -66,9 +67,10 @@ from .lsg_pattern import (
     dense_position_scores,
     drop_keys,
     explicit_softmax,
+    give_padding_plans,
     is_exporting,
     made_once,
-    padding_memo_of,
+    padding_plans_of,
     relative_scores,
     sdpa_dense_attention,
     sequence_positions,
@@ -80,7 +82,7 @@ from .lsg_pattern import (
 from .lsg_sdpa import (
     SdpaBackend,
     gathered_token_attention,
-    in_training,
+    padding_window_views,
     trained_terms_token_attention,
     unmasked_attention,
     unmasked_input,
@@ -237,7 +239,7 @@ def lsg_attention(
     causal: bool = False,
     backend: str = "sdpa",
     position_terms: PositionTerms | None = None,
-    padding_memo: dict | None = None,
+    padding_plans: dict | None = None,
     global_clamp: GlobalDistanceClamp | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """LSG attention over ``g`` global tokens followed by ``t`` tokens.
@@ -257,8 +259,9 @@ def lsg_attention(
             (gradients on the CPU, a call its compiled kernel cannot take: see
             `lsg_flex.CompiledFlexAttention`).
         position_terms: relative position score terms (see `lsg_pattern.PositionTerms`), or None.
-        padding_memo: where the layers of a forward pass keep what they make from its `padding_mask`
-            alone, made by the first and shared by the next ones (`lsg_pattern.padding_memo_of`), or None.
+        padding_plans: the forward pass's `PaddingPlan`s, made where its padding mask was made, by
+            (settings, causal, g + t) (`plan_padding`), or None: the call makes its own. Where they hold
+            this call's, `padding_mask` is not read.
         global_clamp: an encoder with rotary positions: the clamp of the global tokens' distances to the
             trained length (`lsg_rotary.GlobalDistanceClamp`), or None.
     Returns:
@@ -270,46 +273,40 @@ def lsg_attention(
     """
     batch, heads, length, head_dim = key.shape
     scaling = head_dim**-0.5 if scaling is None else scaling
-    settings = LSGSettings.of(settings)
+    if not isinstance(settings, LSGSettings):  # an LSG config
+        settings = LSGSettings.of(settings)
     num_global, block = settings.num_global_tokens, settings.block_size
     num_tokens = length - num_global
-    padding = -num_tokens % block
     exporting = is_exporting()
-    if exporting:  # one more block of padding: the traced graph then never holds a single block (a size-1
-        # dimension, which torch specialises), so it serves every length from 1 token on
-        padding = padding + block
-    # what this call makes from the padding alone, shared with the layers of its pass that run the same
-    memo = None if padding_memo is None else padding_memo.setdefault((settings, causal, length), {})
-    key_mask, token_mask = made_once(
-        memo,
-        "masks",
-        lambda: _padded_masks(padding_mask, batch, num_global, num_tokens, padding, key.device, settings.mask_first_token),
-    )
     num_queries, rows_kept = query.shape[2], None
     if causal and num_queries < length and BACKENDS[backend].returns_weights:
         # a cached step's weights are those of the last rows of the whole causal pass: run it, keep them
         query = torch.cat([query.new_zeros(batch, heads, length - num_queries, head_dim), query], dim=2)
         num_queries, rows_kept = length, num_queries
+    if causal and num_queries < length:  # a cached decoding step: masks of the keys its queries see alone
+        output = _cached_step(query, key, value, padding_mask, settings, dropout, scaling, position_terms, padding_plans)
+        return output, None
+    plan = None if padding_plans is None else padding_plans.get((settings, causal, length))
+    if plan is None:  # a mask no recorder made, or a kind of layer its model did not plan for
+        plan = padding_plan(padding_mask, settings, causal, batch, length, key.device)
+        if padding_plans is not None:
+            padding_plans[settings, causal, length] = plan
     # Short input: the local window already covers everything, plain attention is exact. (A program
     # torch.export traces takes the blocked path at every length: the same keys, one graph for all.)
-    if not exporting and num_tokens <= 2 * block and num_queries == length:
+    if not exporting and num_tokens <= 2 * block:
         output, weights = _plain_attention(
-            BACKENDS[backend], query, key, value, key_mask, causal, dropout, scaling, position_terms, num_global
+            BACKENDS[backend], query, key, value, plan.key_mask, causal, dropout, scaling, position_terms, num_global
         )
-    elif causal and num_queries < length:  # a cached decoding step
-        output = _cached_step(query, key, value, key_mask, padding_mask, settings, dropout, scaling, position_terms, memo)
-        weights = None
     else:
         if not settings.adaptive and -num_tokens % block:
             raise ValueError(
                 f"Input length {num_tokens} is not a multiple of block_size {block}: pad it, or set adaptive=True."
             )
         if exporting:
-            shape_check((num_tokens + padding) // block >= 2)
+            shape_check((num_tokens + plan.padding) // block >= 2)
         output, weights = _blocked_attention(
-            query, key, value, padding_mask, key_mask, token_mask, settings, dropout, scaling, causal, backend,
-            position_terms, memo, padding, global_clamp,
-        )  # fmt: skip
+            query, key, value, plan, settings, dropout, scaling, causal, backend, position_terms, global_clamp
+        )
     if rows_kept is not None:
         return output[:, :, -rows_kept:], weights[:, :, -rows_kept:]
     return output, weights
@@ -319,25 +316,29 @@ def _cached_step(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    key_mask: torch.Tensor,
     padding_mask: torch.Tensor | None,
     settings: LSGSettings,
     dropout: float,
     scaling: float,
     position_terms: PositionTerms | None,
-    memo: dict | None,
+    padding_plans: dict | None,
 ) -> torch.Tensor:
     """A cached causal decoding step of q queries (B, H, q, D), the last q of the g + t positions
     (`_cached_causal_attention`): (B, H, q, D); a query in a block of padding only (so far) gets zeros, as
-    in a whole pass."""
+    in a whole pass. The blocks of its queries that hold a real token are found once for the step's layers
+    (in `padding_plans`, where the recorder made the mask)."""
+    batch, _, num_queries, _ = query.shape
     num_global, block = settings.num_global_tokens, settings.block_size
-    num_queries, num_tokens = query.shape[2], key.shape[2] - num_global
+    num_tokens = key.shape[2] - num_global
+    key_mask, _ = _padded_masks(padding_mask, batch, num_global, num_tokens, 0, key.device, settings.mask_first_token)
     step = _cached_causal_attention(
         *(x.transpose(1, 2) for x in (query, key, value)), key_mask, settings, dropout, scaling, position_terms
     )  # (B, q, H, D)
     first = (num_tokens - num_queries) // block * block  # the first block of the step's queries
     real_blocks = made_once(
-        memo, ("real blocks", first), lambda: _real_blocks(padding_mask, num_global, first, -num_tokens % block, block)
+        padding_plans,
+        ("real blocks of a step", settings, first),
+        lambda: _real_blocks(padding_mask, num_global, first, -num_tokens % block, block),
     )
     if real_blocks is not None:
         step_blocks = (torch.arange(num_tokens - num_queries, num_tokens, device=query.device) - first) // block
@@ -349,30 +350,24 @@ def _blocked_attention(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    padding_mask: torch.Tensor | None,
-    key_mask: torch.Tensor,
-    token_mask: torch.Tensor,
+    plan: PaddingPlan,
     settings: LSGSettings,
     dropout: float,
     scaling: float,
     causal: bool,
     backend: str,
     position_terms: PositionTerms | None,
-    memo: dict | None,
-    padding: int,
     global_clamp: GlobalDistanceClamp | None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`lsg_attention` of every one of the g + t queries (B, H, g + t, D), the tokens in blocks: the token
     queries' job (`TokenAttention`) made, with its sparse keys and DropKey; the global queries' output; the
-    token queries' path chosen (`choose_path`) and run; the two outputs joined. `key_mask` (B, g + t) and
-    `token_mask` (B, t + `padding`) are the call's masks (`_padded_masks`). Where `global_clamp` moves the
-    global keys of the blocks past the trained length, each block gets its own (`block_global_keys`) and the
-    global queries read the tokens' keys rotated back."""
+    token queries' path chosen (`choose_path`) and run; the two outputs joined. `plan` holds the call's
+    masks (`padding_plan`). Where `global_clamp` moves the global keys of the blocks past the trained length,
+    each block gets its own (`block_global_keys`) and the global queries read the tokens' keys rotated back."""
     kernel = BACKENDS[backend]
     heads = key.shape[1]
     num_global, block = settings.num_global_tokens, settings.block_size
     num_tokens = key.shape[2] - num_global
-    no_masked_keys = padding_mask is None and not settings.mask_first_token
     pattern = settings.pattern(causal)
     # Sequence-major (B, L, H, D) views. Split (not slice) into global tokens and tokens: the backward
     # pass then joins the two gradients with one copy instead of zero-filling two full-size ones.
@@ -383,30 +378,31 @@ def _blocked_attention(
         token_queries=token_queries,
         token_keys=token_keys,
         token_values=token_values,
-        token_mask=token_mask,
+        token_mask=plan.token_mask,
         global_keys=global_keys,
         global_values=global_values,
-        global_mask=made_once(memo, "global mask", lambda: key_mask[:, :num_global]),
+        global_mask=plan.global_mask,
         sparse=None,
         pattern=pattern,
         scaling=scaling,
         num_tokens=num_tokens,
         positions=position_terms,
-        real_blocks=made_once(memo, ("real blocks", 0), lambda: _real_blocks(padding_mask, num_global, 0, padding, block)),
+        real_blocks=plan.real_blocks,
         sequence=(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)),
-        no_masked_keys=no_masked_keys,
-        padding_memo=memo,
+        no_masked_keys=plan.no_masked_keys,
+        plan=plan,
+        training=torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad),
     )
     if pattern.sparse_starts:
         job.sparse = sparse_context(
             *(x.transpose(1, 2) for x in (job.queries, job.keys, job.values)),
-            token_mask,
+            plan.token_mask,
             settings,
             scaling,
             key_rows=job.token_key_rows,
             with_positions=position_terms is not None,
             with_token_weights=kernel.returns_weights,
-            every_token_valid=no_masked_keys and not padding,
+            every_token_valid=plan.no_masked_keys and not plan.padding,
             made_once=job.made_once,
         )
     if dropout:
@@ -420,18 +416,18 @@ def _blocked_attention(
 
     if num_global:  # every key, causal: the global tokens before them; before the token queries, whose path
         # may write it into the layer's output (`TokenOutput.is_layer_output`)
-        every_key = no_masked_keys and not causal and not dropout
+        every_key = plan.no_masked_keys and not causal and not dropout
         job.global_output = _global_attention(
-            kernel, global_queries, None if every_key else key_mask, global_query_keys, value, causal, dropout, scaling,
+            kernel, global_queries, None if every_key else plan.key_mask, global_query_keys, value, causal, dropout, scaling,
             position_terms,
         )  # fmt: skip
     tokens = run_path(choose_path(backend, job), job)
     if tokens.is_layer_output:
         return tokens.output.transpose(1, 2), tokens.weights
     pieces = list(tokens.output) if isinstance(tokens.output, tuple) else [tokens.output]  # (B, t_i, H, D)
-    if job.real_rows is not None:  # the rows of blocks of padding only are zero, as the sdpa backend leaves them
+    if job.plan.real_rows is not None:  # the rows of blocks of padding only are zero, as the sdpa backend leaves them
         token_output = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
-        pieces = [torch.where(job.real_rows[:, :, None, None], token_output, 0)]
+        pieces = [torch.where(job.plan.real_rows[:, :, None, None], token_output, 0)]
     if num_global:
         pieces.insert(0, job.global_output)
     output = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)  # (B, g + t, H, D)
@@ -476,6 +472,45 @@ def _real_blocks(padding_mask: torch.Tensor | None, num_global: int, first: int,
     return None if not tracing() and bool(real.all()) else real
 
 
+def padding_plan(
+    padding_mask: torch.Tensor | None, settings: LSGSettings, causal: bool, batch: int, length: int, device: torch.device
+) -> PaddingPlan:
+    """The `PaddingPlan` of the layers with `settings` (`causal` or not) over `length` = g + t keys of `batch`
+    rows, `padding_mask` (B, g + t) bool the keys that may be attended (None: every key)."""
+    num_global, block = settings.num_global_tokens, settings.block_size
+    num_tokens = length - num_global
+    padding = -num_tokens % block
+    if is_exporting():  # one more block of padding: the traced graph then never holds a single block (a size-1
+        # dimension, which torch specialises), so it serves every length from 1 token on
+        padding = padding + block
+    key_mask, token_mask = _padded_masks(padding_mask, batch, num_global, num_tokens, padding, device, settings.mask_first_token)
+    real_blocks = _real_blocks(padding_mask, num_global, 0, padding, block)
+    real_rows = query_blocks = None
+    if real_blocks is not None:
+        real_rows = real_blocks.repeat_interleave(block, dim=1)[:, :num_tokens]
+        query_blocks = None if tracing() else real_blocks.nonzero(as_tuple=True)
+    no_masked_keys = padding_mask is None and not settings.mask_first_token
+    global_mask = key_mask[:, :num_global]
+    window_views = padding_window_views(settings.pattern(causal), token_mask, global_mask, real_blocks, num_tokens, no_masked_keys)
+    return PaddingPlan(
+        key_mask, global_mask, token_mask, padding, no_masked_keys, real_blocks, real_rows, query_blocks, window_views
+    )
+
+
+def plan_padding(mask: torch.Tensor | None, kinds: Iterable[tuple[LSGSettings, bool]]) -> None:
+    """Makes the `PaddingPlan` of each kind of LSG layer of a model, (settings, causal) in `kinds`, for the
+    forward pass whose padding mask its recorder made, `mask` (B, 1, 1, g + t) (`lsg_recorder.padding_mask_view`),
+    and gives them to it (`give_padding_plans`): the layers of the pass then read what they share, rather than
+    the first of them making it. Nothing while tracing (each call makes its own)."""
+    if mask is None or tracing():
+        return
+    length, plans = mask.shape[-1], {}
+    for settings, causal in kinds:
+        padding_mask = key_padding_mask(mask, length, settings.num_global_tokens)
+        plans[settings, causal, length] = padding_plan(padding_mask, settings, causal, mask.shape[0], length, mask.device)
+    give_padding_plans(mask, plans)
+
+
 class AttentionPath(enum.Enum):
     """How the token queries of an LSG call of more than two blocks run, each path one function
     (`PATH_FUNCTIONS`), chosen by `choose_path`. (Inputs of at most two blocks run plain attention and a
@@ -512,12 +547,11 @@ def choose_path(backend: str, job: TokenAttention) -> tuple[AttentionPath, Any]:
         return AttentionPath.EAGER, None
     own_global_keys = job.block_global_keys is not None
     queries = job.token_queries
-    training = in_training(job)
     if backend == DEFAULT_BACKEND:
         flex = prefers_flex_attention(queries.device.type, queries.dtype, job.num_tokens, unmasked_input(job))
         backend = "flex_attention" if flex else "sdpa"
     if backend == "flex_attention" and not own_global_keys:
-        if not (training and queries.device.type in FLEX_FORWARD_ONLY_DEVICES):
+        if not (job.training and queries.device.type in FLEX_FORWARD_ONLY_DEVICES):
             whole_sequence, bounds = whole_sequence_bounds(job)
             if whole_sequence:
                 return AttentionPath.FLEX_WHOLE_SEQUENCE, bounds
@@ -526,7 +560,7 @@ def choose_path(backend: str, job: TokenAttention) -> tuple[AttentionPath, Any]:
             f"flex_attention has no backward pass on {queries.device.type}: LSG runs its sdpa backend while "
             "gradients are needed (same results)."
         )
-    plan = window_view_plan(job, training)
+    plan = window_view_plan(job)
     if plan is not None:
         return AttentionPath.WINDOW_VIEWS, plan
     if own_global_keys:
@@ -838,16 +872,17 @@ def lsg_attention_forward(
     groups = query.shape[1] // key.shape[1]
     if groups > 1:  # grouped key/value heads (EuroBERT): (B, H / groups, N, D) -> (B, H, N, D), as transformers' repeat_kv
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    padding_mask = key_padding_mask(attention_mask, key.shape[2], settings.num_global_tokens)
     if backend != "eager" and kwargs.get("output_attentions"):
         logger.warning_once(
             f"LSG attention returns no attention weights with attn_implementation={backend!r}: call "
             "model.set_attn_implementation('eager') for output_attentions=True (O(n^2) memory)."
         )
+    plans = padding_plans_of(attention_mask)  # this forward pass's, shared by its layers
+    padding_mask = None  # read by the core where the pass holds no plan for this layer
+    if plans is None or (settings, causal, key.shape[2]) not in plans:
+        padding_mask = key_padding_mask(attention_mask, key.shape[2], settings.num_global_tokens)
     output, weights = lsg_attention(
-        query, key, value, padding_mask, settings, dropout, scaling, causal, backend, position_terms,
-        padding_memo_of(attention_mask),  # this forward pass's, shared by its layers
-        global_clamp,
+        query, key, value, padding_mask, settings, dropout, scaling, causal, backend, position_terms, plans, global_clamp
     )
     return output.transpose(1, 2).contiguous(), weights
 

@@ -62,8 +62,8 @@ def eager_token_attention(job: TokenAttention) -> TokenOutput:
     block_weights = explicit_softmax(scores + blocks.mask, scores.dtype)
     block_weights = block_weights.unflatten(0, (job.keys.shape[0], job.num_blocks))  # (B, nb, H, b, K)
     weights = token_weights(job.pattern, block_weights, job.sparse, job.num_tokens)  # (B, H, t, g + t)
-    if job.real_rows is not None:  # the queries of blocks of padding only weigh nothing, as sdpa leaves them
-        weights = torch.where(job.real_rows[:, None, :, None], weights, 0)
+    if job.plan.real_rows is not None:  # the queries of blocks of padding only weigh nothing, as sdpa leaves them
+        weights = torch.where(job.plan.real_rows[:, None, :, None], weights, 0)
     layer_values = torch.cat([job.global_values, job.values[:, : job.num_tokens]], dim=1).transpose(1, 2)
     output, token_block = weighted_values(weights, layer_values, job.pattern.num_global)
     return TokenOutput(output.transpose(1, 2), token_block)

@@ -600,7 +600,7 @@ def whole_sequence_attention(job: TokenAttention, bounds: RowBounds | None) -> T
         block_mask=_with_mask_mod(structure, whole_sequence_mask_mod(pattern, layout, bounds)), scale=job.scaling,
     )  # (B, H, g + t, D)
     sequence_output = output.transpose(1, 2)  # (B, g + t, H, D)
-    if job.real_rows is None and not tracing():  # the kernel's output is the layer's, kept once
+    if job.plan.real_rows is None and not tracing():  # the kernel's output is the layer's, kept once
         if job.global_output is not None:
             sequence_output = with_global_rows(sequence_output, job.global_output)
         return TokenOutput(sequence_output, None, is_layer_output=True)

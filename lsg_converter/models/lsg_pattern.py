@@ -442,6 +442,37 @@ class SparseContext:
 
 
 @dataclass
+class PaddingPlan:
+    """What the LSG layers of one kind (their settings and causality) make from a forward pass's padding
+    alone: made once, before the layers run, where the model's recorder makes the padding mask
+    (`lsg_attention.plan_padding`), and read by every layer of the pass, those gradient checkpointing runs
+    again included; made by the call itself where no recorder made its mask, and in every layer while tracing.
+
+    key_mask: (B, g + t) bool, the keys that may be attended; global_mask: (B, g), its global columns;
+    token_mask: (B, T) bool, the tokens' padded at the end to whole blocks (T = nb b), the first token
+    masked with ``mask_first_token``; padding: T - t; no_masked_keys: whether no key is masked, known
+    without reading a mask (no padding mask, no masked first token); real_blocks: (B, nb) bool, the blocks
+    that hold a real token, None where every block does; real_rows: (B, t) bool, the token queries of
+    those blocks (None: every query); query_blocks: (batch index, block index) of those blocks, (n,) each
+    (None: every block, or while tracing: a compiled graph computes every block); window_views: the blocks
+    of sdpa's window-view path on the CPU (`lsg_sdpa.WindowViewPlan`) where the padding allows it (no
+    sparse keys, not causal, every global key valid), else None; memo: what a path makes from the padding
+    alone the first time a layer asks (flex_attention's row bounds, the gathered blocks' masks), for the
+    next ones (`TokenAttention.made_once`)."""
+
+    key_mask: torch.Tensor
+    global_mask: torch.Tensor
+    token_mask: torch.Tensor
+    padding: int
+    no_masked_keys: bool
+    real_blocks: torch.Tensor | None
+    real_rows: torch.Tensor | None
+    query_blocks: tuple[torch.Tensor, torch.Tensor] | None
+    window_views: Any = None
+    memo: dict = field(default_factory=dict)
+
+
+@dataclass
 class TokenAttention:
     """What the core hands a backend: the t token queries and every key they may see.
 
@@ -453,14 +484,15 @@ class TokenAttention:
     positions: the position terms, or None;
     real_blocks: (B, nb) bool, the blocks that hold a real token, where some may hold padding only
     (the end of a short row in a padded batch); None: every block. The output rows of the others are
-    zero (the core sees to it); a backend may leave them out (`query_blocks`);
+    zero (the core sees to it); a backend may leave them out (`PaddingPlan.query_blocks`);
     sequence: the layer's queries, keys and values, (B, g + t, H, D) each, of which the global and token
     tensors above are the two parts (which the block backends gather from with `block_table` and
     flex_attention reads where they lie);
     no_masked_keys: True where the core knows, without reading a mask, that no key is masked (no
     padding mask, no masked first token);
-    padding_memo: what the layers of this forward pass made before from its padding (`padding_memo_of`,
-    through `made_once`), or None (each call makes its own);
+    plan: what the layers of this kind make from the forward pass's padding alone (`PaddingPlan`: the masks
+    above, the real rows and blocks, the window views' blocks), made once for the pass;
+    training: whether the call needs gradients (of its queries, keys or values);
     global_output: the global queries' output (B, g, H, D), made by the core before the token queries' path,
     which may write it into its own output (`TokenOutput.is_layer_output`), so that the kernel's saved
     output is the layer's output and no joined copy of it is kept; None without global tokens.
@@ -484,7 +516,8 @@ class TokenAttention:
     positions: PositionTerms | None = None
     real_blocks: torch.Tensor | None = None
     no_masked_keys: bool = False
-    padding_memo: dict | None = None
+    plan: PaddingPlan | None = None
+    training: bool = False
     global_output: torch.Tensor | None = None
     block_global_keys: torch.Tensor | None = None
     _token_key_rows: torch.Tensor | None = field(default=None, init=False, repr=False)
@@ -519,9 +552,9 @@ class TokenAttention:
     def made_once(self, key: Hashable, make: Callable[[], Made]) -> Made:
         """`make()`, of this job's padding alone (`token_mask`, `global_mask`, `real_blocks`, and what `key`
         names besides: a name, a dtype; not the sparse keys' values, DropKey or the position terms, which each
-        layer has its own of): made by the first layer of the forward pass and shared by the next ones
-        (`padding_memo_of`), made at every call where there is no memo."""
-        return made_once(self.padding_memo, key, make)
+        layer has its own of): made by the first layer of the forward pass that asks and shared by the next
+        ones (`PaddingPlan.memo`), made at every call where there is no plan."""
+        return made_once(None if self.plan is None else self.plan.memo, key, make)
 
     @property
     def sparse_mask_of_padding_alone(self) -> bool:
@@ -535,23 +568,6 @@ class TokenAttention:
         `sparse_mask_of_padding_alone`): what is made from them is then made once per forward pass
         (`made_once`)."""
         return self.sparse_mask_of_padding_alone and self.kept is None and self.positions is None
-
-    @property
-    def real_rows(self) -> torch.Tensor | None:
-        """(B, t) bool: the token queries in a block that holds a real token; None: every query."""
-        if self.real_blocks is None:
-            return None
-        return self.made_once(
-            "real rows", lambda: self.real_blocks.repeat_interleave(self.pattern.block_size, dim=1)[:, : self.num_tokens]
-        )
-
-    @property
-    def query_blocks(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(batch index, block index) of the blocks that hold a real token, each (n,) int64; None: every
-        block, or while compiling (a compiled graph computes every block, the core zeroes the rows)."""
-        if self.real_blocks is None or tracing():
-            return None
-        return self.made_once("query blocks", lambda: self.real_blocks.nonzero(as_tuple=True))
 
     @property
     def token_key_rows(self) -> torch.Tensor | None:
@@ -845,27 +861,27 @@ def constant(value: float, dtype: torch.dtype, device: torch.device) -> torch.Te
     return torch.tensor(value, dtype=dtype, device=device)
 
 
-# The attribute of the padding mask a recorder makes for a forward pass that holds what the layers of the
-# pass made from it alone (`padding_memo_of`)
-PADDING_MEMO = "lsg_padding_memo"
+# The attribute of the padding mask a recorder makes for a forward pass that holds the pass's padding plans
+# (`padding_plans_of`)
+PADDING_PLANS = "lsg_padding_plans"
 
 
-def give_padding_memo(mask: torch.Tensor | None) -> None:
+def give_padding_plans(mask: torch.Tensor | None, plans: dict) -> None:
     """Give `mask`, the padding mask a model's recorder makes for one forward pass (one tensor that
-    transformers hands every layer of the pass), the memo where its layers keep what they make from it
-    alone (`padding_memo_of`): made by the first layer, found by the next ones, and by the layers gradient
-    checkpointing runs again in the backward pass. It lives as long as the mask. None while tracing: a
-    compiled graph or an export makes it in every layer, with no host-side state."""
+    transformers hands every layer of the pass), its `PaddingPlan`s, by (settings, causal, number of keys)
+    (`lsg_attention.plan_padding`): found by its layers, and by those gradient checkpointing runs again
+    in the backward pass; they live as long as the mask. Not while tracing: a compiled graph or an export
+    makes its plan in every layer, with no host-side state."""
     if mask is not None and not tracing():
-        setattr(mask, PADDING_MEMO, {})
+        setattr(mask, PADDING_PLANS, plans)
 
 
-def padding_memo_of(mask: Any) -> dict | None:
-    """What the layers of the pass that made `mask` made from it so far (`give_padding_memo`); None for
-    a mask no recorder made, or while tracing: each call then makes its own."""
+def padding_plans_of(mask: Any) -> dict | None:
+    """The `PaddingPlan`s of the pass that made `mask` (`give_padding_plans`); None for a mask no recorder
+    made, or while tracing: each call then makes its own."""
     if tracing():
         return None
-    return getattr(mask, PADDING_MEMO, None)
+    return getattr(mask, PADDING_PLANS, None)
 
 
 def made_once(memo: dict | None, key: Hashable, make: Callable[[], Made]) -> Made:
@@ -890,7 +906,7 @@ def tracing() -> bool:
 
 def folded_blocks(x: torch.Tensor, batch: int, chosen: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
     """(B or 1, nb, ...) -> (n, ...): every block folded into the batch (n = B * nb), or the `chosen` ones
-    ((batch index, block index), as `TokenAttention.query_blocks` gives them)."""
+    ((batch index, block index), as `PaddingPlan.query_blocks` gives them)."""
     x = x.expand(batch, *x.shape[1:])
     return x.flatten(0, 1) if chosen is None else x[chosen]
 
@@ -1067,7 +1083,7 @@ class BlockKeys:
         chosen: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> BlockKeys:
         """The blocks of `job`: every block, or the `chosen` ones ((batch index, block index), as
-        `TokenAttention.query_blocks` gives them)."""
+        `PaddingPlan.query_blocks` gives them)."""
         mask = cached_block_mask(job, chosen)  # first: the position terms' pieces are freed before the keys are gathered
         table = job_block_table(job)
         key_sequence, value_sequence = key_sequences(job)

@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .lsg_attention import padding_rows
+from .lsg_attention import SelfAttentionRole, padding_rows, plan_padding
 from .lsg_global_tokens import DropsGlobalTokens, GlobalTokens, GlobalTokenStep
-from .lsg_pattern import give_padding_memo, tracing
+from .lsg_pattern import tracing
 from .lsg_transformers import past_length
 
 
@@ -67,12 +67,26 @@ def padding_mask_view(arguments: dict[str, Any], num_global: int) -> torch.Tenso
     return F.pad(user_padding_rows(mask).bool(), (num_global, 0), value=True)[:, None, None, :]
 
 
+def layer_kinds(recorder: nn.Module) -> list[tuple[Any, bool]]:
+    """The kinds of LSG self-attention layer under `recorder`, (settings, causal), in the order of their
+    first layer: those of the layers' roles (`lsg_attention.SelfAttentionRole`), and the bidirectional ones
+    of the swapped attention modules' ``lsg_settings`` (`lsg_attention_layers.SwappedAttention`)."""
+    kinds = []
+    for module in recorder.modules():
+        role = getattr(module, "lsg_role", None)
+        if isinstance(role, SelfAttentionRole):
+            kinds.append((role.settings, role.causal))
+        elif getattr(module, "lsg_settings", None) is not None:
+            kinds.append((module.lsg_settings, False))
+    return list(dict.fromkeys(kinds))
+
+
 class RecorderSteps:
     """The LSG steps around a forward pass of a model's recorder: its `ForwardCall` made
     (`GlobalTokens.open`) and held as the model's `GlobalTokens.call` while the forward runs (the
     enclosing pass's given back after it, returned or raised), the O(n) padding mask with the global
     tokens' columns (`padding_mask_view`), shared by the layers for the pass: what they make from it
-    alone is made once, kept with the mask (`lsg_pattern.give_padding_memo`); after the forward, the
+    alone is made once, before them, and kept with the mask (`lsg_attention.plan_padding`); after the forward, the
     recorded hidden states replaced by the token rows and a tuple made if the caller asked for one
     (`GlobalTokens.finish`). A bare
     model that holds its layers itself (no encoder module: GTE, NomicBERT, EuroBERT) is its own encoder: its
@@ -87,6 +101,7 @@ class RecorderSteps:
         self.signature = inspect.signature(recorder.forward)
         self.global_tokens = global_tokens
         self.drops = drops  # the bare model of an architecture whose layers are its own (no encoder module)
+        self.kinds: list[tuple[Any, bool]] | None = None  # (settings, causal) of its LSG layers, found at the first pass
 
     def run(self, recorder: nn.Module, forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """`forward` (the recorder's own, bound) called inside the steps: once, or once per group of rows
@@ -94,10 +109,10 @@ class RecorderSteps:
         kwargs = bound_arguments(self.signature, args, kwargs)
         groups = LengthGroups.of(recorder, kwargs)
         if groups is not None:
-            return groups.merge([self._run_once(forward, groups.inputs(kwargs, group)) for group in groups.rows])
-        return self._run_once(forward, kwargs)
+            return groups.merge([self._run_once(recorder, forward, groups.inputs(kwargs, group)) for group in groups.rows])
+        return self._run_once(recorder, forward, kwargs)
 
-    def _run_once(self, forward: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+    def _run_once(self, recorder: nn.Module, forward: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
         """`forward` called once inside the steps, with the keyword arguments `kwargs`."""
         global_tokens = self.global_tokens
         call = global_tokens.open(kwargs)
@@ -105,7 +120,12 @@ class RecorderSteps:
         kwargs = {**kwargs, "return_dict": True}  # a ModelOutput, turned into a tuple by `finish`
         if mask is not None:
             kwargs["attention_mask"] = mask
-        give_padding_memo(mask)  # what the layers make from the mask alone: made once in the pass
+        if not tracing():  # (a compiled graph or an export makes the plan in every layer)
+            if self.kinds is None:
+                self.kinds = layer_kinds(recorder)
+            # what the layers make from the mask alone: made once for the pass (a cached decoding step's layers
+            # read the keys of their queries' blocks alone: nothing to plan over the whole history)
+            plan_padding(mask, () if past_length(kwargs) else self.kinds)
         enclosing, global_tokens.call = global_tokens.call, call
         try:
             output = forward(**kwargs)

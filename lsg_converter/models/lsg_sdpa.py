@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import torch
@@ -93,16 +93,60 @@ class SdpaBackend:
 
 
 def window_view_token_attention(job: TokenAttention, plan: WindowViewPlan) -> TokenOutput:
-    """The window-view path (`window_view_plan`): the layer's output, into which the edge blocks' and the
-    global queries' outputs are written; in training through `WindowViewAttention`."""
-    if in_training(job):
+    """The window-view path (`window_view_plan`): the layer's output (`window_view_forward`), into which the
+    edge blocks' and the global queries' outputs are written; in training through `WindowViewAttention`."""
+    if job.training:
         output = WindowViewAttention.apply(
-            job.token_queries, job.sequence[1], job.sequence[2], job.global_output, job.block_global_keys, job.pattern,
-            tuple(plan.viewed_runs), plan.edges, plan.every_block, job.scaling,
-        )  # fmt: skip
+            job.token_queries, job.sequence[1], job.sequence[2], job.global_output, job.block_global_keys, job, plan
+        )
     else:
-        output = window_view_output(job, plan)
+        output, _ = window_view_forward(job, plan, exact=False)
     return TokenOutput(output, None, is_layer_output=True)
+
+
+def window_view_forward(job: TokenAttention, plan: WindowViewPlan, exact: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The layer's output (B, g + t, H, D) on the window-view path, and each query's log-sum-exps: over its
+    local keys and over its global keys per run of viewed blocks, (n, H, b) each, then the edge blocks', (e,
+    H, b). The global queries' output goes in its first rows; each run of blocks whose local keys are all
+    real (`WindowViewPlan.viewed_runs`) reads its queries and local keys as overlapping views of the layer's
+    (`run_views`), no copy, and joins its global keys (`local_then_global`); the edge blocks run one kernel
+    call (`EdgeBlocks.attend_into`); the rows of blocks of padding only are zero.
+
+    Without gradients (not `exact`) each block's queries are `kernel_query_rows` rows and its local keys
+    are rounded up with the `extra_keys` rows after them, masked, the kernel's faster shapes, and position
+    terms (a table's) join through masks shared by every block (`local_view_mask`, `global_view_mask`);
+    `exact` (training, `WindowViewAttention`, whose backward reads the same views without terms): b rows
+    over the local keys alone."""
+    pattern, scaling, block_global_keys = job.pattern, job.scaling, job.block_global_keys
+    num_global, block = pattern.num_global, pattern.block_size
+    queries, keys, values = job.token_queries, job.sequence[1], job.sequence[2]
+    rows, size = (block, pattern.local_size) if exact else (plan.query_rows, plan.key_rows)
+    local_mask = None if exact else local_view_mask(job, rows, size)
+    global_mask = None if exact else global_view_mask(job)
+    shape = (*keys.shape[:3], values.shape[-1])
+    output = queries.new_empty(shape) if plan.every_block else queries.new_zeros(shape)  # (B, g + t, H, D)
+    if job.global_output is not None:
+        output[:, :num_global] = job.global_output
+    local_lses, global_lses = [], []  # (n, H, b) per run
+    for row, start, end in plan.viewed_runs:
+        run_queries, run_keys, run_values = run_views(
+            pattern, queries[row], keys[row, num_global:], values[row, num_global:], start, end, rows, size
+        )  # (n, H, rows, D), (n, H, size, D) each
+        first = num_global + start * block
+        run_output = output[row, first : first + (end - start) * block].unflatten(0, (-1, block))  # (n, b, H, D)
+        run_global_mask = None if global_mask is None else global_mask[:, :, start * block : end * block]
+        local_lse, global_lse = local_then_global(
+            run_queries, run_keys, run_values, local_mask, *run_global_keys(keys, values, block_global_keys, pattern, row, start, end),
+            scaling, run_output, run_global_mask,
+        )  # fmt: skip
+        local_lses.append(local_lse)
+        if global_lse is not None:
+            global_lses.append(global_lse)
+    lses = local_lses + global_lses
+    if plan.edges is not None:
+        mask = plan.edges.mask_in(keys.dtype) if exact else edge_mask(job, plan.edges)
+        lses.append(plan.edges.attend_into(output, queries, keys, values, mask, scaling, block_global_keys))
+    return output, lses
 
 
 def gathered_token_attention(job: TokenAttention) -> TokenOutput:
@@ -120,10 +164,10 @@ def trained_terms_token_attention(job: TokenAttention) -> TokenOutput:
 def blocks_token_output(
     job: TokenAttention, attend: Callable[[TokenAttention, tuple[torch.Tensor, torch.Tensor] | None], torch.Tensor]
 ) -> TokenOutput:
-    """The token queries' output (B, t, H, D) of the blocks that hold a real token (`TokenAttention.query_blocks`)
+    """The token queries' output (B, t, H, D) of the blocks that hold a real token (`PaddingPlan.query_blocks`)
     run by `attend` (-> (n, b, H, D)), the blocks of padding only left as zeros."""
     batch, padded_tokens, heads = job.token_queries.shape[0], job.token_mask.shape[1], job.token_queries.shape[2]
-    chosen = job.query_blocks  # None: every block
+    chosen = job.plan.query_blocks  # None: every block
     output = attend(job, chosen)
     if chosen is not None:
         shape = (batch, job.num_blocks, job.pattern.block_size, heads, job.token_values.shape[-1])
@@ -207,7 +251,7 @@ def chosen_runs(
     job: TokenAttention, chosen: tuple[torch.Tensor, torch.Tensor] | None
 ) -> tuple[tuple[int, int, int, int], ...]:
     """(row, start, end, at) of each run of consecutive blocks [start, end) of batch row `row` among every
-    block (row by row) or the `chosen` ones (`TokenAttention.query_blocks`, in that order, as `nonzero` gives
+    block (row by row) or the `chosen` ones (`PaddingPlan.query_blocks`, in that order, as `nonzero` gives
     them), `at` the index of its first block among them."""
     batch, num_blocks = job.token_keys.shape[0], job.num_blocks
     if chosen is None:
@@ -513,8 +557,8 @@ class EdgeBlocks:
 
     batch, blocks: (e,) each one's batch index and block index; query_rows: (e, b) its queries' rows
     among the tokens (those past the last token read it: their outputs are dropped); key_rows: (e, K) its
-    keys' rows in the layer's sequence (g + t rows), in `KeyPattern.key_columns` order; mask: (e, 1, 1, K)
-    additive; kept: the rows of their outputs (e b) that are tokens', a slice where those come first, else
+    keys' rows in the layer's sequence (g + t rows), in `KeyPattern.key_columns` order; allowed: (e, 1, 1, K)
+    bool, the keys each may see (`mask_in` a dtype: additive); kept: the rows of their outputs (e b) that are tokens', a slice where those come first, else
     (k,); dropped: the others, (e b - k,), or None; targets: (batch index, row) of each kept row in the
     layer's output (g + t rows), (k,) each."""
 
@@ -522,10 +566,19 @@ class EdgeBlocks:
     blocks: torch.Tensor
     query_rows: torch.Tensor
     key_rows: torch.Tensor
-    mask: torch.Tensor
+    allowed: torch.Tensor
     kept: slice | torch.Tensor
     dropped: torch.Tensor | None
     targets: tuple[torch.Tensor, torch.Tensor]
+    masks: dict[torch.dtype, torch.Tensor] = field(default_factory=dict, compare=False)
+
+    def mask_in(self, dtype: torch.dtype) -> torch.Tensor:
+        """The blocks' additive mask (e, 1, 1, K) in `dtype` (`allowed`), made once per dtype, outside
+        inference mode (a plan made once per shape serves training steps too)."""
+        if dtype not in self.masks:
+            with torch.inference_mode(False):
+                self.masks[dtype] = additive_mask(self.allowed, dtype)
+        return self.masks[dtype]
 
     def gathered(
         self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, block_global_keys: torch.Tensor | None
@@ -552,8 +605,7 @@ class EdgeBlocks:
 
 
 def edge_blocks(
-    pattern: KeyPattern, edges: tuple[torch.Tensor, torch.Tensor], local_mask: torch.Tensor, num_blocks: int,
-    num_tokens: int, dtype: torch.dtype,
+    pattern: KeyPattern, edges: tuple[torch.Tensor, torch.Tensor], local_mask: torch.Tensor, num_blocks: int, num_tokens: int
 ) -> EdgeBlocks:
     """The `EdgeBlocks` of the blocks `edges` ((batch index, block index), each (e,)), `local_mask` (e,
     local) bool the local keys each may see, every global key valid."""
@@ -573,7 +625,7 @@ def edge_blocks(
         blocks=blocks,
         query_rows=table.query_rows[blocks] - num_global,
         key_rows=table.columns[blocks],
-        mask=additive_mask(allowed[:, None, None, :], dtype),
+        allowed=allowed[:, None, None, :],
         kept=kept,
         dropped=dropped,
         targets=(batch.repeat_interleave(block)[kept], num_global + token_rows[kept]),
@@ -581,12 +633,12 @@ def edge_blocks(
 
 
 def edge_mask(job: TokenAttention, edges: EdgeBlocks) -> torch.Tensor:
-    """The additive mask of the `edges` over their keys, (e, 1 or H, 1 or b, K): `edges.mask`, with `job`'s
+    """The additive mask of the `edges` over their keys, (e, 1 or H, 1 or b, K): `EdgeBlocks.mask_in`, with `job`'s
     position terms where it has (a table's, the same in every block: `global_view_mask`, `local_view_mask`),
     then made once per forward for the edges of its layers (one plan, the same `edges`)."""
     if job.positions is None:
-        return edges.mask
-    key, pattern = ("edges", edges.mask.dtype), job.pattern
+        return edges.mask_in(job.token_keys.dtype)
+    key, pattern = ("edges", job.token_keys.dtype), job.pattern
     made = job.positions.view_masks.get(key)
     if made is not None and made[0] is edges:
         return made[1]
@@ -594,7 +646,7 @@ def edge_mask(job: TokenAttention, edges: EdgeBlocks) -> torch.Tensor:
     global_terms = global_view_mask(job)  # (1, H, T, g) -> the edges' rows, (e, H, b, g)
     if global_terms is not None:
         terms.insert(0, global_terms[0].unflatten(1, (job.num_blocks, pattern.block_size))[:, edges.blocks].transpose(0, 1))
-    mask = edges.mask + torch.cat(terms, dim=-1)
+    mask = edges.mask_in(job.token_keys.dtype) + torch.cat(terms, dim=-1)
     job.positions.view_masks[key] = (edges, mask)
     return mask
 
@@ -603,81 +655,72 @@ def edge_mask(job: TokenAttention, edges: EdgeBlocks) -> torch.Tensor:
 class WindowViewPlan:
     """How the blocks of a call on the window-view path run (`window_view_plan`). viewed_runs: (row, start,
     end) of each run of blocks whose local window lies inside the sequence and holds real tokens only,
-    whose keys `window_view_attention` reads as views; edges: the other blocks that hold a real token, or
+    whose keys `window_view_forward` reads as views; edges: the other blocks that hold a real token, or
     None; every_block: whether every block is computed (else the output starts as zeros, those of the
-    blocks of padding only)."""
+    blocks of padding only); query_rows, key_rows: the rows of each block's queries and local keys that
+    the kernel reads without gradients (`kernel_query_rows`, the local keys and their `extra_keys`)."""
 
     viewed_runs: list[tuple[int, int, int]]
     edges: EdgeBlocks | None
     every_block: bool
+    query_rows: int
+    key_rows: int
 
 
-def window_view_plan(job: TokenAttention, training: bool) -> WindowViewPlan | None:
-    """How the blocks of `job` run on the window-view path, made from its padding alone: once per forward
-    pass (`TokenAttention.made_once`), and once per shape where no key is masked; None where that path does
-    not apply (not on the CPU, tracing, sparse keys, position terms other than `terms_in_window_views`
-    takes, DropKey, a causal mask, a padded global token, values of another size than the keys; in
-    `training`, a torch without the CPU flash kernel's backward): every block's keys are then gathered."""
-    pattern, keys = job.pattern, job.token_keys
-    if not reads_window_views(job) or (training and CPU_FLASH_ATTENTION_BACKWARD is None):
+def window_view_plan(job: TokenAttention) -> WindowViewPlan | None:
+    """The blocks of `job` on the window-view path, as its forward pass's padding plans them
+    (`PaddingPlan.window_views`: on the CPU, no sparse keys, not causal, every global key valid); None where
+    that path does not apply to this call (position terms other than `terms_in_window_views` takes, DropKey,
+    values of another size than the keys; in training, a torch without the CPU flash kernel's backward):
+    every block's keys are then gathered."""
+    views = job.plan.window_views
+    if views is None or (job.training and CPU_FLASH_ATTENTION_BACKWARD is None):
         return None
-    if job.no_masked_keys:
-        return unmasked_window_view_plan(pattern, keys.shape[0], job.num_blocks, job.num_tokens, keys.dtype, keys.device)
-    return job.made_once(("window view plan", keys.dtype), lambda: padded_window_view_plan(job))
-
-
-def in_training(job: TokenAttention) -> bool:
-    """Whether the call needs gradients (of its queries, keys or values)."""
-    return torch.is_grad_enabled() and any(
-        x.requires_grad for x in (job.token_queries, job.token_keys, job.token_values, job.global_keys, job.global_values)
-    )
-
-
-def reads_window_views(job: TokenAttention) -> bool:
-    """Whether the CPU flash kernel can read `job`'s local keys as views of the layer's: on the CPU (every
-    precision the kernel takes: float64, float32, bfloat16, float16), values of the keys' size, no sparse
-    keys, DropKey or causal mask, no position terms other than those `terms_in_window_views` takes, not
-    while tracing."""
-    keys = job.token_keys
-    return (
-        CPU_FLASH_ATTENTION is not None
-        # the CPU flash kernel alone returns each query's log-sum-exp, which joins the views' two calls (CUDA gathers)
-        and keys.device.type == "cpu"
-        and job.token_values.shape[-1] == keys.shape[-1]
-        and job.sparse is None
-        and (job.positions is None or terms_in_window_views(job))
-        and job.kept is None
-        and not job.pattern.causal
-        and not tracing()
-    )
+    if job.token_values.shape[-1] != job.token_keys.shape[-1] or job.kept is not None:
+        return None
+    return views if job.positions is None or terms_in_window_views(job) else None
 
 
 def terms_in_window_views(job: TokenAttention) -> bool:
     """Whether the window views can take `job`'s position terms: the table's alone, the same over every
     block's local keys (`PositionTerms.same_in_every_block`), in a call without gradients
     (`WindowViewAttention`'s backward takes no terms)."""
-    return job.positions.same_in_every_block and not in_training(job) and not trained_position_terms(job)
+    return job.positions.same_in_every_block and not job.training and not trained_position_terms(job)
 
 
-def padded_window_view_plan(job: TokenAttention) -> WindowViewPlan | None:
-    """The `WindowViewPlan` of `job`'s padding (None where a global key is masked)."""
-    if not bool(job.global_mask.all()):
+def padding_window_views(
+    pattern: KeyPattern, token_mask: torch.Tensor, global_mask: torch.Tensor, real_blocks: torch.Tensor | None,
+    num_tokens: int, no_masked_keys: bool,
+) -> WindowViewPlan | None:  # fmt: skip
+    """The `WindowViewPlan` of a forward pass's padding (`PaddingPlan.window_views`), where the CPU flash
+    kernel (which alone returns each query's log-sum-exp, which joins the views' two calls: CUDA gathers) can
+    read the local keys as views: on the CPU, without sparse keys or a causal mask, every global key valid,
+    not while tracing, for more than two blocks (the blocked path's); else None. Made once per shape where no
+    key is masked."""
+    device = token_mask.device
+    if CPU_FLASH_ATTENTION is None or device.type != "cpu" or pattern.sparse_starts or pattern.causal or tracing():
         return None
-    return window_view_plan_of(job.pattern, job.token_mask, job.real_blocks, job.num_tokens, job.token_keys.dtype)
+    if num_tokens <= 2 * pattern.block_size:
+        return None
+    if no_masked_keys:
+        return unmasked_window_view_plan(pattern, token_mask.shape[0], token_mask.shape[1] // pattern.block_size, num_tokens, device)
+    if not bool(global_mask.all()):
+        return None
+    return window_view_plan_of(pattern, token_mask, real_blocks, num_tokens)
 
 
 @shape_cached
 def unmasked_window_view_plan(
-    pattern: KeyPattern, batch: int, num_blocks: int, num_tokens: int, dtype: torch.dtype, device: torch.device
+    pattern: KeyPattern, batch: int, num_blocks: int, num_tokens: int, device: torch.device
 ) -> WindowViewPlan:
     """The `WindowViewPlan` of an input of `batch` rows of `num_tokens` tokens whose every key may be seen:
     made once per shape and shared by the layers and the forwards that follow."""
     token_mask = (torch.arange(num_blocks * pattern.block_size, device=device) < num_tokens).expand(batch, -1)  # (B, T)
-    return window_view_plan_of(pattern, token_mask, None, num_tokens, dtype)
+    return window_view_plan_of(pattern, token_mask, None, num_tokens)
 
 
 def window_view_plan_of(
-    pattern: KeyPattern, token_mask: torch.Tensor, real_blocks: torch.Tensor | None, num_tokens: int, dtype: torch.dtype
+    pattern: KeyPattern, token_mask: torch.Tensor, real_blocks: torch.Tensor | None, num_tokens: int
 ) -> WindowViewPlan:
     """The `WindowViewPlan` of tokens whose mask, padded to whole blocks, is `token_mask` (B, T) bool, every
     global key valid, `real_blocks` (B, nb) bool the blocks that hold a real token (None: every block)."""
@@ -687,8 +730,9 @@ def window_view_plan_of(
     viewed = local_mask.all(dim=-1) & (rounded_ends <= num_tokens)
     computed = torch.ones_like(viewed) if real_blocks is None else real_blocks
     edges = (computed & ~viewed).nonzero(as_tuple=True)
-    found = edge_blocks(pattern, edges, local_mask[edges], num_blocks, num_tokens, dtype) if edges[0].numel() else None
-    return WindowViewPlan(block_runs(viewed), found, bool(computed.all()))
+    found = edge_blocks(pattern, edges, local_mask[edges], num_blocks, num_tokens) if edges[0].numel() else None
+    size = pattern.local_size + extra_keys(pattern)
+    return WindowViewPlan(block_runs(viewed), found, bool(computed.all()), kernel_query_rows(pattern.block_size), size)
 
 
 def kernel_query_rows(block: int) -> int:
@@ -718,39 +762,6 @@ def block_runs(blocks: torch.Tensor) -> list[tuple[int, int, int]]:
     return [(row, start, end) for row, flags in enumerate(blocks.tolist()) for start, end, flag in runs_of(flags) if flag]
 
 
-def window_view_attention(job: TokenAttention, row: int, start: int, end: int, out: torch.Tensor) -> None:
-    """The output of blocks [start, end) of batch row `row` into `out` (n, b, H, D), n = end - start,
-    blocks whose local keys are all real (`window_view_plan`): each block's local keys and values are
-    an overlapping view of the layer's, no copy, with the `extra_keys` rows after it masked; position
-    terms, where there are (a table's), through masks shared by every block (`local_view_mask`,
-    `global_view_mask`)."""
-    pattern, block = job.pattern, job.pattern.block_size
-    size = pattern.local_size + extra_keys(pattern)
-    rows = kernel_query_rows(block)  # under 2 b: the rows after a block lie in its window's next block
-    queries = block_query_views(pattern, job.token_queries[row], start, end, rows)
-    keys, values = (local_window_views(pattern, x[row], start, end, size) for x in (job.token_keys, job.token_values))
-    global_keys, global_values = run_global_keys(job.sequence[1], job.sequence[2], job.block_global_keys, pattern, row, start, end)
-    global_mask = global_view_mask(job)
-    if global_mask is not None:
-        global_mask = global_mask[:, :, start * block : end * block]
-    local_then_global(
-        queries, keys, values, local_view_mask(job, rows, size), global_keys, global_values, job.scaling, out, global_mask
-    )
-
-
-def window_view_output(job: TokenAttention, plan: WindowViewPlan) -> torch.Tensor:
-    """The layer's output (B, g + t, H, D) of a call without gradients on the window-view path: the global
-    queries' rows, each run of viewed blocks (`window_view_attention`) and the edge blocks' kernel call
-    written into it, the rows of blocks of padding only zero."""
-    queries, keys, values = job.token_queries, job.sequence[1], job.sequence[2]
-    output = layer_output(queries, keys, values, job.global_output, job.pattern.num_global, plan.every_block)
-    for row, start, end in plan.viewed_runs:
-        window_view_attention(job, row, start, end, out=run_rows(output, job.pattern, row, start, end))
-    if plan.edges is not None:
-        plan.edges.attend_into(output, queries, keys, values, edge_mask(job, plan.edges), job.scaling, job.block_global_keys)
-    return output
-
-
 def run_global_keys(
     keys: torch.Tensor, values: torch.Tensor, block_global_keys: torch.Tensor | None, pattern: KeyPattern, row: int,
     start: int, end: int,
@@ -763,26 +774,6 @@ def run_global_keys(
     if block_global_keys is None:
         return keys[row : row + 1, :num_global], global_values
     return block_global_keys[row, start:end], global_values.expand(end - start, -1, -1, -1)
-
-
-def layer_output(
-    queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, global_output: torch.Tensor | None,
-    num_global: int, every_block: bool,
-) -> torch.Tensor:  # fmt: skip
-    """The layer's output (B, g + t, H, D) that the window-view path writes into, the global queries'
-    output (B, g, H, D) in its first rows; zeros where not `every_block` is computed (blocks of padding only)."""
-    shape = (*keys.shape[:3], values.shape[-1])
-    output = queries.new_empty(shape) if every_block else queries.new_zeros(shape)
-    if global_output is not None:
-        output[:, :num_global] = global_output
-    return output
-
-
-def run_rows(output: torch.Tensor, pattern: KeyPattern, row: int, start: int, end: int) -> torch.Tensor:
-    """The rows of blocks [start, end) of batch row `row` in the layer's output (B, g + t, H, D): a view
-    (end - start, b, H, D)."""
-    first = pattern.num_global + start * pattern.block_size
-    return output[row, first : first + (end - start) * pattern.block_size].unflatten(0, (-1, pattern.block_size))
 
 
 def local_view_mask(job: TokenAttention, rows: int, size: int) -> torch.Tensor | None:
@@ -823,24 +814,10 @@ def global_view_mask(job: TokenAttention) -> torch.Tensor | None:
     return terms.view_masks[key]
 
 
-def block_query_views(pattern: KeyPattern, queries: torch.Tensor, start: int, end: int, rows: int) -> torch.Tensor:
-    """The queries (t, H, D) of blocks [start, end), each block's with the `rows` - b rows after it,
-    as overlapping views: (n, H, rows, D)."""
-    block = pattern.block_size
-    return queries[start * block : (end - 1) * block + rows].unfold(0, rows, block).transpose(2, 3)
-
-
-def local_window_views(pattern: KeyPattern, keys: torch.Tensor, start: int, end: int, size: int) -> torch.Tensor:
-    """The local keys (t, H, D) of blocks [start, end), `size` rows from each one's `local_start`, as
-    overlapping views: (n, H, size, D)."""
-    window = dataclasses.replace(pattern.key_windows()[-1], width=size)  # the local window, `size` rows
-    return window_views(keys, window, start, end).transpose(1, 2)
-
-
 class WindowViewAttention(torch.autograd.Function):
     """A call in training on the window-view path (`WindowViewPlan`): the runs of blocks whose local windows
     lie inside the sequence and hold real tokens only read their local keys as overlapping views of the
-    layer's keys, as `window_view_attention` reads them, with a backward, so that no gathered copy of the
+    layer's keys, as `window_view_forward` reads them, with a backward, so that no gathered copy of the
     windows is made or kept for the backward pass (the gathered keys and values are twice the layer's
     keys and values per local block); the few edge blocks (`EdgeBlocks`) gather theirs in the forward
     pass and again in the backward pass, so that no copy is kept either. It writes the edge blocks' and
@@ -857,29 +834,14 @@ class WindowViewAttention(torch.autograd.Function):
     queries: the token queries (B, t, H, D); keys, values: the layer's (B, g + t, H, D), the global tokens'
     first; global_output: the global queries' output (B, g, H, D), or None without global tokens;
     block_global_keys: each block's own global keys (B, nb, g, H, D) (`TokenAttention.block_global_keys`), or
-    None (the layer's serve every block); runs:
-    (row, start, end) of each run of viewed blocks; every_block: whether the runs and the edges cover
-    every block (else the rows of those of padding only are zero). Returns (B, g + t, H, D)."""
+    None (the layer's serve every block): the tensors of `job` that gradients flow to; plan: its blocks
+    (`WindowViewPlan`). Returns (B, g + t, H, D) (`window_view_forward`, `exact`)."""
 
     @staticmethod
-    def forward(ctx, queries, keys, values, global_output, block_global_keys, pattern: KeyPattern,
-                runs: tuple[tuple[int, int, int], ...], edges: EdgeBlocks | None, every_block: bool, scaling: float):  # fmt: skip
-        num_global = pattern.num_global
-        output = layer_output(queries, keys, values, global_output, num_global, every_block)
-        local_lses, global_lses = [], []  # (n, H, b) per run
-        for row, start, end in runs:
-            row_queries, row_keys, row_values = run_views(pattern, queries[row], keys[row, num_global:], values[row, num_global:], start, end)
-            global_row = run_global_keys(keys, values, block_global_keys, pattern, row, start, end)
-            row_output = run_rows(output, pattern, row, start, end)
-            local_lse, global_lse = local_then_global(row_queries, row_keys, row_values, None, *global_row, scaling, row_output)
-            local_lses.append(local_lse)
-            if global_lse is not None:
-                global_lses.append(global_lse)
-        edge_lses = []  # (e, H, b)
-        if edges is not None:
-            edge_lses.append(edges.attend_into(output, queries, keys, values, edges.mask, scaling, block_global_keys))
-        ctx.save_for_backward(queries, keys, values, output, block_global_keys, *local_lses, *global_lses, *edge_lses)
-        ctx.pattern, ctx.runs, ctx.edges, ctx.scaling = pattern, runs, edges, scaling
+    def forward(ctx, queries, keys, values, global_output, block_global_keys, job: TokenAttention, plan: WindowViewPlan):
+        output, lses = window_view_forward(job, plan, exact=True)
+        ctx.save_for_backward(queries, keys, values, output, block_global_keys, *lses)
+        ctx.pattern, ctx.runs, ctx.edges, ctx.scaling = job.pattern, plan.viewed_runs, plan.edges, job.scaling
         ctx.has_global_output = global_output is not None
         return output
 
@@ -894,7 +856,7 @@ class WindowViewAttention(torch.autograd.Function):
         grad_block_global_keys = None if block_global_keys is None else torch.zeros_like(block_global_keys)
         for index, (row, start, end) in enumerate(runs):
             token_keys, token_values = keys[row, num_global:], values[row, num_global:]
-            row_queries, row_keys, row_values = run_views(pattern, queries[row], token_keys, token_values, start, end)
+            row_queries, row_keys, row_values = run_views(pattern, queries[row], token_keys, token_values, start, end, block, size)
             # (n, H, b, D): the output and its gradient as the kernel laid them out
             first_row = num_global + start * block
             rows = slice(first_row, first_row + (end - start) * block)
@@ -943,7 +905,7 @@ class WindowViewAttention(torch.autograd.Function):
             gathered = edges.gathered(queries, keys, values, block_global_keys)
             query_grad, key_grad, value_grad = CPU_FLASH_ATTENTION_BACKWARD(
                 edge_grad.transpose(1, 2), *gathered, edge_output.transpose(1, 2), lses[-1], 0.0, False,
-                attn_mask=edges.mask, scale=scaling,
+                attn_mask=edges.mask_in(keys.dtype), scale=scaling,
             )  # fmt: skip
             if block_global_keys is not None:  # the global columns' gradients are those of the blocks' own keys
                 grad_block_global_keys.index_put_(
@@ -955,7 +917,7 @@ class WindowViewAttention(torch.autograd.Function):
             grad_keys.index_put_(gathered_rows, key_grad.transpose(1, 2), accumulate=True)
             grad_values.index_put_(gathered_rows, value_grad.transpose(1, 2), accumulate=True)
         grad_global_output = grad_output[:, :num_global] if ctx.has_global_output else None
-        return grad_queries, grad_keys, grad_values, grad_global_output, grad_block_global_keys, *(None,) * 5
+        return grad_queries, grad_keys, grad_values, grad_global_output, grad_block_global_keys, None, None
 
 
 @shape_cached
@@ -966,15 +928,19 @@ def window_block_indices(windows: int, blocks_per_window: int, device: torch.dev
 
 
 def run_views(
-    pattern: KeyPattern, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, end: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One row's queries, keys and values (t, H, D) of blocks [start, end) as the kernel reads them: each
-    block's queries (n, H, b, D) and its local keys and values (n, H, local, D), views."""
-    size = pattern.local_size
+    pattern: KeyPattern, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, end: int,
+    rows: int, size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """One row's queries, keys and values (t, H, D) of blocks [start, end) as the kernel reads them, as
+    overlapping views: each block's `rows` queries from its first (n, H, rows, D), and its `size` local keys
+    and values from its `KeyPattern.local_start` (n, H, size, D)."""
+    block, first = pattern.block_size, pattern.local_start(start)
+    last_query, last_key = (end - 1) * block + rows, first + (end - 1 - start) * block + size
+    # unfold: (m, H, D) -> (n, H, D, width), the width last; transposed to (n, H, width, D)
     return (
-        block_query_views(pattern, queries, start, end, pattern.block_size),
-        local_window_views(pattern, keys, start, end, size),
-        local_window_views(pattern, values, start, end, size),
+        queries[start * block : last_query].unfold(0, rows, block).transpose(2, 3),
+        keys[first:last_key].unfold(0, size, block).transpose(2, 3),
+        values[first:last_key].unfold(0, size, block).transpose(2, 3),
     )
 
 
