@@ -85,14 +85,12 @@ from .lsg_sdpa import (
     padding_window_views,
     trained_terms_token_attention,
     unmasked_attention,
-    unmasked_input,
-    window_view_plan,
     window_view_token_attention,
 )
 from .lsg_rotary import GlobalDistanceClamp
 from .lsg_settings import LSGSettings
 from .lsg_sparse import sparse_context
-from .lsg_transformers import ALL_ATTENTION_FUNCTIONS, attn_implementation, shape_check
+from .lsg_transformers import ALL_ATTENTION_FUNCTIONS, CPU_FLASH_ATTENTION_BACKWARD, attn_implementation, shape_check
 
 logger = logging.get_logger(__name__)
 
@@ -111,9 +109,9 @@ FLEX_MEASURED_FASTER_FROM_TOKENS = 4096
 def prefers_flex_attention(device_type: str, dtype: torch.dtype, num_tokens: int, unmasked: bool) -> bool:
     """Whether the default backend runs a call with flex_attention rather than the sdpa backend: on CUDA in
     bfloat16 from `FLEX_MEASURED_FASTER_FROM_TOKENS` tokens on, for an input whose every key is seen and
-    whose scores nothing else changes (`unmasked`: no padding, sparse keys, DropKey or position terms,
-    `lsg_sdpa.unmasked_input`), where its mask reads no tensor. Everywhere else sdpa (on the CPU
-    flex_attention has no backward pass). Where it was measured faster, and only there:
+    whose scores nothing else changes (`unmasked`: no padding, sparse keys, DropKey or position terms: see
+    `choose_path`), where its mask reads no tensor. Everywhere else sdpa (on the CPU flex_attention has no
+    backward pass). Where it was measured faster, and only there:
     docs/benchmarks.md, "lsg_attention.prefers_flex_attention"."""
     return (
         FLEX_ATTENTION_AVAILABLE
@@ -368,7 +366,7 @@ def _blocked_attention(
     heads = key.shape[1]
     num_global, block = settings.num_global_tokens, settings.block_size
     num_tokens = key.shape[2] - num_global
-    pattern = settings.pattern(causal)
+    pattern = plan.pattern
     # Sequence-major (B, L, H, D) views. Split (not slice) into global tokens and tokens: the backward
     # pass then joins the two gradients with one copy instead of zero-filling two full-size ones.
     global_queries, token_queries = query.transpose(1, 2).split([num_global, num_tokens], dim=1)
@@ -395,7 +393,7 @@ def _blocked_attention(
     )
     if pattern.sparse_starts:
         job.sparse = sparse_context(
-            *(x.transpose(1, 2) for x in (job.queries, job.keys, job.values)),
+            *(x.transpose(1, 2) for x in job.padded()),
             plan.token_mask,
             settings,
             scaling,
@@ -411,7 +409,7 @@ def _blocked_attention(
     shifts = None if global_clamp is None or not num_global else global_clamp.block_shifts(job.num_blocks, block, key.device)
     if shifts is not None:
         job.block_global_keys = global_clamp.block_global_keys(global_keys, shifts)
-        far_keys = global_clamp.keys_for_global_queries(job.keys, shifts, block)[:, :num_tokens]
+        far_keys = global_clamp.keys_for_global_queries(job.padded()[1], shifts, block)[:, :num_tokens]
         global_query_keys = torch.cat([global_keys, far_keys], dim=1).transpose(1, 2)  # (B, H, g + t, D)
 
     if num_global:  # every key, causal: the global tokens before them; before the token queries, whose path
@@ -491,10 +489,12 @@ def padding_plan(
         query_blocks = None if tracing() else real_blocks.nonzero(as_tuple=True)
     no_masked_keys = padding_mask is None and not settings.mask_first_token
     global_mask = key_mask[:, :num_global]
-    window_views = padding_window_views(settings.pattern(causal), token_mask, global_mask, real_blocks, num_tokens, no_masked_keys)
+    pattern = settings.pattern(causal)
+    window_views = padding_window_views(pattern, token_mask, global_mask, real_blocks, num_tokens, no_masked_keys)
     return PaddingPlan(
-        key_mask, global_mask, token_mask, padding, no_masked_keys, real_blocks, real_rows, query_blocks, window_views
-    )
+        pattern, key_mask, global_mask, token_mask, padding, no_masked_keys, real_blocks, real_rows, query_blocks,
+        window_views,
+    )  # fmt: skip
 
 
 def plan_padding(mask: torch.Tensor | None, kinds: Iterable[tuple[LSGSettings, bool]]) -> None:
@@ -536,9 +536,12 @@ def choose_path(backend: str, job: TokenAttention) -> tuple[AttentionPath, Any]:
     * "flex_attention": sdpa while gradients are needed on a device without flex's backward pass
       (`FLEX_FORWARD_ONLY_DEVICES`); else the whole sequence where each row's valid keys are one run and
       there is no DropKey (`whole_sequence_bounds`), else the key sequence;
-    * "sdpa": the window views where the CPU flash kernel can read the local keys as views
-      (`window_view_plan`); else unmasked where every key is seen (`unmasked_input`); else, on the CPU,
-      trained terms where position terms are being trained (`trained_position_terms`); else gathered.
+    * "sdpa": the window views where the forward pass's padding plans them (`PaddingPlan.window_views`: on
+      the CPU, no sparse keys, not causal, every global key valid) and the call allows them (no DropKey,
+      values of the keys' size, no position terms but a table's, the same in every block, without
+      gradients; in training, a torch with the CPU flash kernel's backward); else unmasked where every key
+      is seen (no padding, sparse keys, DropKey or position terms); else, on the CPU, trained terms where
+      position terms are being trained (`trained_position_terms`); else gathered.
 
     Each block with its own global keys (`TokenAttention.block_global_keys`) runs sdpa's window views where
     they apply, else the gathered blocks, whatever the backend but eager.
@@ -547,8 +550,11 @@ def choose_path(backend: str, job: TokenAttention) -> tuple[AttentionPath, Any]:
         return AttentionPath.EAGER, None
     own_global_keys = job.block_global_keys is not None
     queries = job.token_queries
+    # every key may be seen and nothing else changes the scores: masks of the input's shape alone (not while
+    # exporting, whose one graph serves every length)
+    unmasked = not is_exporting() and job.no_masked_keys and job.sparse is None and job.kept is None and job.positions is None
     if backend == DEFAULT_BACKEND:
-        flex = prefers_flex_attention(queries.device.type, queries.dtype, job.num_tokens, unmasked_input(job))
+        flex = prefers_flex_attention(queries.device.type, queries.dtype, job.num_tokens, unmasked)
         backend = "flex_attention" if flex else "sdpa"
     if backend == "flex_attention" and not own_global_keys:
         if not (job.training and queries.device.type in FLEX_FORWARD_ONLY_DEVICES):
@@ -560,12 +566,18 @@ def choose_path(backend: str, job: TokenAttention) -> tuple[AttentionPath, Any]:
             f"flex_attention has no backward pass on {queries.device.type}: LSG runs its sdpa backend while "
             "gradients are needed (same results)."
         )
-    plan = window_view_plan(job)
-    if plan is not None:
-        return AttentionPath.WINDOW_VIEWS, plan
+    views, terms = job.plan.window_views, job.positions
+    if (
+        views is not None
+        and job.kept is None
+        and job.token_values.shape[-1] == queries.shape[-1]
+        and (not job.training or CPU_FLASH_ATTENTION_BACKWARD is not None)
+        and (terms is None or (terms.same_in_every_block and not job.training and not trained_position_terms(job)))
+    ):
+        return AttentionPath.WINDOW_VIEWS, views
     if own_global_keys:
         return AttentionPath.GATHERED, None
-    if unmasked_input(job):
+    if unmasked:
         return AttentionPath.UNMASKED, None
     if trained_position_terms(job) and not queries.is_cuda:
         return AttentionPath.TRAINED_TERMS, None

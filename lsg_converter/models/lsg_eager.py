@@ -60,12 +60,11 @@ def eager_token_attention(job: TokenAttention) -> TokenOutput:
     blocks = BlockKeys.of(job, with_values=False)
     scores = blocks.queries @ blocks.keys.transpose(-1, -2) * job.scaling  # (B * nb, H, b, K)
     block_weights = explicit_softmax(scores + blocks.mask, scores.dtype)
-    block_weights = block_weights.unflatten(0, (job.keys.shape[0], job.num_blocks))  # (B, nb, H, b, K)
+    block_weights = block_weights.unflatten(0, (job.token_keys.shape[0], job.num_blocks))  # (B, nb, H, b, K)
     weights = token_weights(job.pattern, block_weights, job.sparse, job.num_tokens)  # (B, H, t, g + t)
     if job.plan.real_rows is not None:  # the queries of blocks of padding only weigh nothing, as sdpa leaves them
         weights = torch.where(job.plan.real_rows[:, None, :, None], weights, 0)
-    layer_values = torch.cat([job.global_values, job.values[:, : job.num_tokens]], dim=1).transpose(1, 2)
-    output, token_block = weighted_values(weights, layer_values, job.pattern.num_global)
+    output, token_block = weighted_values(weights, job.sequence[2].transpose(1, 2), job.pattern.num_global)  # (B, H, g + t, D)
     return TokenOutput(output.transpose(1, 2), token_block)
 
 

@@ -619,7 +619,7 @@ def key_sequence_attention(job: TokenAttention) -> TokenOutput:
     def no_sparse(x: torch.Tensor) -> torch.Tensor:  # an empty sparse segment shaped like x (B, H, n, ...)
         return constant(0, x.dtype, x.device).expand(x.shape[0], x.shape[1], 0, *x.shape[3:])
 
-    token_keys, token_values = job.keys.transpose(1, 2), job.values.transpose(1, 2)  # (B, H, T, D)
+    _, token_keys, token_values = (x.transpose(1, 2) for x in job.padded())  # (B, H, T, D)
     tokens = token_keys.shape[2]
     sparse_keys = no_sparse(token_keys) if sparse is None else sparse.keys
     sparse_values = no_sparse(token_values) if sparse is None else sparse.values

@@ -99,6 +99,15 @@ class KeyPattern:
     sparse_right_start: int | None
     causal: bool
     num_global: int
+    # local keys per block
+    local_size: int = field(init=False)
+    # the start of each sparse window relative to i c, in key order (none without sparse keys)
+    sparse_starts: tuple[int, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "local_size", (self.blocks_before + 1 + self.blocks_after) * self.block_size)
+        right = () if self.sparse_right_start is None else (self.sparse_right_start,)
+        object.__setattr__(self, "sparse_starts", ((self.sparse_left_start,) + right) if self.sparse_size else ())
 
     @classmethod
     def of(cls, config: Any, causal: bool = False) -> KeyPattern:
@@ -119,18 +128,6 @@ class KeyPattern:
             causal=causal,
             num_global=config.num_global_tokens,
         )
-
-    @property
-    def local_size(self) -> int:
-        """Local keys per block."""
-        return (self.blocks_before + 1 + self.blocks_after) * self.block_size
-
-    @property
-    def sparse_starts(self) -> tuple[int, ...]:
-        """Start of each sparse window relative to i c, in key order (none without sparse keys)."""
-        if not self.sparse_size:
-            return ()
-        return (self.sparse_left_start,) + (() if self.sparse_right_start is None else (self.sparse_right_start,))
 
     def local_start(self, block_index):
         """First token of block `block_index`'s local window."""
@@ -448,7 +445,8 @@ class PaddingPlan:
     (`lsg_attention.plan_padding`), and read by every layer of the pass, those gradient checkpointing runs
     again included; made by the call itself where no recorder made its mask, and in every layer while tracing.
 
-    key_mask: (B, g + t) bool, the keys that may be attended; global_mask: (B, g), its global columns;
+    pattern: the layers' `KeyPattern`; key_mask: (B, g + t) bool, the keys that may be attended; global_mask:
+    (B, g), its global columns;
     token_mask: (B, T) bool, the tokens' padded at the end to whole blocks (T = nb b), the first token
     masked with ``mask_first_token``; padding: T - t; no_masked_keys: whether no key is masked, known
     without reading a mask (no padding mask, no masked first token); real_blocks: (B, nb) bool, the blocks
@@ -460,6 +458,7 @@ class PaddingPlan:
     alone the first time a layer asks (flex_attention's row bounds, the gathered blocks' masks), for the
     next ones (`TokenAttention.made_once`)."""
 
+    pattern: KeyPattern
     key_mask: torch.Tensor
     global_mask: torch.Tensor
     token_mask: torch.Tensor
@@ -476,8 +475,8 @@ class PaddingPlan:
 class TokenAttention:
     """What the core hands a backend: the t token queries and every key they may see.
 
-    token_queries, token_keys, token_values: (B, t, H, D); `queries`, `keys`, `values`: the same padded
-    at the end to T = nb b (padding masked), made on first use; token_mask: (B, T) bool; global_keys,
+    token_queries, token_keys, token_values: (B, t, H, D) (`padded`: the same padded at the end to T = nb b,
+    the padding masked, made on first use); token_mask: (B, T) bool; global_keys,
     global_values: (B, g, H, D), global_mask: (B, g) bool; sparse: the sparse context, or None without
     sparse keys; kept: the keys DropKey leaves each block in training, (B, nb, H, 1 or b, K) bool in the
     order of `KeyPattern.key_columns` (drawn once, by the core, see `block_dropout`), None otherwise;
@@ -527,27 +526,15 @@ class TokenAttention:
     def num_blocks(self) -> int:
         return self.token_mask.shape[1] // self.pattern.block_size
 
-    def _padded_tokens(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The token queries, keys and values padded to T rows, made once (no copy where t = T, except
-        while exporting: the traced graph then pads by 0 rows too). (A field, not a
+    def padded(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The token queries, keys and values padded to T rows, (B, T, H, D) each, made once (no copy where
+        t = T, except while exporting: the traced graph then pads by 0 rows too). (Kept in a field, not a
         functools.cached_property, whose lock torch.compile cannot trace.)"""
         if self._padded is None:
             tokens = (self.token_queries, self.token_keys, self.token_values)
             padding = self.token_mask.shape[1] - self.num_tokens
             self._padded = tuple(pad_rows(x, 0, padding) for x in tokens) if padding or is_exporting() else tokens
         return self._padded
-
-    @property
-    def queries(self) -> torch.Tensor:
-        return self._padded_tokens()[0]
-
-    @property
-    def keys(self) -> torch.Tensor:
-        return self._padded_tokens()[1]
-
-    @property
-    def values(self) -> torch.Tensor:
-        return self._padded_tokens()[2]
 
     def made_once(self, key: Hashable, make: Callable[[], Made]) -> Made:
         """`make()`, of this job's padding alone (`token_mask`, `global_mask`, `real_blocks`, and what `key`
@@ -1032,13 +1019,7 @@ def gather_block_rows(
     if chosen is None:
         return sequence[:, columns].flatten(0, 1).transpose(1, 2)  # (B, nb, K, H, D) -> (B nb, H, K, D)
     rows, blocks = chosen
-    return gather_rows(sequence, rows, columns[blocks])
-
-
-def gather_rows(sequence: torch.Tensor, batch_index: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """Rows `rows` (n, K) of the batch entries `batch_index` (n,) of `sequence` (B, N, H, D), one copy:
-    (n, H, K, D)."""
-    return sequence[batch_index[:, None], rows].transpose(1, 2)  # (n, K, H, D) -> (n, H, K, D)
+    return sequence[rows[:, None], columns[blocks]].transpose(1, 2)  # (n, K, H, D) -> (n, H, K, D)
 
 
 def key_sequences(job: TokenAttention) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1110,6 +1091,6 @@ def block_queries(
     """The queries of every block (or the `chosen` ones): (n, H, b, D), views of the tokens where the
     blocks cover them exactly, else gathered (the padding rows reading the last token)."""
     if job.token_mask.shape[1] == job.num_tokens:
-        queries = job.queries.unflatten(1, (job.num_blocks, job.pattern.block_size))  # (B, nb, b, H, D)
+        queries = job.padded()[0].unflatten(1, (job.num_blocks, job.pattern.block_size))  # (B, nb, b, H, D)
         return folded_blocks(queries, job.token_keys.shape[0], chosen).transpose(1, 2)
     return gather_block_rows(job.sequence[0], table.query_rows, chosen)

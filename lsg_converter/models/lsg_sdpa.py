@@ -52,9 +52,7 @@ from .lsg_pattern import (
     KeyWindow,
     block_table,
     folded_mask_parts,
-    trained_position_terms,
     gather_block_rows,
-    gather_rows,
     put_block_global_keys,
     local_causal_mask,
     shape_cached,
@@ -93,7 +91,7 @@ class SdpaBackend:
 
 
 def window_view_token_attention(job: TokenAttention, plan: WindowViewPlan) -> TokenOutput:
-    """The window-view path (`window_view_plan`): the layer's output (`window_view_forward`), into which the
+    """The window-view path (`lsg_attention.choose_path`): the layer's output (`window_view_forward`), into which the
     edge blocks' and the global queries' outputs are written; in training through `WindowViewAttention`."""
     if job.training:
         output = WindowViewAttention.apply(
@@ -181,7 +179,7 @@ def trained_terms_blocks_attention(job: TokenAttention, chosen: tuple[torch.Tens
     allowed, position_scores = folded_mask_parts(job, chosen)
     layout, sources = window_layout(job)
     output = TrainedTermsAttention.apply(
-        job.queries, allowed, layout, chosen_runs(job, chosen), job.scaling, *sources, *position_scores
+        job.padded()[0], allowed, layout, chosen_runs(job, chosen), job.scaling, *sources, *position_scores
     )  # (n, H, b, D)
     return output.transpose(1, 2)
 
@@ -461,13 +459,6 @@ def key_segments(widths: list[int]) -> list[slice]:
     return [slice(end - width, end) for end, width in zip(ends, widths)]
 
 
-def unmasked_input(job: TokenAttention) -> bool:
-    """Whether every key of the input may be seen and nothing else changes the scores (no padding, no
-    sparse keys, no DropKey, no position terms): its masks then depend on its shape only (`ShapeBlocks`).
-    Not while exporting, whose one graph serves every length."""
-    return not is_exporting() and job.no_masked_keys and job.sparse is None and job.kept is None and job.positions is None
-
-
 @dataclass(frozen=True)
 class ShapeBlocks:
     """How the blocks of an input of a given shape whose every key may be seen run: the blocks whose keys
@@ -521,7 +512,7 @@ def shape_blocks(
 
 
 def unmasked_attention(job: TokenAttention) -> TokenOutput:
-    """The token queries' output of an `unmasked_input`, as pieces (B, t_i, H, D) in token order for the
+    """The token queries' output of an input whose every key may be seen (`lsg_attention.choose_path`), as pieces (B, t_i, H, D) in token order for the
     core to join: the middle blocks in one SDPA call without a mask, the edge blocks in one with theirs,
     each block's keys gathered from the layer's sequence in one copy (`gather_block_rows`): where the
     window-view plan does not run (`window_view_plan`: on CUDA, while tracing)."""
@@ -586,10 +577,13 @@ class EdgeBlocks:
         """The blocks' queries (e, H, b, D) from the token queries (B, t, H, D), and their keys and values
         (e, H, K, D) from the layer's (B, g + t, H, D), one copy each; the first g keys each block's own where
         it has (`block_global_keys` (B, nb, g, H, D))."""
-        gathered_keys = gather_rows(keys, self.batch, self.key_rows)
+        rows = self.batch[:, None]
+        # (e, b or K, H, D) -> (e, H, b or K, D)
+        gathered_queries = queries[rows, self.query_rows].transpose(1, 2)
+        gathered_keys, gathered_values = (x[rows, self.key_rows].transpose(1, 2) for x in (keys, values))
         if block_global_keys is not None:
             put_block_global_keys(gathered_keys, block_global_keys, (self.batch, self.blocks))
-        return gather_rows(queries, self.batch, self.query_rows), gathered_keys, gather_rows(values, self.batch, self.key_rows)
+        return gathered_queries, gathered_keys, gathered_values
 
     def attend_into(
         self, output: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
@@ -653,7 +647,7 @@ def edge_mask(job: TokenAttention, edges: EdgeBlocks) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class WindowViewPlan:
-    """How the blocks of a call on the window-view path run (`window_view_plan`). viewed_runs: (row, start,
+    """How the blocks of a call on the window-view path run (`padding_window_views`). viewed_runs: (row, start,
     end) of each run of blocks whose local window lies inside the sequence and holds real tokens only,
     whose keys `window_view_forward` reads as views; edges: the other blocks that hold a real token, or
     None; every_block: whether every block is computed (else the output starts as zeros, those of the
@@ -665,27 +659,6 @@ class WindowViewPlan:
     every_block: bool
     query_rows: int
     key_rows: int
-
-
-def window_view_plan(job: TokenAttention) -> WindowViewPlan | None:
-    """The blocks of `job` on the window-view path, as its forward pass's padding plans them
-    (`PaddingPlan.window_views`: on the CPU, no sparse keys, not causal, every global key valid); None where
-    that path does not apply to this call (position terms other than `terms_in_window_views` takes, DropKey,
-    values of another size than the keys; in training, a torch without the CPU flash kernel's backward):
-    every block's keys are then gathered."""
-    views = job.plan.window_views
-    if views is None or (job.training and CPU_FLASH_ATTENTION_BACKWARD is None):
-        return None
-    if job.token_values.shape[-1] != job.token_keys.shape[-1] or job.kept is not None:
-        return None
-    return views if job.positions is None or terms_in_window_views(job) else None
-
-
-def terms_in_window_views(job: TokenAttention) -> bool:
-    """Whether the window views can take `job`'s position terms: the table's alone, the same over every
-    block's local keys (`PositionTerms.same_in_every_block`), in a call without gradients
-    (`WindowViewAttention`'s backward takes no terms)."""
-    return job.positions.same_in_every_block and not job.training and not trained_position_terms(job)
 
 
 def padding_window_views(
