@@ -150,6 +150,29 @@ def test_every_lsg_layer_of_every_family_finds_the_padding_its_pass_shares(arch,
     assert found[0] is not None and all(memo is found[0] for memo in found)
 
 
+@pytest.mark.parametrize("arch, kinds", [("bert", 1), ("bart", 1), ("t5", 1), ("mpnet", 1), ("deberta-v2", 1), ("modernbert", 2)])
+def test_the_recorder_plans_the_padding_of_each_kind_of_layer_once_before_the_layers_run(arch, kinds, monkeypatch):
+    model = tiny_lsg(arch)
+    events = []
+    make_plan, plans_of = lsg_attention.padding_plan, lsg_attention.padding_plans_of
+
+    def recorded_plan(*args, **kwargs):
+        events.append("plan")
+        return make_plan(*args, **kwargs)
+
+    def recorded_layer(mask):
+        events.append("layer")
+        return plans_of(mask)
+
+    monkeypatch.setattr(lsg_attention, "padding_plan", recorded_plan)
+    monkeypatch.setattr(lsg_attention, "padding_plans_of", recorded_layer)
+    with torch.no_grad():
+        model(**batch(arch))
+
+    layers = model.config.num_layers if arch == "t5" else model.config.num_hidden_layers
+    assert events == ["plan"] * kinds + ["layer"] * layers  # ModernBERT: its full and its sliding layers
+
+
 @pytest.mark.parametrize("arch", ["t5", "mpnet"])
 def test_host_syncs_of_a_padded_batch_with_position_terms_do_not_grow_with_the_layers(arch):
     layers_key = "num_layers" if arch == "t5" else "num_hidden_layers"
