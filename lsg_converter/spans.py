@@ -41,6 +41,7 @@ def encode_spans(
     span_tokens: int | None = None,
     spans: Sequence[Sequence[tuple[int, int]]] | None = None,
     show_progress_bar: bool | None = None,
+    batch_size: int = 8,
 ) -> list[SpanEmbeddings]:
     """Vectors of the spans of each text, from one pass of `model` over the whole text (late chunking).
 
@@ -54,6 +55,10 @@ def encode_spans(
             overlap it.
         show_progress_bar: a progress bar over the texts (default: where sentence-transformers' logging is at
             INFO or below, as its encode does).
+        batch_size: inputs the model reads at once, in one padded forward (right padding, attention mask):
+            the texts, longest first (by tokens) as sentence-transformers' encode sorts them, `batch_size` at a
+            time, a text longer than the model reads giving one input per window. The results come back in the
+            caller's order.
 
     Returns:
         One `SpanEmbeddings` per text, in order. A span vector is the span's token vectors pooled as the
@@ -63,7 +68,8 @@ def encode_spans(
 
     Raises:
         UnsupportedModelError: `model` is no SentenceTransformer with a Transformer and a Pooling module.
-        InvalidSettingsError: both or an invalid `span_tokens` / `spans`; a span that holds no token.
+        InvalidSettingsError: both or an invalid `span_tokens` / `spans`; a span that holds no token; a
+            `batch_size` below 1.
         MissingDependencyError: sentence-transformers is not installed.
     """
     require("sentence_transformers", "Span vectors")
@@ -72,26 +78,37 @@ def encode_spans(
         raise InvalidSettingsError("encode_spans got span_tokens= and spans=: give one of them.")
     if spans is not None and len(spans) != len(texts):
         raise InvalidSettingsError(f"encode_spans got {len(spans)} span lists for {len(texts)} texts: give one per text.")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise InvalidSettingsError(f"batch_size={batch_size!r} is no number of texts: give a whole number of at least 1.")
     pooling, after_pooling = _pooling_modules(model)
-    span_tokens = _default_span_tokens(model) if span_tokens is None and spans is None else span_tokens
+    special_tokens = special_tokens_around(model.tokenizer)
+    span_tokens = _default_span_tokens(model, special_tokens) if span_tokens is None and spans is None else span_tokens
     if spans is None and (isinstance(span_tokens, bool) or not isinstance(span_tokens, int) or span_tokens < 1):
         raise InvalidSettingsError(f"span_tokens={span_tokens!r} is no number of tokens: give a whole number of at least 1.")
     if show_progress_bar is None:
         show_progress_bar = logging.get_logger("sentence_transformers").getEffectiveLevel() <= logging.INFO
-    results = []
+    tokenized = _tokenized(model.tokenizer, texts)  # (ids, offsets) per text
+    token_runs = []  # per text, the tokens of each span: a span without tokens is refused before the model runs
+    for index, (_, offsets) in enumerate(tokenized):
+        if spans is None:
+            token_runs.append([range(start, min(start + span_tokens, len(offsets))) for start in range(0, len(offsets), span_tokens)])
+        else:
+            token_runs.append([_tokens_in(offsets, span, index) for span in spans[index]])
+    order = sorted(range(len(texts)), key=lambda index: -len(tokenized[index][0]))  # longest first, stable
+    results: list[SpanEmbeddings | None] = [None] * len(texts)
     model.eval()
-    with torch.no_grad():
-        for index, text in enumerate(tqdm(texts, desc="span vectors", unit="text", disable=not show_progress_bar)):
-            offsets, vectors = token_vectors(model, text)  # (T,) character spans, (T, dimension)
-            if spans is None:
-                token_runs = [range(start, min(start + span_tokens, len(offsets))) for start in range(0, len(offsets), span_tokens)]
-            else:
-                token_runs = [_tokens_in(offsets, span, index) for span in spans[index]]
-            pooled = torch.stack([_pooled(vectors, run, pooling) for run in token_runs]) if token_runs else vectors[:0]
-            features = {"sentence_embedding": pooled}
-            for module in after_pooling:
-                features = module(features)
-            results.append(SpanEmbeddings(features["sentence_embedding"], [(offsets[r[0]][0], offsets[r[-1]][1]) for r in token_runs]))
+    with torch.no_grad(), tqdm(total=len(texts), desc="span vectors", unit="text", disable=not show_progress_bar) as progress:
+        for first in range(0, len(order), batch_size):
+            batch = order[first : first + batch_size]
+            batch_vectors = _token_vectors_of(model, [tokenized[index][0] for index in batch], special_tokens, batch_size)
+            for index, vectors in zip(batch, batch_vectors):
+                offsets, runs = tokenized[index][1], token_runs[index]
+                pooled = torch.stack([_pooled(vectors, run, pooling) for run in runs]) if runs else vectors[:0]
+                features = {"sentence_embedding": pooled}
+                for module in after_pooling:
+                    features = module(features)
+                results[index] = SpanEmbeddings(features["sentence_embedding"], [(offsets[r[0]][0], offsets[r[-1]][1]) for r in runs])
+            progress.update(len(batch))
     return results
 
 
@@ -100,24 +117,8 @@ def token_vectors(model: Any, text: str) -> tuple[list[tuple[int, int]], torch.T
     model's Transformer module (T, dimension), read in one window where the text fits the model, else in
     windows overlapping by `WINDOW_OVERLAP`, each token's vector from the window where it lies farthest from
     an edge."""
-    tokenizer = model.tokenizer
-    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
-    ids, offsets = encoded["input_ids"], [tuple(span) for span in encoded["offset_mapping"]]
-    before, after = special_tokens_around(tokenizer)
-    body = model.max_seq_length - len(before) - len(after)
-    step = max(1, int(body * (1 - WINDOW_OVERLAP)))
-    starts = [0] if len(ids) <= body else [*range(0, len(ids) - body, step), len(ids) - body]
-    vectors, distance_to_edge = None, torch.full((len(ids),), -1)
-    for start in starts:
-        window_ids = ids[start : start + body]
-        window = _window_vectors(model, before + window_ids + after)[len(before) : len(before) + len(window_ids)]
-        if vectors is None:
-            vectors = window.new_empty(len(ids), window.shape[-1])
-        positions = torch.arange(window.shape[0])
-        distance = torch.minimum(positions, window.shape[0] - 1 - positions)  # to the window's nearer edge
-        better = distance > distance_to_edge[start : start + window.shape[0]]
-        vectors[start : start + window.shape[0]][better] = window[better]
-        distance_to_edge[start : start + window.shape[0]][better] = distance[better]
+    ((ids, offsets),) = _tokenized(model.tokenizer, [text])
+    (vectors,) = _token_vectors_of(model, [ids], special_tokens_around(model.tokenizer), batch_size=1)
     return offsets, vectors
 
 
@@ -129,15 +130,60 @@ def special_tokens_around(tokenizer: Any) -> tuple[list[int], list[int]]:
     return framed[:start], framed[start + len(word) :]
 
 
-def _window_vectors(model: Any, ids: list[int]) -> torch.Tensor:
-    """The vectors (w, dimension) of the w token `ids` (the special tokens around them included) read by the
-    model's Transformer module as one input."""
+def _tokenized(tokenizer: Any, texts: list[str]) -> list[tuple[list[int], list[tuple[int, int]]]]:
+    """Each text's token ids (special tokens left out) and their (start, end) characters."""
+    if not texts:
+        return []
+    encoded = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+    return [(ids, [tuple(span) for span in offsets]) for ids, offsets in zip(encoded["input_ids"], encoded["offset_mapping"])]
+
+
+def _token_vectors_of(
+    model: Any, texts_ids: list[list[int]], special_tokens: tuple[list[int], list[int]], batch_size: int
+) -> list[torch.Tensor]:
+    """The vectors (T, dimension) of each text's T token ids (special tokens left out) from the model's
+    Transformer module: a text that fits the model is one window, a longer one windows overlapping by
+    `WINDOW_OVERLAP`, each token's vector from the window where it lies farthest from an edge. The windows of
+    all the texts are read `batch_size` at a time, in their order (texts longest first: least padding)."""
+    before, after = special_tokens
+    body = model.max_seq_length - len(before) - len(after)
+    step = max(1, int(body * (1 - WINDOW_OVERLAP)))
+    windows = []  # (text, start of the window in the text's tokens)
+    for text, ids in enumerate(texts_ids):
+        starts = [0] if len(ids) <= body else [*range(0, len(ids) - body, step), len(ids) - body]
+        windows += [(text, start) for start in starts]
+    window_vectors = []
+    for first in range(0, len(windows), batch_size):
+        chunk = [texts_ids[text][start : start + body] for text, start in windows[first : first + batch_size]]
+        read = _window_vectors(model, [before + window_ids + after for window_ids in chunk])
+        window_vectors += [vectors[len(before) : len(before) + len(window_ids)] for vectors, window_ids in zip(read, chunk)]
+    results: list[torch.Tensor | None] = [None] * len(texts_ids)
+    distances = [torch.full((len(ids),), -1) for ids in texts_ids]
+    for (text, start), window in zip(windows, window_vectors):  # a text's windows in order, as they start
+        if results[text] is None:
+            results[text] = window.new_empty(len(texts_ids[text]), window.shape[-1])
+        vectors, distance_to_edge = results[text], distances[text]
+        positions = torch.arange(window.shape[0])
+        distance = torch.minimum(positions, window.shape[0] - 1 - positions)  # to the window's nearer edge
+        better = distance > distance_to_edge[start : start + window.shape[0]]
+        vectors[start : start + window.shape[0]][better] = window[better]
+        distance_to_edge[start : start + window.shape[0]][better] = distance[better]
+    return results
+
+
+def _window_vectors(model: Any, windows: list[list[int]]) -> list[torch.Tensor]:
+    """The vectors (w, dimension) of each window's w token ids (the special tokens around them included), read
+    by the model's Transformer module as one batch: right padding, an attention mask."""
     device = next(model.parameters()).device
-    input_ids = torch.tensor([ids], device=device)
-    features = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+    pad_id = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
+    longest = max(len(ids) for ids in windows)
+    input_ids = torch.tensor([ids + [pad_id] * (longest - len(ids)) for ids in windows], device=device)
+    attention_mask = torch.tensor([[1] * len(ids) + [0] * (longest - len(ids)) for ids in windows], device=device)
+    features = {"input_ids": input_ids, "attention_mask": attention_mask}
     if "token_type_ids" in model.tokenizer.model_input_names:
         features["token_type_ids"] = torch.zeros_like(input_ids)
-    return model[0](features)["token_embeddings"][0].cpu()
+    token_embeddings = model[0](features)["token_embeddings"].cpu()
+    return [token_embeddings[row, : len(ids)] for row, ids in enumerate(windows)]
 
 
 def _tokens_in(offsets: list[tuple[int, int]], span: tuple[int, int], text_index: int) -> range:
@@ -189,9 +235,10 @@ def _pooling_modules(model: Any) -> tuple[tuple[str, ...], list[Any]]:
     return modes, modules[where + 1 :]
 
 
-def _default_span_tokens(model: Any) -> int:
-    """The window body of the source the model was converted from (its pretrained positions), else of the model."""
+def _default_span_tokens(model: Any, special_tokens: tuple[list[int], list[int]]) -> int:
+    """The window body of the source the model was converted from (its pretrained positions), else of the
+    model; `special_tokens`: the ids the tokenizer puts before and after a text (`special_tokens_around`)."""
     config = getattr(model[0].auto_model, "config", None)
     positions = getattr(config, "pretrained_positions", None)
-    before, after = special_tokens_around(model.tokenizer)
+    before, after = special_tokens
     return (positions or model.max_seq_length) - len(before) - len(after)

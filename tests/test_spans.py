@@ -92,6 +92,26 @@ def test_a_text_longer_than_the_model_reads_takes_each_tokens_vector_from_its_mo
     assert not torch.allclose(window(0)[54:62], window(46)[8:16], atol=1e-3)  # the windows differ there: the check bites
 
 
+def test_a_batch_of_texts_of_different_lengths_gives_the_spans_of_each_text_read_alone_in_the_callers_order(long_model):
+    # 700 words: past the 510 tokens the model reads, two windows (read in one batch); the others one each
+    texts = [text_of(words, seed) for seed, words in enumerate((30, 700, 5, 260, 120))]
+    alone = encode_spans(long_model, texts, span_tokens=64, batch_size=1)
+
+    for batch_size in (2, 8):
+        batched = encode_spans(long_model, texts, span_tokens=64, batch_size=batch_size)
+
+        assert [result.offsets for result in batched] == [result.offsets for result in alone]
+        assert [len(result.offsets) for result in batched] == [1, 11, 1, 5, 2]  # the caller's order, not the length's
+        for result, single in zip(batched, alone):
+            torch.testing.assert_close(result.embeddings, single.embeddings, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("batch_size", [0, -1])
+def test_a_batch_size_below_one_is_refused(long_model, batch_size):
+    with pytest.raises(ValueError, match=rf"batch_size={batch_size} is no number of texts: give a whole number of at least 1"):
+        encode_spans(long_model, ["a few words"], batch_size=batch_size)
+
+
 def test_a_span_without_tokens_is_refused_in_one_line(long_model):
     with pytest.raises(InvalidSettingsError, match=r"The span \(5, 5\) of text 0 holds no token"):
         encode_spans(long_model, ["a few words here"], spans=[[(5, 5)]])
