@@ -376,18 +376,14 @@ def _blocked_attention(
         token_queries=token_queries,
         token_keys=token_keys,
         token_values=token_values,
-        token_mask=plan.token_mask,
         global_keys=global_keys,
         global_values=global_values,
-        global_mask=plan.global_mask,
         sparse=None,
         pattern=pattern,
         scaling=scaling,
         num_tokens=num_tokens,
         positions=position_terms,
-        real_blocks=plan.real_blocks,
         sequence=(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)),
-        no_masked_keys=plan.no_masked_keys,
         plan=plan,
         training=torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad),
     )
@@ -460,7 +456,7 @@ def _padded_masks(
 
 
 def _real_blocks(padding_mask: torch.Tensor | None, num_global: int, first: int, padding: int, block: int):
-    """`TokenAttention.real_blocks` of the blocks from token `first` (a block start) on: (B, nb) bool, the
+    """`PaddingPlan.real_blocks` of the blocks from token `first` (a block start) on: (B, nb) bool, the
     blocks that hold a real token; None without a padding mask, or where every block holds one (checked
     outside compiled graphs only, which always carry the mask and zero the rows without a branch)."""
     if padding_mask is None:
@@ -552,7 +548,7 @@ def choose_path(backend: str, job: TokenAttention) -> tuple[AttentionPath, Any]:
     queries = job.token_queries
     # every key may be seen and nothing else changes the scores: masks of the input's shape alone (not while
     # exporting, whose one graph serves every length)
-    unmasked = not is_exporting() and job.no_masked_keys and job.sparse is None and job.kept is None and job.positions is None
+    unmasked = not is_exporting() and job.plan.no_masked_keys and job.sparse is None and job.kept is None and job.positions is None
     if backend == DEFAULT_BACKEND:
         flex = prefers_flex_attention(queries.device.type, queries.dtype, job.num_tokens, unmasked)
         backend = "flex_attention" if flex else "sdpa"

@@ -242,14 +242,14 @@ def whole_sequence_bounds(job: TokenAttention) -> tuple[bool, RowBounds | None]:
 
     It does where there is no DropKey, every global key is valid, and each row's valid tokens (and, per
     head, its valid compressed keys) are one run. Known without reading the mask where the core knows
-    no key is masked (`TokenAttention.no_masked_keys`) and every sparse key is valid (none, or
+    no key is masked (`PaddingPlan.no_masked_keys`) and every sparse key is valid (none, or
     `SparseContext.every_key_valid`); else checked on the
     host, the tokens once per forward pass (`_token_bounds`), the compressed keys once per forward pass
     where their mask is made from the token mask alone (`SparseContext.mask_of_tokens_alone`), else in each
     layer (never inside a compiled graph, which then takes the gathered layout)."""
     if job.kept is not None:
         return False, None
-    if job.no_masked_keys and (job.sparse is None or job.sparse.every_key_valid):
+    if job.plan.no_masked_keys and (job.sparse is None or job.sparse.every_key_valid):
         return True, None
     if tracing():
         return False, None
@@ -278,9 +278,9 @@ def _sparse_bounds(job: TokenAttention) -> tuple[torch.Tensor, bool]:
 def _token_bounds(job: TokenAttention) -> tuple[torch.Tensor, bool, bool]:
     """[first, end) of each row's valid tokens, (B, 2) int64; whether the keys of the padding are one run
     per row, every global key valid; whether every token is valid. One check on the host."""
-    token_bounds, token_run = _one_run(job.token_mask)
+    token_bounds, token_run = _one_run(job.plan.token_mask)
     every_token = (token_bounds[:, 0] == 0) & (token_bounds[:, 1] == job.num_tokens)
-    checks = torch.stack([job.global_mask.all(), token_run.all(), every_token.all()])
+    checks = torch.stack([job.plan.global_mask.all(), token_run.all(), every_token.all()])
     globals_valid, tokens_run, every_token_valid = checks.tolist()
     return token_bounds, globals_valid and tokens_run, every_token_valid
 
@@ -569,7 +569,7 @@ def whole_sequence_attention(job: TokenAttention, bounds: RowBounds | None) -> T
     (`TokenOutput.is_layer_output`, not inside a graph being traced: there the core joins them); else
     the global rows are left out and the core joins the parts."""
     pattern, num_tokens, sparse = job.pattern, job.num_tokens, job.sparse
-    layout = KeyLayout.of(pattern, job.token_mask.shape[1], TILE, num_tokens)
+    layout = KeyLayout.of(pattern, job.plan.token_mask.shape[1], TILE, num_tokens)
     segment_ends = (layout.sparse_offset, layout.length)
     queries, keys, values = job.sequence  # (B, g + t, H, D)
     queries = _cpu_graph_operand(_at_storage_start(queries).transpose(1, 2))  # (B, H, g + t, D)
@@ -612,7 +612,7 @@ def key_sequence_attention(job: TokenAttention) -> TokenOutput:
     choice)."""
     pattern, sparse, num_queries = job.pattern, job.sparse, job.num_tokens
     batch, _, heads, _ = job.token_keys.shape
-    layout = KeyLayout.of(pattern, job.token_mask.shape[1], TILE)
+    layout = KeyLayout.of(pattern, job.plan.token_mask.shape[1], TILE)
     structure = block_structure(pattern, num_queries, TILE, job.token_queries.device)
     segment_ends = (layout.token_offset, layout.sparse_offset, layout.length)
 
@@ -640,8 +640,8 @@ def key_sequence_attention(job: TokenAttention) -> TokenOutput:
             global_key_rows = terms.key_rows[:, :, :num_global]
             key_rows = _laid_out([global_key_rows, job.token_key_rows, sparse_rows], segment_ends)  # (B, H, length, R)
         score_mod = position_score_mod(terms, key_positions, key_rows, num_global)
-    sparse_mask = job.token_mask.new_zeros(batch, 1, 0) if sparse is None else sparse.mask
-    masks = (job.global_mask[:, None], job.token_mask[:, None], sparse_mask)
+    sparse_mask = job.plan.token_mask.new_zeros(batch, 1, 0) if sparse is None else sparse.mask
+    masks = (job.plan.global_mask[:, None], job.plan.token_mask[:, None], sparse_mask)
     key_valid = _laid_out([m.expand(-1, heads, -1) for m in masks], segment_ends)  # (B, H, length) bool
     block_mask = _with_mask_mod(structure, lsg_mask_mod(pattern, layout, key_valid, job.kept))
     output = _flex_kernel(kernel_signature(job, "gathered"))(

@@ -476,21 +476,16 @@ class TokenAttention:
     """What the core hands a backend: the t token queries and every key they may see.
 
     token_queries, token_keys, token_values: (B, t, H, D) (`padded`: the same padded at the end to T = nb b,
-    the padding masked, made on first use); token_mask: (B, T) bool; global_keys,
-    global_values: (B, g, H, D), global_mask: (B, g) bool; sparse: the sparse context, or None without
-    sparse keys; kept: the keys DropKey leaves each block in training, (B, nb, H, 1 or b, K) bool in the
-    order of `KeyPattern.key_columns` (drawn once, by the core, see `block_dropout`), None otherwise;
+    the padding masked, made on first use); global_keys, global_values: (B, g, H, D); sparse: the sparse
+    context, or None without sparse keys; pattern: the keys each block sees; sequence: the layer's queries,
+    keys and values, (B, g + t, H, D) each, of which the global and token tensors above are the two parts
+    (which the block backends gather from with `block_table` and flex_attention reads where they lie);
+    plan: what the layers of this kind make from the forward pass's padding alone (`PaddingPlan`: the key
+    and token masks, whether any key is masked, the blocks that hold a real token, whose output rows the
+    core leaves zero and a path may leave out, the window views' blocks), made once for the pass;
+    kept: the keys DropKey leaves each block in training, (B, nb, H, 1 or b, K) bool in the order of
+    `KeyPattern.key_columns` (drawn once, by the core, see `block_dropout`), None otherwise;
     positions: the position terms, or None;
-    real_blocks: (B, nb) bool, the blocks that hold a real token, where some may hold padding only
-    (the end of a short row in a padded batch); None: every block. The output rows of the others are
-    zero (the core sees to it); a backend may leave them out (`PaddingPlan.query_blocks`);
-    sequence: the layer's queries, keys and values, (B, g + t, H, D) each, of which the global and token
-    tensors above are the two parts (which the block backends gather from with `block_table` and
-    flex_attention reads where they lie);
-    no_masked_keys: True where the core knows, without reading a mask, that no key is masked (no
-    padding mask, no masked first token);
-    plan: what the layers of this kind make from the forward pass's padding alone (`PaddingPlan`: the masks
-    above, the real rows and blocks, the window views' blocks), made once for the pass;
     training: whether the call needs gradients (of its queries, keys or values);
     global_output: the global queries' output (B, g, H, D), made by the core before the token queries' path,
     which may write it into its own output (`TokenOutput.is_layer_output`), so that the kernel's saved
@@ -502,20 +497,16 @@ class TokenAttention:
     token_queries: torch.Tensor
     token_keys: torch.Tensor
     token_values: torch.Tensor
-    token_mask: torch.Tensor
     global_keys: torch.Tensor
     global_values: torch.Tensor
-    global_mask: torch.Tensor
     sparse: SparseContext | None
     pattern: KeyPattern
     scaling: float
     num_tokens: int
     sequence: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    plan: PaddingPlan
     kept: torch.Tensor | None = None
     positions: PositionTerms | None = None
-    real_blocks: torch.Tensor | None = None
-    no_masked_keys: bool = False
-    plan: PaddingPlan | None = None
     training: bool = False
     global_output: torch.Tensor | None = None
     block_global_keys: torch.Tensor | None = None
@@ -524,7 +515,7 @@ class TokenAttention:
 
     @property
     def num_blocks(self) -> int:
-        return self.token_mask.shape[1] // self.pattern.block_size
+        return self.plan.token_mask.shape[1] // self.pattern.block_size
 
     def padded(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The token queries, keys and values padded to T rows, (B, T, H, D) each, made once (no copy where
@@ -532,16 +523,16 @@ class TokenAttention:
         functools.cached_property, whose lock torch.compile cannot trace.)"""
         if self._padded is None:
             tokens = (self.token_queries, self.token_keys, self.token_values)
-            padding = self.token_mask.shape[1] - self.num_tokens
+            padding = self.plan.token_mask.shape[1] - self.num_tokens
             self._padded = tuple(pad_rows(x, 0, padding) for x in tokens) if padding or is_exporting() else tokens
         return self._padded
 
     def made_once(self, key: Hashable, make: Callable[[], Made]) -> Made:
-        """`make()`, of this job's padding alone (`token_mask`, `global_mask`, `real_blocks`, and what `key`
-        names besides: a name, a dtype; not the sparse keys' values, DropKey or the position terms, which each
-        layer has its own of): made by the first layer of the forward pass that asks and shared by the next
-        ones (`PaddingPlan.memo`), made at every call where there is no plan."""
-        return made_once(None if self.plan is None else self.plan.memo, key, make)
+        """`make()`, of this job's padding alone (its `plan`'s masks and real blocks, and what `key` names
+        besides: a name, a dtype; not the sparse keys' values, DropKey or the position terms, which each layer
+        has its own of): made by the first layer of the forward pass that asks and shared by the next ones
+        (`PaddingPlan.memo`)."""
+        return made_once(self.plan.memo, key, make)
 
     @property
     def sparse_mask_of_padding_alone(self) -> bool:
@@ -564,7 +555,7 @@ class TokenAttention:
         (Kept in a field, not a functools.cached_property, whose lock torch.compile cannot trace.)"""
         if self._token_key_rows is None and self.positions is not None and self.positions.key_rows is not None:
             token_rows = self.positions.key_rows[:, :, self.pattern.num_global :]
-            self._token_key_rows = F.pad(token_rows, (0, 0, 0, self.token_mask.shape[1] - token_rows.shape[2]))
+            self._token_key_rows = F.pad(token_rows, (0, 0, 0, self.plan.token_mask.shape[1] - token_rows.shape[2]))
         return self._token_key_rows
 
 
@@ -743,15 +734,15 @@ def local_causal_mask(pattern: KeyPattern, device: torch.device) -> torch.Tensor
 def block_mask(job: TokenAttention) -> torch.Tensor:
     """Which keys of its window each block may attend to: (B, nb, 1 or H, 1 or b, K) bool, in key order."""
     pattern, num_blocks = job.pattern, job.num_blocks
-    local_mask = torch.cat(local_windows(pattern, job.token_mask, num_blocks, False), dim=2)[:, :, None, None, :]
+    local_mask = torch.cat(local_windows(pattern, job.plan.token_mask, num_blocks, False), dim=2)[:, :, None, None, :]
     if pattern.causal:
-        local_mask = local_mask & local_causal_mask(pattern, job.token_mask.device)  # (B, nb, 1, b, 2b)
+        local_mask = local_mask & local_causal_mask(pattern, job.plan.token_mask.device)  # (B, nb, 1, b, 2b)
     masks = [local_mask]
     if job.sparse is not None:
         sparse_mask = torch.cat(sparse_windows(pattern, job.sparse.mask.transpose(1, 2), num_blocks, False), dim=2)
         masks.insert(0, sparse_mask.transpose(2, 3)[:, :, :, None, :])  # (B, nb, 1 or H, 1, s or 2s)
-    if job.global_mask.shape[1]:
-        masks.insert(0, job.global_mask[:, None, None, None, :].expand(-1, num_blocks, -1, -1, -1))
+    if job.plan.global_mask.shape[1]:
+        masks.insert(0, job.plan.global_mask[:, None, None, None, :].expand(-1, num_blocks, -1, -1, -1))
     mask_heads = max(m.shape[2] for m in masks)
     mask_rows = max(m.shape[3] for m in masks)
     return torch.cat([m.expand(-1, -1, mask_heads, mask_rows, -1) for m in masks], dim=-1)
@@ -968,13 +959,13 @@ def cached_block_mask(job: TokenAttention, chosen: tuple[torch.Tensor, torch.Ten
         or tracing()
     ):
         return folded_blocks(block_additive_mask(job), batch, chosen)
-    made_for = [job.token_mask, job.global_mask]
+    made_for = [job.plan.token_mask, job.plan.global_mask]
     if job.sparse is not None:  # the sparse keys' positions alone where their terms depend on them
         made_for.append(job.sparse.mask)
         if far_sparse_scores(terms, job.pattern, job.token_keys.device) is None:
             made_for.append(job.sparse.positions)
-    if job.real_blocks is not None:
-        made_for.append(job.real_blocks)
+    if job.plan.real_blocks is not None:
+        made_for.append(job.plan.real_blocks)
     key = (job.pattern, job.token_queries.dtype, job.token_queries.device, job.num_tokens, chosen is None, len(made_for))
     kept = terms.block_masks.get(key)
     # the same tensors where the pass shares its padding (`made_once`): no comparison on the host then
@@ -1090,7 +1081,7 @@ def block_queries(
 ) -> torch.Tensor:
     """The queries of every block (or the `chosen` ones): (n, H, b, D), views of the tokens where the
     blocks cover them exactly, else gathered (the padding rows reading the last token)."""
-    if job.token_mask.shape[1] == job.num_tokens:
+    if job.plan.token_mask.shape[1] == job.num_tokens:
         queries = job.padded()[0].unflatten(1, (job.num_blocks, job.pattern.block_size))  # (B, nb, b, H, D)
         return folded_blocks(queries, job.token_keys.shape[0], chosen).transpose(1, 2)
     return gather_block_rows(job.sequence[0], table.query_rows, chosen)

@@ -6,7 +6,7 @@ batch of 4D inputs, (B * nb, H, b, D), so that SDPA's fused kernels run forward 
 inputs, and its own dropout, fall back to the O(n^2) math kernel: dropout is DropKey, drawn by the
 core). Position terms join the additive mask; the blocks whose mask is all zero run without it
 (`mask_runs`). The blocks of a padded batch that hold padding only are left out
-(`TokenAttention.real_blocks`). The default backend, on the CPU and on CUDA.
+(`PaddingPlan.real_blocks`). The default backend, on the CPU and on CUDA.
 
 An input whose every key is seen (no padding, sparse keys, DropKey or position terms), the common
 training and inference call, has masks that depend on its shape only (`ShapeBlocks`, made once per
@@ -164,7 +164,7 @@ def blocks_token_output(
 ) -> TokenOutput:
     """The token queries' output (B, t, H, D) of the blocks that hold a real token (`PaddingPlan.query_blocks`)
     run by `attend` (-> (n, b, H, D)), the blocks of padding only left as zeros."""
-    batch, padded_tokens, heads = job.token_queries.shape[0], job.token_mask.shape[1], job.token_queries.shape[2]
+    batch, padded_tokens, heads = job.token_queries.shape[0], job.plan.token_mask.shape[1], job.token_queries.shape[2]
     chosen = job.plan.query_blocks  # None: every block
     output = attend(job, chosen)
     if chosen is not None:
@@ -780,7 +780,7 @@ def global_view_mask(job: TokenAttention) -> torch.Tensor | None:
     terms, num_global = job.positions, job.pattern.num_global
     if terms is None or not num_global:
         return None
-    padded_tokens, dtype = job.token_mask.shape[1], job.token_keys.dtype
+    padded_tokens, dtype = job.plan.token_mask.shape[1], job.token_keys.dtype
     key = ("global", dtype, padded_tokens)
     if key not in terms.view_masks:
         terms.view_masks[key] = token_global_scores(terms, num_global, padded_tokens, job.token_keys.device).to(dtype)
