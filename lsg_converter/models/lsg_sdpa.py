@@ -17,14 +17,15 @@ and nothing waits on the device. That is the path of CUDA.
 On the CPU, in every precision (without sparse keys, DropKey, a causal mask or position terms other
 than a table's, which are the same over every block's local keys: T5's and MPNet's bias, and those
 without gradients only), the blocks whose window holds real tokens only read their local keys as
-overlapping views of the layer's keys, with no copy (`window_view_attention`): without gradients rounded
+overlapping views of the layer's keys, with no copy (`window_view_forward`): without gradients rounded
 up to `KEY_MULTIPLE` keys with masked rows, and blocks of 161 to 191 queries run as 192 rows, the
 kernel's wider tiles (`kernel_query_rows`). The global keys join through the log-sum-exp of each part
 (`local_then_global`). The few others (at the edges, beside padding: `EdgeBlocks`) gather their own
 queries and keys, the global ones among them, and run one kernel call with their mask. The edge blocks'
-and the global queries' outputs are written into the one output of the layer (`window_view_output`,
-`TokenOutput.is_layer_output`), which the core does not join again. In training the same blocks run
-through `WindowViewAttention`, whose backward runs the kernel's own and gathers the edge blocks' keys
+and the global queries' outputs are written into the one output of the layer
+(`TokenOutput.is_layer_output`), which the core does not join again. Which blocks are viewed and which
+are edges is the forward pass's plan (`padding_window_views`, made with its `PaddingPlan`). In training
+the same forward runs through `WindowViewAttention`, whose backward runs the kernel's own and gathers the edge blocks' keys
 again: no gathered copy is kept for the backward pass, and the output it keeps for its backward is the
 layer's. A training call then keeps what dense SDPA keeps, and a second log-sum-exp per query.
 
@@ -512,10 +513,10 @@ def shape_blocks(
 
 
 def unmasked_attention(job: TokenAttention) -> TokenOutput:
-    """The token queries' output of an input whose every key may be seen (`lsg_attention.choose_path`), as pieces (B, t_i, H, D) in token order for the
-    core to join: the middle blocks in one SDPA call without a mask, the edge blocks in one with theirs,
-    each block's keys gathered from the layer's sequence in one copy (`gather_block_rows`): where the
-    window-view plan does not run (`window_view_plan`: on CUDA, while tracing)."""
+    """The token queries' output of an input whose every key may be seen (`lsg_attention.choose_path`), as
+    pieces (B, t_i, H, D) in token order for the core to join: the middle blocks in one SDPA call without a
+    mask, the edge blocks in one with theirs, each block's keys gathered from the layer's sequence in one
+    copy (`gather_block_rows`): where the window views do not run (on CUDA, while tracing, a causal mask)."""
     pattern, queries = job.pattern, job.token_queries
     batch, _, heads, _ = queries.shape
     block = pattern.block_size
