@@ -125,20 +125,21 @@ def test_a_call_without_a_mask_reaches_the_attention_as_no_mask(monkeypatch):
                            intermediate_size=37, max_position_embeddings=512, block_size=16, num_global_tokens=1)
     model = LSGBertForMaskedLM(config).eval()
     input_ids = torch.randint(5, 100, (2, TOKENS))
-    masks = []
-    core = lsg_attention.lsg_attention
+    plans = []
+    blocked = lsg_attention._blocked_attention
 
-    def recording_core(query, key, value, padding_mask, *args, **kwargs):
-        masks.append(padding_mask)
-        return core(query, key, value, padding_mask, *args, **kwargs)
+    def recording_blocked(query, key, value, plan, *args, **kwargs):
+        plans.append(plan)
+        return blocked(query, key, value, plan, *args, **kwargs)
 
-    monkeypatch.setattr(lsg_attention, "lsg_attention", recording_core)
+    monkeypatch.setattr(lsg_attention, "_blocked_attention", recording_blocked)
     with torch.no_grad():
         without = model(input_ids=input_ids).logits
         with_ones = model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids)).logits
 
-    assert masks[:2] == [None, None]  # both layers of the call without a mask
-    assert all(mask is not None for mask in masks[2:])  # a mask of the user's own is read
+    # both layers of the call without a mask know no key is masked without reading a mask; a mask of the
+    # user's own is read
+    assert [plan.no_masked_keys for plan in plans] == [True, True, False, False]
     torch.testing.assert_close(without, with_ones, rtol=0, atol=0)
 
 

@@ -446,22 +446,23 @@ class PaddingPlan:
     again included; made by the call itself where no recorder made its mask, and in every layer while tracing.
 
     pattern: the layers' `KeyPattern`; key_mask: (B, g + t) bool, the keys that may be attended; global_mask:
-    (B, g), its global columns;
-    token_mask: (B, T) bool, the tokens' padded at the end to whole blocks (T = nb b), the first token
-    masked with ``mask_first_token``; padding: T - t; no_masked_keys: whether no key is masked, known
-    without reading a mask (no padding mask, no masked first token); real_blocks: (B, nb) bool, the blocks
-    that hold a real token, None where every block does; real_rows: (B, t) bool, the token queries of
-    those blocks (None: every query); query_blocks: (batch index, block index) of those blocks, (n,) each
-    (None: every block, or while tracing: a compiled graph computes every block); window_views: the blocks
-    of sdpa's window-view path on the CPU (`lsg_sdpa.WindowViewPlan`) where the padding allows it (no
-    sparse keys, not causal, every global key valid), else None; memo: what a path makes from the padding
-    alone the first time a layer asks (flex_attention's row bounds, the gathered blocks' masks), for the
-    next ones (`TokenAttention.made_once`)."""
+    (B, g), its global columns; token_mask: (B, T) bool, the tokens' padded at the end to whole blocks (T =
+    nb b), the first token masked with ``mask_first_token``; local_mask: (B, nb, local) bool, which of each
+    block's local keys are real tokens (the local part of every block mask, `block_mask`, and of the window
+    views' edges); padding: T - t; no_masked_keys: whether no key is masked, known without reading a mask
+    (no padding mask, no masked first token); real_blocks: (B, nb) bool, the blocks that hold a real token,
+    None where every block does; real_rows: (B, t) bool, the token queries of those blocks (None: every
+    query); query_blocks: (batch index, block index) of those blocks, (n,) each (None: every block, or while
+    tracing: a compiled graph computes every block); window_views: the blocks of sdpa's window-view path on
+    the CPU (`lsg_sdpa.WindowViewPlan`) where the padding allows it (no sparse keys, not causal, every global
+    key valid), else None; memo: what a path makes from the padding alone the first time a layer asks
+    (flex_attention's row bounds, the gathered blocks' masks), for the next ones (`TokenAttention.made_once`)."""
 
     pattern: KeyPattern
     key_mask: torch.Tensor
     global_mask: torch.Tensor
     token_mask: torch.Tensor
+    local_mask: torch.Tensor
     padding: int
     no_masked_keys: bool
     real_blocks: torch.Tensor | None
@@ -734,7 +735,7 @@ def local_causal_mask(pattern: KeyPattern, device: torch.device) -> torch.Tensor
 def block_mask(job: TokenAttention) -> torch.Tensor:
     """Which keys of its window each block may attend to: (B, nb, 1 or H, 1 or b, K) bool, in key order."""
     pattern, num_blocks = job.pattern, job.num_blocks
-    local_mask = torch.cat(local_windows(pattern, job.plan.token_mask, num_blocks, False), dim=2)[:, :, None, None, :]
+    local_mask = job.plan.local_mask[:, :, None, None, :]
     if pattern.causal:
         local_mask = local_mask & local_causal_mask(pattern, job.plan.token_mask.device)  # (B, nb, 1, b, 2b)
     masks = [local_mask]

@@ -663,14 +663,14 @@ class WindowViewPlan:
 
 
 def padding_window_views(
-    pattern: KeyPattern, token_mask: torch.Tensor, global_mask: torch.Tensor, real_blocks: torch.Tensor | None,
-    num_tokens: int, no_masked_keys: bool,
+    pattern: KeyPattern, token_mask: torch.Tensor, local_mask: torch.Tensor, global_mask: torch.Tensor,
+    real_blocks: torch.Tensor | None, num_tokens: int, no_masked_keys: bool,
 ) -> WindowViewPlan | None:  # fmt: skip
-    """The `WindowViewPlan` of a forward pass's padding (`PaddingPlan.window_views`), where the CPU flash
-    kernel (which alone returns each query's log-sum-exp, which joins the views' two calls: CUDA gathers) can
-    read the local keys as views: on the CPU, without sparse keys or a causal mask, every global key valid,
-    not while tracing, for more than two blocks (the blocked path's); else None. Made once per shape where no
-    key is masked."""
+    """The `WindowViewPlan` of a forward pass's padding (`PaddingPlan.window_views`: its token, local and global
+    masks, real blocks), where the CPU flash kernel (which alone returns each query's log-sum-exp, which joins
+    the views' two calls: CUDA gathers) can read the local keys as views: on the CPU, without sparse keys or a
+    causal mask, every global key valid, not while tracing, for more than two blocks (the blocked path's);
+    else None. Made once per shape where no key is masked."""
     device = token_mask.device
     if CPU_FLASH_ATTENTION is None or device.type != "cpu" or pattern.sparse_starts or pattern.causal or tracing():
         return None
@@ -680,7 +680,7 @@ def padding_window_views(
         return unmasked_window_view_plan(pattern, token_mask.shape[0], token_mask.shape[1] // pattern.block_size, num_tokens, device)
     if not bool(global_mask.all()):
         return None
-    return window_view_plan_of(pattern, token_mask, real_blocks, num_tokens)
+    return window_view_plan_of(pattern, local_mask, real_blocks, num_tokens)
 
 
 @shape_cached
@@ -690,17 +690,18 @@ def unmasked_window_view_plan(
     """The `WindowViewPlan` of an input of `batch` rows of `num_tokens` tokens whose every key may be seen:
     made once per shape and shared by the layers and the forwards that follow."""
     token_mask = (torch.arange(num_blocks * pattern.block_size, device=device) < num_tokens).expand(batch, -1)  # (B, T)
-    return window_view_plan_of(pattern, token_mask, None, num_tokens)
+    local_mask = torch.cat(local_windows(pattern, token_mask, num_blocks, False), dim=2)  # (B, nb, local)
+    return window_view_plan_of(pattern, local_mask, None, num_tokens)
 
 
 def window_view_plan_of(
-    pattern: KeyPattern, token_mask: torch.Tensor, real_blocks: torch.Tensor | None, num_tokens: int
+    pattern: KeyPattern, local_mask: torch.Tensor, real_blocks: torch.Tensor | None, num_tokens: int
 ) -> WindowViewPlan:
-    """The `WindowViewPlan` of tokens whose mask, padded to whole blocks, is `token_mask` (B, T) bool, every
-    global key valid, `real_blocks` (B, nb) bool the blocks that hold a real token (None: every block)."""
-    num_blocks = token_mask.shape[1] // pattern.block_size
-    local_mask = torch.cat(local_windows(pattern, token_mask, num_blocks, False), dim=2)  # (B, nb, local)
-    rounded_ends = pattern.local_end(torch.arange(num_blocks, device=token_mask.device)) + extra_keys(pattern)
+    """The `WindowViewPlan` of blocks whose local keys' mask is `local_mask` (B, nb, local) bool (which are
+    real tokens), every global key valid, `real_blocks` (B, nb) bool the blocks that hold a real token (None:
+    every block)."""
+    num_blocks = local_mask.shape[1]
+    rounded_ends = pattern.local_end(torch.arange(num_blocks, device=local_mask.device)) + extra_keys(pattern)
     viewed = local_mask.all(dim=-1) & (rounded_ends <= num_tokens)
     computed = torch.ones_like(viewed) if real_blocks is None else real_blocks
     edges = (computed & ~viewed).nonzero(as_tuple=True)
