@@ -25,8 +25,8 @@ queries and keys, the global ones among them, and run one kernel call with their
 and the global queries' outputs are written into the one output of the layer
 (`TokenOutput.is_layer_output`), which the core does not join again. Which blocks are viewed and which
 are edges is the forward pass's plan (`padding_window_views`, made with its `PaddingPlan`). In training
-the same forward runs through `WindowViewAttention`, whose backward runs the kernel's own and gathers the edge blocks' keys
-again: no gathered copy is kept for the backward pass, and the output it keeps for its backward is the
+the same forward runs through `WindowViewAttention`, whose backward runs the kernel's own and gathers the
+edge blocks' keys again: no gathered copy is kept for the backward pass, and the output it keeps for its backward is the
 layer's. A training call then keeps what dense SDPA keeps, and a second log-sum-exp per query.
 
 Position terms being trained (T5's bias table, MPNet's, DeBERTa's projections) give the mask a gradient,
@@ -61,7 +61,6 @@ from .lsg_pattern import (
     TokenOutput,
     additive_mask,
     fused_attention,
-    is_exporting,
     local_windows,
     pad_rows,
     sdpa_dense_attention,
@@ -92,8 +91,9 @@ class SdpaBackend:
 
 
 def window_view_token_attention(job: TokenAttention, plan: WindowViewPlan) -> TokenOutput:
-    """The window-view path (`lsg_attention.choose_path`): the layer's output (`window_view_forward`), into which the
-    edge blocks' and the global queries' outputs are written; in training through `WindowViewAttention`."""
+    """The window-view path (`lsg_attention.choose_path`): the layer's output (`window_view_forward`), into
+    which the edge blocks' and the global queries' outputs are written; in training through
+    `WindowViewAttention`."""
     if job.training:
         output = WindowViewAttention.apply(
             job.token_queries, job.sequence[1], job.sequence[2], job.global_output, job.block_global_keys, job, plan
@@ -550,8 +550,8 @@ class EdgeBlocks:
     batch, blocks: (e,) each one's batch index and block index; query_rows: (e, b) its queries' rows
     among the tokens (those past the last token read it: their outputs are dropped); key_rows: (e, K) its
     keys' rows in the layer's sequence (g + t rows), in `KeyPattern.key_columns` order; allowed: (e, 1, 1, K)
-    bool, the keys each may see (`mask_in` a dtype: additive); kept: the rows of their outputs (e b) that are tokens', a slice where those come first, else
-    (k,); dropped: the others, (e b - k,), or None; targets: (batch index, row) of each kept row in the
+    bool, the keys each may see (`mask_in` a dtype: additive); kept: the rows of their outputs (e b) that
+    are tokens', a slice where those come first, else (k,); dropped: the others, (e b - k,), or None; targets: (batch index, row) of each kept row in the
     layer's output (g + t rows), (k,) each."""
 
     batch: torch.Tensor
@@ -628,8 +628,8 @@ def edge_blocks(
 
 
 def edge_mask(job: TokenAttention, edges: EdgeBlocks) -> torch.Tensor:
-    """The additive mask of the `edges` over their keys, (e, 1 or H, 1 or b, K): `EdgeBlocks.mask_in`, with `job`'s
-    position terms where it has (a table's, the same in every block: `global_view_mask`, `local_view_mask`),
+    """The additive mask of the `edges` over their keys, (e, 1 or H, 1 or b, K): `EdgeBlocks.mask_in`, with
+    `job`'s position terms where it has (a table's, the same in every block: `global_view_mask`, `local_view_mask`),
     then made once per forward for the edges of its layers (one plan, the same `edges`)."""
     if job.positions is None:
         return edges.mask_in(job.token_keys.dtype)
