@@ -1,5 +1,8 @@
 """What LSG attention leaves out of an inference pass without changing a real token's output: the blocks
-of a padded batch that hold padding only, and a bias table's block mask made again at every layer."""
+of a padded batch that hold padding only, and a bias table's block mask made again at every layer.
+
+Two calls given the same `padding_plans` are two layers of one forward pass (the model's recorder gives its
+layers the plans it made with the padding mask)."""
 
 import pytest
 import torch
@@ -24,10 +27,10 @@ def bias_table_terms(seed=1):
     return PositionTerms(bucket=lambda relative: relative.clamp(-4, 4) + 4, table=table)
 
 
-def attention(qkv, lengths, config, backend="sdpa", terms=None):
+def attention(qkv, lengths, config, backend="sdpa", terms=None, plans=None):
     with torch.no_grad():
         return lsg_self_attention(
-            *qkv, padding_mask(lengths, max(lengths)), config, backend=backend, position_terms=terms
+            *qkv, padding_mask(lengths, max(lengths)), config, backend=backend, position_terms=terms, padding_plans=plans
         )
 
 
@@ -91,13 +94,13 @@ def test_a_real_token_output_is_the_same_alone_and_beside_a_longer_row():
     torch.testing.assert_close(batched[1:, :, : lengths[1]], alone, atol=1e-10, rtol=0)
 
 
-def test_a_bias_table_block_mask_is_made_once_for_layers_with_the_same_padding():
+def test_a_bias_table_block_mask_is_made_once_for_the_layers_of_a_forward_pass():
     config = lsg_config(block_size=BLOCK, sparsity_type="none", num_global_tokens=1)
     lengths = [1 + 80, 1 + 64]
-    terms = bias_table_terms()
-    first_layer = attention(random_qkv(lengths, seed=0), lengths, config, terms=terms)
+    terms, plans = bias_table_terms(), {}
+    first_layer = attention(random_qkv(lengths, seed=0), lengths, config, terms=terms, plans=plans)
     with OpRecorder() as recorder:
-        second_layer = attention(random_qkv(lengths, seed=1), lengths, config, terms=terms)
+        second_layer = attention(random_qkv(lengths, seed=1), lengths, config, terms=terms, plans=plans)
 
     mask_elements = 2 * 10 * HEADS * BLOCK * (1 + 3 * BLOCK)  # (B, nb, H, b, K), more than the keys gathered
     assert recorder.outputs_of_at_least(mask_elements) == []
@@ -106,42 +109,54 @@ def test_a_bias_table_block_mask_is_made_once_for_layers_with_the_same_padding()
     assert not torch.equal(first_layer, second_layer)
 
 
-def test_a_block_mask_is_made_once_for_layers_whose_sparse_keys_lie_beyond_the_max_distance():
+@pytest.mark.parametrize("sparsity, padded", [("pooling", True), ("norm", False)])
+def test_a_block_mask_is_made_once_for_layers_whose_sparse_keys_lie_beyond_the_max_distance(sparsity, padded):
     # clamped at 4 and blocks of 8: every sparse key lies 9 or more tokens from its queries, so its term is
-    # its side's, whichever keys each layer selects
-    config = lsg_config(block_size=BLOCK, sparse_block_size=BLOCK, sparsity_type="norm", num_global_tokens=1)
-    lengths = [1 + 80, 1 + 64]
-    terms = bias_table_terms()
+    # its side's, whichever keys each layer selects; the sparse keys' mask is the padding's (pooling), or
+    # every key where nothing is masked (norm, whose mask on a padded batch depends on the keys it selects)
+    config = lsg_config(block_size=BLOCK, sparse_block_size=BLOCK, sparsity_type=sparsity, num_global_tokens=1)
+    lengths = [1 + 80, 1 + 64] if padded else [1 + 80, 1 + 80]
+    mask = padding_mask(lengths, max(lengths)) if padded else None
+    terms, plans = bias_table_terms(), {}
     terms.max_distance = 4
-    attention(random_qkv(lengths, seed=0), lengths, config, terms=terms)
+
+    def layer(seed, terms, plans=None):
+        with torch.no_grad():
+            return lsg_self_attention(*random_qkv(lengths, seed), mask, config, position_terms=terms, padding_plans=plans)
+
+    layer(0, terms, plans)
     with OpRecorder() as recorder:
-        second_layer = attention(random_qkv(lengths, seed=1), lengths, config, terms=terms)
+        second_layer = layer(1, terms, plans)
 
     mask_elements = 2 * 10 * HEADS * BLOCK * (1 + 2 * BLOCK + 3 * BLOCK)  # (B, nb, H, b, K)
-    assert recorder.outputs_of_at_least(mask_elements) == []
-    fresh = attention(random_qkv(lengths, seed=1), lengths, config, terms=bias_table_terms())  # pair by pair
+    # the keys and values each block gathers ("index", (B nb, H, K, D)) are as large where b = D
+    assert [name for name in recorder.outputs_of_at_least(mask_elements) if name != "index"] == []
+    fresh = layer(1, bias_table_terms())  # pair by pair
     torch.testing.assert_close(second_layer, fresh, atol=0, rtol=0)
 
 
-def test_a_kept_block_mask_is_made_again_for_other_padding():
+def test_a_block_mask_is_made_again_by_layers_with_other_terms():
     config = lsg_config(block_size=BLOCK, sparsity_type="none", num_global_tokens=1)
-    terms = bias_table_terms()
-    attention(random_qkv([1 + 80, 1 + 64]), [1 + 80, 1 + 64], config, terms=terms)
-    other_padding = attention(random_qkv([1 + 80, 1 + 50]), [1 + 80, 1 + 50], config, terms=terms)
+    lengths, plans = [1 + 80, 1 + 64], {}
+    attention(random_qkv(lengths), lengths, config, terms=bias_table_terms(seed=1), plans=plans)
+    other_terms = attention(random_qkv(lengths), lengths, config, terms=bias_table_terms(seed=2), plans=plans)
 
-    fresh = attention(random_qkv([1 + 80, 1 + 50]), [1 + 80, 1 + 50], config, terms=bias_table_terms())
-    torch.testing.assert_close(other_padding, fresh, atol=0, rtol=0)
+    fresh = attention(random_qkv(lengths), lengths, config, terms=bias_table_terms(seed=2))
+    torch.testing.assert_close(other_terms, fresh, atol=0, rtol=0)
 
 
 def test_a_block_mask_with_gradients_is_made_at_every_layer():
     config = lsg_config(block_size=BLOCK, sparsity_type="none", num_global_tokens=1)
-    lengths = [1 + 80, 1 + 64]
+    lengths, plans = [1 + 80, 1 + 64], {}
     terms = bias_table_terms()
     terms.table.requires_grad_(True)
     for seed in (0, 1):
-        lsg_self_attention(*random_qkv(lengths, seed), padding_mask(lengths, max(lengths)), config, position_terms=terms).sum().backward()
+        lsg_self_attention(
+            *random_qkv(lengths, seed), padding_mask(lengths, max(lengths)), config, position_terms=terms, padding_plans=plans
+        ).sum().backward()
 
-    assert terms.block_masks == {}
+    memo = next(iter(plans.values())).memo
+    assert not any(isinstance(key, tuple) and key[0] == "block mask" for key in memo)
     assert terms.table.grad.abs().sum() > 0
 
 

@@ -211,7 +211,7 @@ class KeyPattern:
 # --------------------------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(eq=False)
 class PositionTerms:
     """Additive score terms of relative positions: query i (position p_i) and key j (position p_j) get
 
@@ -239,6 +239,9 @@ class PositionTerms:
             the block's start (`block_table_scores`), not by the distance of each pair, and where
             every sparse window lies that far from its block, give it its side's terms whatever its
             keys' positions (`far_sparse_scores`).
+
+    Compared and hashed by identity: what the layers of a forward pass make from one object of terms is
+    kept in the pass's plan under it (`TokenAttention.made_once`).
     """
 
     bucket: Callable[[torch.Tensor], torch.Tensor]
@@ -249,15 +252,6 @@ class PositionTerms:
     key_bucket: Callable[[torch.Tensor], torch.Tensor] | None = None
     global_position: int = 0
     max_distance: int | None = None
-    # Lookups made once per forward (the terms are): `block_row_table` by block size, `far_sparse_scores`
-    # by key pattern
-    lookups: dict = field(default_factory=dict, repr=False, compare=False)
-    # The block backends' additive masks made from these terms, kept for the next layer of the same
-    # forward (see `cached_block_mask`): key -> (the masks they were made for, the additive mask).
-    block_masks: dict = field(default_factory=dict, repr=False, compare=False)
-    # The sdpa backend's masks of its window views made from these terms (`lsg_sdpa.local_view_mask`,
-    # `global_view_mask`; `edge_mask`: with the edge blocks they are for), made once per forward: key -> mask.
-    view_masks: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def same_in_every_block(self) -> bool:
@@ -326,53 +320,56 @@ class RowLookup:
         return scores.view(batch, heads, *pairs).movedim(1, -3)
 
 
-def block_row_table(terms: PositionTerms, block_size: int) -> torch.Tensor:
+def block_row_table(job: TokenAttention) -> torch.Tensor:
     """The table's score for row j of a block and a key k tokens after the block's start, k clamped into
     [-M, M + b) (M = `PositionTerms.max_distance`: beyond, every row of the block gets the same
-    score): (H, b, 2 M + b), column k + M. Made once per block size and kept in the terms."""
-    table = terms.lookups.get(block_size)
-    if table is None:
-        device, max_distance = terms.table.device, terms.max_distance
-        offsets = torch.arange(-max_distance, max_distance + block_size, device=device)
-        rows = torch.arange(block_size, device=device)[:, None]
-        table = terms.lookups[block_size] = terms.table[:, terms.bucket(offsets - rows)]  # (H, b, 2 M + b)
-    return table
+    score): (H, b, 2 M + b), column k + M. Made once per forward pass (`TokenAttention.made_once`)."""
+    terms, block_size = job.positions, job.pattern.block_size
+
+    def make() -> torch.Tensor:
+        offsets = torch.arange(-terms.max_distance, terms.max_distance + block_size, device=terms.table.device)
+        rows = torch.arange(block_size, device=terms.table.device)[:, None]
+        return terms.table[:, terms.bucket(offsets - rows)]  # (H, b, 2 M + b)
+
+    return job.made_once(("block row table", terms), make)
 
 
-def block_table_scores(terms: PositionTerms, block_size: int, key_offsets: torch.Tensor) -> torch.Tensor:
+def block_table_scores(job: TokenAttention, key_offsets: torch.Tensor) -> torch.Tensor:
     """The table's scores of each row of a block over its keys, from each key's offset from the block's
     start, key_offsets (B or 1, nb, 1 or H, 1, K) int64 -> (B or 1, nb, H, b, K): one lookup per key and
     head of the b rows' scores in `block_row_table` (terms with a table only, and `max_distance`), whose
     backward adds them into the table (no gradient of the table's size per block and head)."""
-    table = block_row_table(terms, block_size)
-    heads, _, width = table.shape
-    column = key_offsets.clamp(-terms.max_distance, width - terms.max_distance - 1) + terms.max_distance
+    table, max_distance = block_row_table(job), job.positions.max_distance
+    heads, block_size, width = table.shape
+    column = key_offsets.clamp(-max_distance, width - max_distance - 1) + max_distance
     head_columns = column[:, :, :, 0, :] + torch.arange(heads, device=column.device)[:, None] * width  # (B or 1, nb, H, K)
     rows_of_columns = table.transpose(0, 1).reshape(block_size, heads * width)  # (b, H W)
     scores = rows_of_columns.index_select(-1, head_columns.flatten()).view(block_size, *head_columns.shape)
     return scores.movedim(0, -2)  # (b, B or 1, nb, H, K) -> (B or 1, nb, H, b, K)
 
 
-def far_sparse_scores(terms: PositionTerms, pattern: KeyPattern, device: torch.device) -> torch.Tensor | None:
+def far_sparse_scores(
+    terms: PositionTerms, pattern: KeyPattern, device: torch.device, memo: dict | None = None
+) -> torch.Tensor | None:
     """The terms of a block's rows over its sparse keys where every sparse window lies at `max_distance`
     or more from every row of the block (`KeyPattern.sparse_distances`), each window on one side, so that
     a table's terms are constant over it: (1, 1, H, 1, sparse keys), the same for every block, row and
     sparse key's position; None where that does not hold (rows, no table, no `max_distance`, a window
-    within reach). Made once per pattern and kept in the terms."""
+    within reach). Made once per `memo` (a forward pass's: `PaddingPlan.memo`), else at every call."""
     if not terms.same_in_every_block or terms.max_distance is None:
         return None
-    key = ("far sparse scores", pattern)
-    if key not in terms.lookups:
+
+    def make() -> torch.Tensor | None:
         reach, sides = terms.max_distance, []
         for least, greatest in pattern.sparse_distances():
             if greatest > -reach and least < reach:
-                terms.lookups[key] = None
                 return None
             sides.append(-reach if greatest <= -reach else reach)
         distances = torch.tensor(sides, device=device).repeat_interleave(pattern.sparse_size)
         origin = torch.zeros(1, 1, 1, 1, dtype=torch.long, device=device)
-        terms.lookups[key] = relative_scores(terms, origin, distances.view(1, 1, 1, -1))[None]  # (1, 1, H, 1, S)
-    return terms.lookups[key]
+        return relative_scores(terms, origin, distances.view(1, 1, 1, -1))[None]  # (1, 1, H, 1, S)
+
+    return made_once(memo, ("far sparse scores", terms, pattern), make)
 
 
 def shared_local_scores(terms: PositionTerms, pattern: KeyPattern, device: torch.device) -> torch.Tensor:
@@ -434,7 +431,7 @@ class SparseContext:
     # a compressor that leaves no key empty: `lsg_sparse.sparse_context`)
     every_key_valid: bool = False
     # True where `mask` is made from the token mask alone, not from the keys: the same in every layer of a
-    # forward pass (`TokenAttention.masks_of_padding_alone`)
+    # forward pass (`TokenAttention.sparse_mask_of_padding_alone`)
     mask_of_tokens_alone: bool = False
 
 
@@ -529,24 +526,34 @@ class TokenAttention:
         return self._padded
 
     def made_once(self, key: Hashable, make: Callable[[], Made]) -> Made:
-        """`make()`, of this job's padding alone (its `plan`'s masks and real blocks, and what `key` names
-        besides: a name, a dtype; not the sparse keys' values, DropKey or the position terms, which each layer
-        has its own of): made by the first layer of the forward pass that asks and shared by the next ones
+        """`make()`, of what every layer of this kind has the same of in the forward pass: its `plan` (the
+        masks, the real blocks), and what `key` names besides (a name, a dtype, the position terms the layers
+        share: one object, `PositionTerms`); not the sparse keys' values or DropKey, which each layer has
+        its own of. Made by the first layer of the pass that asks and shared by the next ones
         (`PaddingPlan.memo`)."""
         return made_once(self.plan.memo, key, make)
 
     @property
     def sparse_mask_of_padding_alone(self) -> bool:
-        """Whether the sparse keys' mask depends on the padding alone: no sparse keys, or a mask made from the
-        token mask alone (`SparseContext.mask_of_tokens_alone`)."""
-        return self.sparse is None or self.sparse.mask_of_tokens_alone
+        """Whether the sparse keys' mask depends on the padding alone: no sparse keys, a mask made from the
+        token mask alone (`SparseContext.mask_of_tokens_alone`), or every key known valid."""
+        return self.sparse is None or self.sparse.mask_of_tokens_alone or self.sparse.every_key_valid
 
     @property
-    def masks_of_padding_alone(self) -> bool:
-        """Whether the blocks' masks depend on the padding alone (no DropKey or position terms, and
-        `sparse_mask_of_padding_alone`): what is made from them is then made once per forward pass
-        (`made_once`)."""
-        return self.sparse_mask_of_padding_alone and self.kept is None and self.positions is None
+    def masks_shared_by_layers(self) -> bool:
+        """Whether the blocks' additive masks are the same in every layer of this kind in the forward pass: no
+        DropKey, the sparse keys' mask of the padding alone (`sparse_mask_of_padding_alone`), and no position
+        terms, or terms of a table alone that give the mask no gradient and whose sparse keys' terms do not
+        depend on the keys' positions (no sparse keys, or `far_sparse_scores`). What is made from them is then
+        made once per forward pass, under the terms (`made_once`)."""
+        if self.kept is not None or not self.sparse_mask_of_padding_alone:
+            return False
+        terms = self.positions
+        return terms is None or (
+            terms.same_in_every_block
+            and not trained_position_terms(self)
+            and (self.sparse is None or far_sparse_scores(terms, self.pattern, self.token_keys.device, self.plan.memo) is not None)
+        )
 
     @property
     def token_key_rows(self) -> torch.Tensor | None:
@@ -795,7 +802,7 @@ def block_position_scores(job: TokenAttention) -> list[torch.Tensor]:
     else:
         local = relative_scores(terms, query_positions, local_positions, query_rows, local_rows)
     pieces = [local]
-    far_sparse = None if sparse is None else far_sparse_scores(terms, pattern, device)
+    far_sparse = None if sparse is None else far_sparse_scores(terms, pattern, device, job.plan.memo)
     if far_sparse is not None:
         pieces.insert(0, far_sparse)
     elif sparse is not None:
@@ -804,7 +811,7 @@ def block_position_scores(job: TokenAttention) -> list[torch.Tensor]:
         sparse_rows = key_rows(sparse.key_rows, windows(sparse_windows(pattern, compressed, num_blocks)))
         if terms.table is not None and terms.max_distance is not None and query_rows is None and sparse_rows is None:
             block_starts = query_positions[:, :, :, :1]  # (1, nb, 1, 1, 1)
-            pieces.insert(0, block_table_scores(terms, block, sparse_positions - block_starts))
+            pieces.insert(0, block_table_scores(job, sparse_positions - block_starts))
         else:
             pieces.insert(0, relative_scores(terms, query_positions, sparse_positions, query_rows, sparse_rows))
     if num_global:
@@ -872,10 +879,8 @@ def made_once(memo: dict | None, key: Hashable, make: Callable[[], Made]) -> Mad
     return memo[key]
 
 
-def is_exporting() -> bool:
-    """Whether torch.export is tracing the model (torch >= 2.7; False before, where it is not checked)."""
-    check = getattr(torch.compiler, "is_exporting", None)
-    return bool(check and check())
+# Whether torch.export is tracing the model (torch >= 2.7; never before, where it is not checked)
+is_exporting = getattr(torch.compiler, "is_exporting", lambda: False)
 
 
 def tracing() -> bool:
@@ -940,41 +945,15 @@ def folded_mask_parts(
 
 def cached_block_mask(job: TokenAttention, chosen: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
     """`block_additive_mask` folded into the batch, every block or the `chosen` ones (`folded_blocks`):
-    (n, 1 or H, 1 or b, K). Made once per forward where every layer would make the same one: position
-    terms without query or key rows (MPNet's and T5's bias: one table for all layers, one `PositionTerms`
-    per forward), no gradients, no dropout. It is kept in the terms for the next layer and reused when
-    that layer's padding and sparse keys (their mask; their positions unless `far_sparse_scores`) are
-    equal, which also makes the chosen blocks the same. Where the masks depend on the padding alone, made
-    once per forward pass (`TokenAttention.made_once`)."""
-    terms, batch = job.positions, job.token_keys.shape[0]
-    if job.masks_of_padding_alone:
-        return job.made_once(
-            ("block mask", job.token_queries.dtype, chosen is None), lambda: folded_blocks(block_additive_mask(job), batch, chosen)
-        )
-    if (
-        terms is None
-        or terms.query_rows is not None
-        or terms.key_rows is not None
-        or job.kept is not None
-        or torch.is_grad_enabled()
-        or tracing()
-    ):
-        return folded_blocks(block_additive_mask(job), batch, chosen)
-    made_for = [job.plan.token_mask, job.plan.global_mask]
-    if job.sparse is not None:  # the sparse keys' positions alone where their terms depend on them
-        made_for.append(job.sparse.mask)
-        if far_sparse_scores(terms, job.pattern, job.token_keys.device) is None:
-            made_for.append(job.sparse.positions)
-    if job.plan.real_blocks is not None:
-        made_for.append(job.plan.real_blocks)
-    key = (job.pattern, job.token_queries.dtype, job.token_queries.device, job.num_tokens, chosen is None, len(made_for))
-    kept = terms.block_masks.get(key)
-    # the same tensors where the pass shares its padding (`made_once`): no comparison on the host then
-    if kept is not None and all(a is b or (a.shape == b.shape and torch.equal(a, b)) for a, b in zip(kept[0], made_for)):
-        return kept[1]
-    mask = folded_blocks(block_additive_mask(job), batch, chosen)
-    terms.block_masks[key] = (made_for, mask)
-    return mask
+    (n, 1 or H, 1 or b, K); made once per forward pass where every layer of the kind makes the same one
+    (`TokenAttention.masks_shared_by_layers`)."""
+
+    def make() -> torch.Tensor:
+        return folded_blocks(block_additive_mask(job), job.token_keys.shape[0], chosen)
+
+    if not job.masks_shared_by_layers:
+        return make()
+    return job.made_once(("block mask", job.positions, job.token_queries.dtype, chosen is None), make)
 
 
 class BlockTable(NamedTuple):

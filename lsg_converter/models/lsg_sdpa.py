@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
@@ -62,6 +62,7 @@ from .lsg_pattern import (
     additive_mask,
     fused_attention,
     local_windows,
+    made_once,
     pad_rows,
     sdpa_dense_attention,
     shared_local_scores,
@@ -113,15 +114,14 @@ def window_view_forward(job: TokenAttention, plan: WindowViewPlan, exact: bool) 
 
     Without gradients (not `exact`) each block's queries are `kernel_query_rows` rows and its local keys
     are rounded up with the `extra_keys` rows after them, masked, the kernel's faster shapes, and position
-    terms (a table's) join through masks shared by every block (`local_view_mask`, `global_view_mask`);
+    terms (a table's) join through masks shared by every block (`view_masks`);
     `exact` (training, `WindowViewAttention`, whose backward reads the same views without terms): b rows
     over the local keys alone."""
     pattern, scaling, block_global_keys = job.pattern, job.scaling, job.block_global_keys
     num_global, block = pattern.num_global, pattern.block_size
     queries, keys, values = job.token_queries, job.sequence[1], job.sequence[2]
     rows, size = (block, pattern.local_size) if exact else (plan.query_rows, plan.key_rows)
-    local_mask = None if exact else local_view_mask(job, rows, size)
-    global_mask = None if exact else global_view_mask(job)
+    local_mask, global_mask = (None, None) if exact else view_masks(job, rows, size)
     shape = (*keys.shape[:3], values.shape[-1])
     output = queries.new_empty(shape) if plan.every_block else queries.new_zeros(shape)  # (B, g + t, H, D)
     if job.global_output is not None:
@@ -143,7 +143,7 @@ def window_view_forward(job: TokenAttention, plan: WindowViewPlan, exact: bool) 
             global_lses.append(global_lse)
     lses = local_lses + global_lses
     if plan.edges is not None:
-        mask = plan.edges.mask_in(keys.dtype) if exact else edge_mask(job, plan.edges)
+        mask = edge_mask(job, plan.edges)
         lses.append(plan.edges.attend_into(output, queries, keys, values, mask, scaling, block_global_keys))
     return output, lses
 
@@ -191,8 +191,8 @@ def gathered_blocks_attention(job: TokenAttention, chosen: tuple[torch.Tensor, t
     blocks = BlockKeys.of(job, chosen=chosen)
     queries, keys, values, mask = blocks.queries, blocks.keys, blocks.values, blocks.mask
     output = queries.new_empty(queries.shape[0], job.pattern.block_size, queries.shape[1], values.shape[-1])
-    if job.masks_of_padding_alone:
-        runs = job.made_once(("mask runs", chosen is None), lambda: mask_runs(mask))
+    if job.masks_shared_by_layers:
+        runs = job.made_once(("mask runs", job.positions, chosen is None), lambda: mask_runs(mask))
     else:
         runs = mask_runs(mask)
     for start, end, masked in runs:
@@ -550,7 +550,7 @@ class EdgeBlocks:
     batch, blocks: (e,) each one's batch index and block index; query_rows: (e, b) its queries' rows
     among the tokens (those past the last token read it: their outputs are dropped); key_rows: (e, K) its
     keys' rows in the layer's sequence (g + t rows), in `KeyPattern.key_columns` order; allowed: (e, 1, 1, K)
-    bool, the keys each may see (`mask_in` a dtype: additive); kept: the rows of their outputs (e b) that
+    bool, the keys each may see (`edge_mask`: additive); kept: the rows of their outputs (e b) that
     are tokens', a slice where those come first, else (k,); dropped: the others, (e b - k,), or None; targets: (batch index, row) of each kept row in the
     layer's output (g + t rows), (k,) each."""
 
@@ -562,15 +562,6 @@ class EdgeBlocks:
     kept: slice | torch.Tensor
     dropped: torch.Tensor | None
     targets: tuple[torch.Tensor, torch.Tensor]
-    masks: dict[torch.dtype, torch.Tensor] = field(default_factory=dict, compare=False)
-
-    def mask_in(self, dtype: torch.dtype) -> torch.Tensor:
-        """The blocks' additive mask (e, 1, 1, K) in `dtype` (`allowed`), made once per dtype, outside
-        inference mode (a plan made once per shape serves training steps too)."""
-        if dtype not in self.masks:
-            with torch.inference_mode(False):
-                self.masks[dtype] = additive_mask(self.allowed, dtype)
-        return self.masks[dtype]
 
     def gathered(
         self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, block_global_keys: torch.Tensor | None
@@ -628,22 +619,21 @@ def edge_blocks(
 
 
 def edge_mask(job: TokenAttention, edges: EdgeBlocks) -> torch.Tensor:
-    """The additive mask of the `edges` over their keys, (e, 1 or H, 1 or b, K): `EdgeBlocks.mask_in`, with
-    `job`'s position terms where it has (a table's, the same in every block: `global_view_mask`, `local_view_mask`),
-    then made once per forward for the edges of its layers (one plan, the same `edges`)."""
+    """The additive mask of the `edges` over their keys, (e, 1 or H, 1 or b, K): 0 where `EdgeBlocks.allowed`,
+    plus `job`'s position terms where it has (a table's, the same in every block: `view_masks`); made once
+    per forward pass (`TokenAttention.made_once`: the edges are its plan's)."""
+    dtype, pattern = job.token_keys.dtype, job.pattern
     if job.positions is None:
-        return edges.mask_in(job.token_keys.dtype)
-    key, pattern = ("edges", job.token_keys.dtype), job.pattern
-    made = job.positions.view_masks.get(key)
-    if made is not None and made[0] is edges:
-        return made[1]
-    terms = [local_view_mask(job, pattern.block_size, pattern.local_size).expand(len(edges.blocks), -1, -1, -1)]
-    global_terms = global_view_mask(job)  # (1, H, T, g) -> the edges' rows, (e, H, b, g)
-    if global_terms is not None:
-        terms.insert(0, global_terms[0].unflatten(1, (job.num_blocks, pattern.block_size))[:, edges.blocks].transpose(0, 1))
-    mask = edges.mask_in(job.token_keys.dtype) + torch.cat(terms, dim=-1)
-    job.positions.view_masks[key] = (edges, mask)
-    return mask
+        return made_once(job.plan.memo, ("edge mask", None, dtype), lambda: additive_mask(edges.allowed, dtype))
+
+    def make() -> torch.Tensor:
+        local_terms, global_terms = view_masks(job, pattern.block_size, pattern.local_size)
+        terms = [local_terms.expand(len(edges.blocks), -1, -1, -1)]
+        if global_terms is not None:  # (1, H, T, g) -> the edges' rows, (e, H, b, g)
+            terms.insert(0, global_terms[0].unflatten(1, (job.num_blocks, pattern.block_size))[:, edges.blocks].transpose(0, 1))
+        return additive_mask(edges.allowed, dtype) + torch.cat(terms, dim=-1)
+
+    return job.made_once(("edge mask", job.positions, dtype), make)
 
 
 @dataclass(frozen=True)
@@ -751,21 +741,31 @@ def run_global_keys(
     return block_global_keys[row, start:end], global_values.expand(end - start, -1, -1, -1)
 
 
-def local_view_mask(job: TokenAttention, rows: int, size: int) -> torch.Tensor | None:
-    """The additive mask of every block's `rows` queries over its `size` local keys, the same in every
-    block: (1, H or 1, rows or 1, size), the position terms (0 in the rows past b, whose outputs are
-    dropped) and the keys past the local window (`extra_keys`) masked; None where it adds nothing. With
-    position terms, made once per forward."""
-    dtype, device, terms = job.token_keys.dtype, job.token_keys.device, job.positions
-    extra = size - job.pattern.local_size
+def view_masks(job: TokenAttention, rows: int, size: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The additive masks of the window views, the same in every block, each None where it adds nothing:
+
+    * of every block's `rows` queries over its `size` local keys, (1, H or 1, rows or 1, size): the position
+      terms (0 in the rows past b, whose outputs are dropped) and the keys past the local window
+      (`extra_keys`) masked;
+    * of the token queries over the global keys, (1, H, T, g) for the T tokens padded to whole blocks: the
+      position terms.
+
+    With position terms, made once per forward pass (`TokenAttention.made_once`)."""
+    dtype, device, terms, pattern = job.token_keys.dtype, job.token_keys.device, job.positions, job.pattern
+    extra = size - pattern.local_size
     if terms is None:
-        return extra_keys_mask(job.pattern.local_size, extra, dtype, device) if extra else None
-    key = ("local", dtype, rows, size)
-    if key not in terms.view_masks:
-        scores = shared_local_scores(terms, job.pattern, device).to(dtype)  # (1, H, b, local)
+        return (extra_keys_mask(pattern.local_size, extra, dtype, device) if extra else None), None
+
+    def make() -> tuple[torch.Tensor, torch.Tensor | None]:
+        scores = shared_local_scores(terms, pattern, device).to(dtype)  # (1, H, b, local)
         scores = torch.nn.functional.pad(scores, (0, extra), value=torch.finfo(dtype).min)
-        terms.view_masks[key] = torch.nn.functional.pad(scores, (0, 0, 0, rows - job.pattern.block_size))
-    return terms.view_masks[key]
+        local = torch.nn.functional.pad(scores, (0, 0, 0, rows - pattern.block_size))
+        if not pattern.num_global:
+            return local, None
+        padded_tokens = job.plan.token_mask.shape[1]
+        return local, token_global_scores(terms, pattern.num_global, padded_tokens, device).to(dtype)
+
+    return job.made_once(("view masks", terms, dtype, rows, size), make)
 
 
 @shape_cached
@@ -774,19 +774,6 @@ def extra_keys_mask(local_size: int, extra: int, dtype: torch.dtype, device: tor
     rows after it (`extra_keys`); made once per shape and shared by the layers and the forwards."""
     no_terms = torch.zeros(1, 1, 1, local_size, dtype=dtype, device=device)
     return torch.nn.functional.pad(no_terms, (0, extra), value=torch.finfo(dtype).min)
-
-
-def global_view_mask(job: TokenAttention) -> torch.Tensor | None:
-    """The position terms of the token queries over the global keys, (1, H, T, g) for the T tokens padded
-    to whole blocks, made once per forward; None without position terms or global tokens."""
-    terms, num_global = job.positions, job.pattern.num_global
-    if terms is None or not num_global:
-        return None
-    padded_tokens, dtype = job.plan.token_mask.shape[1], job.token_keys.dtype
-    key = ("global", dtype, padded_tokens)
-    if key not in terms.view_masks:
-        terms.view_masks[key] = token_global_scores(terms, num_global, padded_tokens, job.token_keys.device).to(dtype)
-    return terms.view_masks[key]
 
 
 class WindowViewAttention(torch.autograd.Function):
@@ -817,6 +804,7 @@ class WindowViewAttention(torch.autograd.Function):
         output, lses = window_view_forward(job, plan, exact=True)
         ctx.save_for_backward(queries, keys, values, output, block_global_keys, *lses)
         ctx.pattern, ctx.runs, ctx.edges, ctx.scaling = job.pattern, plan.viewed_runs, plan.edges, job.scaling
+        ctx.edge_mask = None if plan.edges is None else edge_mask(job, plan.edges)
         ctx.has_global_output = global_output is not None
         return output
 
@@ -880,7 +868,7 @@ class WindowViewAttention(torch.autograd.Function):
             gathered = edges.gathered(queries, keys, values, block_global_keys)
             query_grad, key_grad, value_grad = CPU_FLASH_ATTENTION_BACKWARD(
                 edge_grad.transpose(1, 2), *gathered, edge_output.transpose(1, 2), lses[-1], 0.0, False,
-                attn_mask=edges.mask_in(keys.dtype), scale=scaling,
+                attn_mask=ctx.edge_mask, scale=scaling,
             )  # fmt: skip
             if block_global_keys is not None:  # the global columns' gradients are those of the blocks' own keys
                 grad_block_global_keys.index_put_(
@@ -909,7 +897,8 @@ def run_views(
     """One row's queries, keys and values (t, H, D) of blocks [start, end) as the kernel reads them, as
     overlapping views: each block's `rows` queries from its first (n, H, rows, D), and its `size` local keys
     and values from its `KeyPattern.local_start` (n, H, size, D)."""
-    block, first = pattern.block_size, pattern.local_start(start)
+    block = pattern.block_size
+    first = (start - pattern.blocks_before) * block  # the first local key of block `start` (`KeyPattern.local_start`)
     last_query, last_key = (end - 1) * block + rows, first + (end - 1 - start) * block + size
     # unfold: (m, H, D) -> (n, H, D, width), the width last; transposed to (n, H, width, D)
     return (

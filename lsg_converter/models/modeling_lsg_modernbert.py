@@ -30,7 +30,7 @@ from .lsg_attention_layers import RotaryAttention
 from .lsg_global_tokens import GivesGlobalTokensPosition0, RecordsTokenStates
 from .lsg_layout import LSGLayout
 from .lsg_model import LSGModelMixin
-from .lsg_pattern import PositionTerms
+from .lsg_pattern import PositionTerms, shape_cached
 from .lsg_recorder import CarriesAndDropsGlobalTokens
 from .lsg_settings import LSGSettings
 from .lsg_transformers import transformers_names
@@ -59,8 +59,15 @@ def outside_window(relative: torch.Tensor, half_window: int) -> torch.Tensor:
 
 def window_terms(query: torch.Tensor, half_window: int) -> PositionTerms:
     """ModernBERT's sliding window as position terms: 0 for a key within `half_window` of its query,
-    `OUTSIDE_WINDOW` beyond, for every head of `query` (B, H, N, D)."""
-    table = query.new_tensor([0.0, OUTSIDE_WINDOW]).expand(query.shape[1], 2)  # (H, 2)
+    `OUTSIDE_WINDOW` beyond, for every head of `query` (B, H, N, D): one object for the sliding layers of
+    every forward pass (`shared_window_terms`), under which each pass keeps what it makes of them once."""
+    return shared_window_terms(half_window, query.shape[1], query.dtype, query.device)
+
+
+@shape_cached
+def shared_window_terms(half_window: int, heads: int, dtype: torch.dtype, device: torch.device) -> PositionTerms:
+    """`window_terms` for `heads` heads in `dtype` on `device`, made once."""
+    table = torch.tensor([0.0, OUTSIDE_WINDOW], dtype=dtype, device=device).expand(heads, 2)  # (H, 2)
     bucket = functools.partial(outside_window, half_window=half_window)
     return PositionTerms(bucket=bucket, table=table, global_position=0, max_distance=half_window + 1)
 
