@@ -69,7 +69,6 @@ from .lsg_pattern import (
     explicit_softmax,
     give_padding_plans,
     is_exporting,
-    local_windows,
     made_once,
     padding_plans_of,
     relative_scores,
@@ -487,14 +486,10 @@ def padding_plan(
     no_masked_keys = padding_mask is None and not settings.mask_first_token
     global_mask = key_mask[:, :num_global]
     pattern = settings.pattern(causal)
-    num_blocks = token_mask.shape[1] // block
-    local_mask = torch.cat(local_windows(pattern, token_mask, num_blocks, False), dim=2)  # (B, nb, local)
-    window_views = padding_window_views(
-        pattern, token_mask, local_mask, global_mask, real_blocks, num_tokens, no_masked_keys
-    )
+    window_views = padding_window_views(pattern, token_mask, global_mask, real_blocks, num_tokens, no_masked_keys)
     return PaddingPlan(
-        pattern, key_mask, global_mask, token_mask, local_mask, padding, no_masked_keys, real_blocks, real_rows,
-        query_blocks, window_views,
+        pattern, key_mask, global_mask, token_mask, padding, no_masked_keys, real_blocks, real_rows, query_blocks,
+        window_views,
     )  # fmt: skip
 
 

@@ -444,9 +444,7 @@ class PaddingPlan:
 
     pattern: the layers' `KeyPattern`; key_mask: (B, g + t) bool, the keys that may be attended; global_mask:
     (B, g), its global columns; token_mask: (B, T) bool, the tokens' padded at the end to whole blocks (T =
-    nb b), the first token masked with ``mask_first_token``; local_mask: (B, nb, local) bool, which of each
-    block's local keys are real tokens (the local part of every block mask, `block_mask`, and of the window
-    views' edges); padding: T - t; no_masked_keys: whether no key is masked, known without reading a mask
+    nb b), the first token masked with ``mask_first_token``; padding: T - t; no_masked_keys: whether no key is masked, known without reading a mask
     (no padding mask, no masked first token); real_blocks: (B, nb) bool, the blocks that hold a real token,
     None where every block does; real_rows: (B, t) bool, the token queries of those blocks (None: every
     query); query_blocks: (batch index, block index) of those blocks, (n,) each (None: every block, or while
@@ -459,7 +457,6 @@ class PaddingPlan:
     key_mask: torch.Tensor
     global_mask: torch.Tensor
     token_mask: torch.Tensor
-    local_mask: torch.Tensor
     padding: int
     no_masked_keys: bool
     real_blocks: torch.Tensor | None
@@ -740,20 +737,17 @@ def local_causal_mask(pattern: KeyPattern, device: torch.device) -> torch.Tensor
 
 
 def block_mask(job: TokenAttention) -> torch.Tensor:
-    """Which keys of its window each block may attend to: (B, nb, 1 or H, 1 or b, K) bool, in key order."""
-    pattern, num_blocks = job.pattern, job.num_blocks
-    local_mask = job.plan.local_mask[:, :, None, None, :]
-    if pattern.causal:
-        local_mask = local_mask & local_causal_mask(pattern, job.plan.token_mask.device)  # (B, nb, 1, b, 2b)
-    masks = [local_mask]
-    if job.sparse is not None:
-        sparse_mask = torch.cat(sparse_windows(pattern, job.sparse.mask.transpose(1, 2), num_blocks, False), dim=2)
-        masks.insert(0, sparse_mask.transpose(2, 3)[:, :, :, None, :])  # (B, nb, 1 or H, 1, s or 2s)
-    if job.plan.global_mask.shape[1]:
-        masks.insert(0, job.plan.global_mask[:, None, None, None, :].expand(-1, num_blocks, -1, -1, -1))
-    mask_heads = max(m.shape[2] for m in masks)
-    mask_rows = max(m.shape[3] for m in masks)
-    return torch.cat([m.expand(-1, -1, mask_heads, mask_rows, -1) for m in masks], dim=-1)
+    """Which keys of its window each block may attend to: (B, nb, 1 or H, 1 or b, K) bool, in key order: the
+    validity of the keys that the block table's columns name (`job_block_table`, whose columns gather the
+    blocks' keys), False outside the sequence; causal: the local keys up to each query."""
+    table, plan, sparse = job_block_table(job), job.plan, job.sparse
+    valid = plan.key_mask[:, None, :]  # (B, 1, g + t)
+    if sparse is not None:  # (B, 1 or H, g + t + T / f)
+        valid = torch.cat([valid.expand(-1, sparse.mask.shape[1], -1), sparse.mask], dim=-1)
+    allowed = (valid[:, :, table.columns] & table.inside).transpose(1, 2)[:, :, :, None]  # (B, nb, 1 or H, 1, K)
+    if job.pattern.causal:
+        allowed = allowed & causal_key_mask(job.pattern, table.columns.shape[1], valid.device)  # (B, nb, 1 or H, b, K)
+    return allowed
 
 
 def block_dropout(job: TokenAttention, heads: int, dropout: float) -> torch.Tensor:
@@ -980,6 +974,13 @@ def block_table(pattern: KeyPattern, num_blocks: int, num_tokens: int, num_compr
     query_tokens = torch.arange(num_blocks * pattern.block_size, device=device).clamp(max=num_tokens - 1)
     query_rows = (pattern.num_global + query_tokens).view(num_blocks, pattern.block_size)
     return BlockTable(torch.where(inside, columns, 0), inside, query_rows)
+
+
+@shape_cached
+def causal_key_mask(pattern: KeyPattern, num_keys: int, device: torch.device) -> torch.Tensor:
+    """(b, K) bool: which of its `num_keys` keys each row of a causal block sees: the global and sparse keys,
+    and the local keys up to its own token (`local_causal_mask`)."""
+    return F.pad(local_causal_mask(pattern, device), (num_keys - pattern.local_size, 0), value=True)
 
 
 def gather_block_rows(

@@ -653,11 +653,11 @@ class WindowViewPlan:
 
 
 def padding_window_views(
-    pattern: KeyPattern, token_mask: torch.Tensor, local_mask: torch.Tensor, global_mask: torch.Tensor,
-    real_blocks: torch.Tensor | None, num_tokens: int, no_masked_keys: bool,
+    pattern: KeyPattern, token_mask: torch.Tensor, global_mask: torch.Tensor, real_blocks: torch.Tensor | None,
+    num_tokens: int, no_masked_keys: bool,
 ) -> WindowViewPlan | None:  # fmt: skip
-    """The `WindowViewPlan` of a forward pass's padding (`PaddingPlan.window_views`: its token, local and global
-    masks, real blocks), where the CPU flash kernel (which alone returns each query's log-sum-exp, which joins
+    """The `WindowViewPlan` of a forward pass's padding (`PaddingPlan.window_views`: its token and global masks,
+    real blocks), where the CPU flash kernel (which alone returns each query's log-sum-exp, which joins
     the views' two calls: CUDA gathers) can read the local keys as views: on the CPU, without sparse keys or a
     causal mask, every global key valid, not while tracing, for more than two blocks (the blocked path's);
     else None. Made once per shape where no key is masked."""
@@ -670,6 +670,7 @@ def padding_window_views(
         return unmasked_window_view_plan(pattern, token_mask.shape[0], token_mask.shape[1] // pattern.block_size, num_tokens, device)
     if not bool(global_mask.all()):
         return None
+    local_mask = torch.cat(local_windows(pattern, token_mask, token_mask.shape[1] // pattern.block_size, False), dim=2)  # (B, nb, local)
     return window_view_plan_of(pattern, local_mask, real_blocks, num_tokens)
 
 
