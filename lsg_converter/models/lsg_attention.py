@@ -382,6 +382,7 @@ def _blocked_attention(
         pattern=pattern,
         scaling=scaling,
         num_tokens=num_tokens,
+        num_blocks=plan.token_mask.shape[1] // block,
         positions=position_terms,
         sequence=(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)),
         plan=plan,

@@ -472,7 +472,8 @@ class TokenAttention:
 
     token_queries, token_keys, token_values: (B, t, H, D) (`padded`: the same padded at the end to T = nb b,
     the padding masked, made on first use); global_keys, global_values: (B, g, H, D); sparse: the sparse
-    context, or None without sparse keys; pattern: the keys each block sees; sequence: the layer's queries,
+    context, or None without sparse keys; pattern: the keys each block sees; scaling: the scores' factor;
+    num_tokens: t; num_blocks: nb; sequence: the layer's queries,
     keys and values, (B, g + t, H, D) each, of which the global and token tensors above are the two parts
     (which the block backends gather from with `block_table` and flex_attention reads where they lie);
     plan: what the layers of this kind make from the forward pass's padding alone (`PaddingPlan`: the key
@@ -498,6 +499,7 @@ class TokenAttention:
     pattern: KeyPattern
     scaling: float
     num_tokens: int
+    num_blocks: int
     sequence: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     plan: PaddingPlan
     kept: torch.Tensor | None = None
@@ -507,10 +509,6 @@ class TokenAttention:
     block_global_keys: torch.Tensor | None = None
     _token_key_rows: torch.Tensor | None = field(default=None, init=False, repr=False)
     _padded: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = field(default=None, init=False, repr=False)
-
-    @property
-    def num_blocks(self) -> int:
-        return self.plan.token_mask.shape[1] // self.pattern.block_size
 
     def padded(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The token queries, keys and values padded to T rows, (B, T, H, D) each, made once (no copy where
