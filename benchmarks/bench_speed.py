@@ -68,11 +68,11 @@ LSG_SETTINGS: dict[str, dict[str, Any]] = {
     "lsg local 256/0 g1": {"block_size": 256, "sparse_block_size": 0, "sparsity_type": "none"},
     "lsg pooling 128/128 f4 g1": {"block_size": 128, "sparse_block_size": 128, "sparsity_factor": 4, "sparsity_type": "pooling"},
     "lsg stride 64/64 f4 g1": {"block_size": 64, "sparse_block_size": 64, "sparsity_factor": 4, "sparsity_type": "stride"},
+    # local attention in blocks of flex_attention's 128-token tiles (an issue-15 target of the attention alone)
+    "lsg local 128/0 g1": {"block_size": 128, "sparse_block_size": 0, "sparsity_type": "none"},
 }
 PEERS = ("identity", "identity+qk", "dense", "longformer", "bigbird")
 DEFAULTS = "lsg local 170/0 g1"  # the conversion defaults: the LSG row of the issue-15 targets
-# the attention-only table's extra setting: local attention, block 128, 1 global token (an issue-15 target)
-ATTENTION_ONLY_SETTINGS = {**LSG_SETTINGS, "lsg local 128/0 g1": {"block_size": 128, "sparse_block_size": 0, "sparsity_type": "none"}}
 HEADS, HEAD_DIM = BASE_DIMS["num_attention_heads"], BASE_DIMS["hidden_size"] // BASE_DIMS["num_attention_heads"]
 
 
@@ -204,7 +204,7 @@ def attention_inference(name: str, length: int, args: argparse.Namespace) -> Inf
     """One LSG attention call without gradients on random (1, 12, 1 + length, 64) queries, keys, values."""
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     setting, backend = lsg_setting_and_backend(name)
-    config = LSGBertConfig(**ATTENTION_ONLY_SETTINGS[setting])
+    config = LSGBertConfig(**LSG_SETTINGS[setting])
     generator = torch.Generator().manual_seed(0)
     q, k, v = (
         torch.randn(1, HEADS, config.num_global_tokens + length, HEAD_DIM, generator=generator).to(device, dtype)
@@ -343,7 +343,7 @@ def attention_step(
     config, backend = None, None
     if name != "dense":
         setting, backend = lsg_setting_and_backend(name)
-        config = LSGBertConfig(**ATTENTION_ONLY_SETTINGS[setting])
+        config = LSGBertConfig(**LSG_SETTINGS[setting])
     num_global = 0 if config is None else config.num_global_tokens
     mask = None
     if padding:  # (1, g + length) bool
@@ -613,7 +613,7 @@ def main() -> None:
     if not args.skip_attention:
         attention_names = ["dense"] + [
             lsg_model_name(setting, backend)
-            for setting in [*(m for m in args.models if m in LSG_SETTINGS), "lsg local 128/0 g1"]
+            for setting in dict.fromkeys([*(m for m in args.models if m in LSG_SETTINGS), "lsg local 128/0 g1"])
             for backend in args.backends
         ]
         for length in args.lengths:

@@ -3,8 +3,9 @@
 # bench_speed's whole-model and attention-alone tables (bf16, 12 layers, eval-mode training steps), then
 # the same with sparse keys, without and with padding (the last quarter of each input), then the memory
 # one attention call holds for its backward (bench_attention_memory.py), then the training steps with
-# every model compiled (fullgraph, CUDA graphs), then profile_attention.py's per-op profile of the
-# attention alone and its flex kernel variants, then bench_t5.py's LSG-T5 against LongT5 (issue 50, bf16), then
+# every model compiled (fullgraph, CUDA graphs), then profile_attention.py's profile of the 12-layer training
+# steps, dense and LSG (blocks of 170 and 128, sdpa and flex_attention), with one table per length of where
+# each step's time goes (issue 69), then bench_t5.py's LSG-T5 against LongT5 (issue 50, bf16), then
 # bench_modernbert.py's LSG-ModernBERT against ModernBERT with SDPA (issue 66, base size, bf16).
 #
 #   bash benchmarks/gpu_checks.sh OUTPUT_FOLDER
@@ -41,7 +42,8 @@ if step "${TEST_SECONDS:-180}" tests/test_gpu.py; then
 fi
 
 read -r -a lengths <<<"${BENCH_LENGTHS:-4096 16384 32768}"
-models=(identity dense longformer bigbird "lsg local 170/0 g1")
+# the conversion default's blocks of 170 beside blocks that divide the length and align with flex's tiles (issue 69)
+models=(identity dense longformer bigbird "lsg local 170/0 g1" "lsg local 128/0 g1" "lsg local 256/0 g1")
 if [ -n "${BENCH_MODELS:-}" ]; then IFS=',' read -r -a models <<<"$BENCH_MODELS"; fi
 if step "${BENCH_SECONDS:-300}" "benchmarks/bench_speed.py"; then
     timeout "${BENCH_SECONDS:-300}" python3 benchmarks/bench_speed.py --device cuda --eval --lengths "${lengths[@]}" \
@@ -66,7 +68,7 @@ if step "${MEMORY_SECONDS:-60}" benchmarks/bench_attention_memory.py; then
         --lengths 4096 --backends flex_attention --detail 2>&1 | grep -v Warning | tee "$out/memory-detail.md"
 fi
 
-read -r -a compiled_lengths <<<"${COMPILED_LENGTHS:-4096 16384}"
+read -r -a compiled_lengths <<<"${COMPILED_LENGTHS:-4096 16384 32768}"
 compiled_models=(dense "lsg local 170/0 g1")
 if [ -n "${COMPILED_MODELS:-}" ]; then IFS=',' read -r -a compiled_models <<<"$COMPILED_MODELS"; fi
 if step "${COMPILED_SECONDS:-240}" "benchmarks/bench_speed.py, compiled"; then
@@ -76,10 +78,11 @@ if step "${COMPILED_SECONDS:-240}" "benchmarks/bench_speed.py, compiled"; then
         --results "GPU, compiled" --results-file "$out/RESULTS-GPU-compiled.md" 2>&1 | grep -v Warning | tee "$out/bench-compiled.log"
 fi
 
-read -r -a profile_lengths <<<"${PROFILE_LENGTHS:-16384}"
-if step "${PROFILE_SECONDS:-120}" benchmarks/profile_attention.py; then
-    (cd benchmarks && timeout "${PROFILE_SECONDS:-120}" python3 profile_attention.py --lengths "${profile_lengths[@]}" \
-        --what attention flex-kernel 2>&1 | grep -v '^USDT' | tee "$out/profile.md")
+read -r -a profile_lengths <<<"${PROFILE_LENGTHS:-4096 16384}"
+if step "${PROFILE_SECONDS:-150}" benchmarks/profile_attention.py; then
+    (cd benchmarks && timeout "${PROFILE_SECONDS:-150}" python3 profile_attention.py --lengths "${profile_lengths[@]}" \
+        --what model --settings "lsg local 170/0 g1" "lsg local 128/0 g1" --rows 10 2>&1 | grep -v '^USDT' \
+        | tee "$out/profile.md")
 fi
 
 read -r -a t5_lengths <<<"${T5_LENGTHS:-4096 16384}"

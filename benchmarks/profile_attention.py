@@ -9,7 +9,10 @@ For each length it profiles, one after the other in one process:
 * ``attention``: forward + backward of one attention call on random (1, 12, 1 + n, 64) queries, keys and
   values (bench_speed's attention-alone row): dense SDPA, then LSG (defaults: local blocks of 170, one
   global token) with each backend of ``--backends``;
-* ``model``: forward + backward of bench_speed's LSG-BERT (``--layers`` layers, eval mode) with each backend;
+* ``model``: forward + backward of bench_speed's BERT-base encoder (``--layers`` layers, eval mode): dense
+  (SDPA), then LSG with each of ``--settings`` and each backend, then a table of where each step's time
+  goes (`CATEGORIES`: the attention kernels, the masks and layouts, copies, matrix products, the rest; the
+  kernels launched; on CUDA the host's share, wall minus device time);
 * ``flex-kernel``: the flex_attention kernel alone, forward without gradients, compiled static, under
   masks of the defaults' local rule built six ways, from LSG's gathered layout (its tile structure, its
   key layout [globals | tokens], its mask_mod reading the keys' validity) and its whole-sequence one
@@ -20,11 +23,14 @@ Each is run twice to warm up (flex_attention compiles then), then ``--steps`` ti
 Per step it prints the wall time, the device time of its kernels (the ops' rows and their kernels' rows
 are both counted), the number of kernels launched and the ops sorted by their own device time (CPU:
 their own CPU time), with how many times each ran.
+
+    python benchmarks/profile_attention.py --what model --lengths 4096 16384 --settings "lsg local 170/0 g1" "lsg local 128/0 g1"
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import time
 from typing import Callable
 
@@ -32,16 +38,32 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from bench_speed import ATTENTION_ONLY_SETTINGS, DEFAULTS, HEAD_DIM, HEADS, attention_step, lsg_model_name, prepare
+from bench_speed import DEFAULTS, HEAD_DIM, HEADS, LSG_SETTINGS, attention_step, lsg_model_name, prepare
 from bench_speed import step_functions
 from lsg_converter import LSGBertConfig
 
 
-def model_step(backend: str, length: int, layers: int, device: torch.device, dtype: torch.dtype) -> Callable[[], None]:
-    """Forward + backward of bench_speed's LSG-BERT in eval mode (no dropout)."""
+def model_step(name: str, length: int, layers: int, device: torch.device, dtype: torch.dtype) -> Callable[[], None]:
+    """Forward + backward of bench_speed's model `name` ("dense", or an LSG setting and backend) in eval mode
+    (no dropout)."""
     options = argparse.Namespace(device=device.type, dtype=str(dtype).removeprefix("torch."), layers=layers, compile=False)
-    model, input_ids = prepare(lsg_model_name(DEFAULTS, backend), length, options)
+    model, input_ids = prepare(name, length, options)
     return step_functions(model, input_ids, train=False)[1]
+
+
+# Where a step's time goes: each op, by the first pattern its name matches (CPU-side ops and compiled kernels'
+# launchers, by their own time; the device's kernel rows are left out, their ops count them)
+CATEGORIES = {
+    "attention kernels": r"flash|attention|sdpa|fmha|flex|triton_tem|efficient",
+    "masks and layout": r"where|nonzero|arange|logical|bitwise|::(lt|le|gt|ge|eq|ne|any|all|cumsum|clamp|remainder|floor_divide)\b|block_mask|scatter|index_put",
+    "copies, pads, cats": r"copy|::cat\b|pad|index|gather|clone|contiguous|memcpy|memset|fill|zero|stack|unfold",
+    "matrix products": r"mm\b|matmul|linear|gemm|bmm|addmm",
+}
+
+
+def category(name: str) -> str:
+    """The `CATEGORIES` entry of an op's name, or "other"."""
+    return next((title for title, pattern in CATEGORIES.items() if re.search(pattern, name.lower())), "other")
 
 
 def synchronize(device: torch.device) -> None:
@@ -54,8 +76,9 @@ def device_microseconds(event) -> float:
     return getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0.0)
 
 
-def profile_step(title: str, step: Callable[[], None], steps: int, rows: int, device: torch.device) -> None:
-    """Warm up, then print wall time, device time, kernels launched and the costliest ops of `step`."""
+def profile_step(title: str, step: Callable[[], None], steps: int, rows: int, device: torch.device) -> dict[str, float]:
+    """Warm up, then print wall time, device time, kernels launched and the costliest ops of `step`; returns
+    them per step (ms; "kernels": a count) with the ops' own time per `CATEGORIES`."""
     on_cuda = device.type == "cuda"
     for _ in range(2):
         step()
@@ -76,6 +99,26 @@ def profile_step(title: str, step: Callable[[], None], steps: int, rows: int, de
     print(f"| op | {'device' if on_cuda else 'CPU'} ms per step | calls per step |\n|---|---|---|")
     for event in sorted(events, key=own, reverse=True)[:rows]:
         print(f"| `{event.key[:90]}` | {own(event) / 1e3 / steps:.3f} | {event.count // steps} |")
+    summary = {"wall": wall_ms, "device": total_ms, "kernels": len(kernels) // steps if on_cuda else float("nan")}
+    summary.update({title: 0.0 for title in [*CATEGORIES, "other"]})
+    for event in events:
+        if not (on_cuda and event.device_type.name == "CUDA"):  # a kernel's row: its op counts it
+            summary[category(event.key)] += own(event) / 1e3 / steps
+    return summary
+
+
+def print_time_shares(length: int, summaries: dict[str, dict[str, float]], on_cuda: bool) -> None:
+    """One table of where each model's step spends its time at `length` tokens (`profile_step`'s summaries)."""
+    where = "device" if on_cuda else "CPU"
+    titles = [*CATEGORIES, "other"]
+    print(f"\n### {length} tokens: where the step's time goes ({where} ms per step, each op's own time)\n")
+    print(f"| model | wall ms | {where} ms | " + " | ".join(titles) + " | kernels launched | host share |")
+    print("|---" * (len(titles) + 5) + "|")
+    for name, summary in summaries.items():
+        host = f"{1 - summary['device'] / summary['wall']:.0%}" if on_cuda else "n/a"
+        kernels = "n/a" if summary["kernels"] != summary["kernels"] else f"{summary['kernels']:.0f}"
+        shares = " | ".join(f"{summary[title]:.2f}" for title in titles)
+        print(f"| {name} | {summary['wall']:.2f} | {summary['device']:.2f} | {shares} | {kernels} | {host} |")
 
 
 def flex_kernel_variants(length: int, device: torch.device, dtype: torch.dtype, repeats: int) -> None:
@@ -86,7 +129,7 @@ def flex_kernel_variants(length: int, device: torch.device, dtype: torch.dtype, 
     from lsg_converter.models.lsg_flex import row_block_structure, whole_sequence_mask_mod
     from lsg_converter.models.lsg_settings import LSGSettings
 
-    pattern = LSGSettings.of(LSGBertConfig(**ATTENTION_ONLY_SETTINGS[DEFAULTS])).pattern()
+    pattern = LSGSettings.of(LSGBertConfig(**LSG_SETTINGS[DEFAULTS])).pattern()
     block = pattern.block_size
     layout = KeyLayout.of(pattern, -(-length // block) * block, TILE)
     offset = layout.token_offset
@@ -174,6 +217,8 @@ def main() -> None:
     parser.add_argument("--backends", nargs="+", default=["sdpa", "flex_attention"], choices=["sdpa", "flex_attention"])
     parser.add_argument("--what", nargs="+", default=["attention", "model"], choices=["attention", "model", "flex-kernel"])
     parser.add_argument("--layers", type=int, default=12, help="layers of the model profiled")
+    parser.add_argument("--settings", nargs="+", default=[DEFAULTS], choices=list(LSG_SETTINGS),
+                        help="the LSG settings of the model profiled (--what model)")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--rows", type=int, default=15, help="ops shown per profile")
     args = parser.parse_args()
@@ -190,9 +235,13 @@ def main() -> None:
         if "flex-kernel" in args.what:
             flex_kernel_variants(length, device, dtype, repeats=10)
         if "model" in args.what:
-            for backend in args.backends:
-                profile_step(f"{length} tokens, {args.layers}-layer LSG-BERT, {backend}",
-                             model_step(backend, length, args.layers, device, dtype), args.steps, args.rows, device)
+            names = ["dense"] + [lsg_model_name(setting, backend) for setting in args.settings for backend in args.backends]
+            summaries = {
+                name: profile_step(f"{length} tokens, {args.layers}-layer {name}", model_step(name, length, args.layers, device, dtype),
+                                   args.steps, args.rows, device)
+                for name in names
+            }
+            print_time_shares(length, summaries, device.type == "cuda")  # at once: a run cut short keeps it
 
 
 if __name__ == "__main__":

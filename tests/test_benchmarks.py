@@ -45,6 +45,25 @@ def test_speed_benchmark_writes_its_table_memory_and_plot(tmp_path):
 
 
 @pytest.mark.slow
+def test_the_step_profile_says_where_the_time_of_each_model_goes():
+    command = [
+        sys.executable, "profile_attention.py", "--device", "cpu", "--dtype", "float32", "--lengths", "512",
+        "--layers", "1", "--what", "model", "--backends", "sdpa", "--settings", "lsg local 128/0 g1", "--steps", "1",
+    ]
+
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=BENCHMARKS)
+
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    lines = finished.stdout.splitlines()
+    assert "### 512 tokens: where the step's time goes (CPU ms per step, each op's own time)" in lines
+    for model in ["dense", "lsg local 128/0 g1, sdpa"]:
+        cells = next(line for line in lines if line.startswith(f"| {model} | ")).split("|")[2:-3]
+        cpu_ms, attention_ms, *other_shares = (float(cell) for cell in cells[1:])
+        assert attention_ms > 0  # the attention kernels are found by name
+        assert sum(other_shares) + attention_ms == pytest.approx(cpu_ms, rel=0.01)  # every op in one category
+
+
+@pytest.mark.slow
 def test_t5_benchmark_writes_its_table(tmp_path):
     results = tmp_path / "RESULTS.md"
     command = [
