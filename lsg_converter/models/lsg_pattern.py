@@ -444,14 +444,15 @@ class PaddingPlan:
 
     pattern: the layers' `KeyPattern`; key_mask: (B, g + t) bool, the keys that may be attended; global_mask:
     (B, g), its global columns; token_mask: (B, T) bool, the tokens' padded at the end to whole blocks (T =
-    nb b), the first token masked with ``mask_first_token``; padding: T - t; no_masked_keys: whether no key is masked, known without reading a mask
-    (no padding mask, no masked first token); real_blocks: (B, nb) bool, the blocks that hold a real token,
-    None where every block does; real_rows: (B, t) bool, the token queries of those blocks (None: every
-    query); query_blocks: (batch index, block index) of those blocks, (n,) each (None: every block, or while
-    tracing: a compiled graph computes every block); window_views: the blocks of sdpa's window-view path on
-    the CPU (`lsg_sdpa.WindowViewPlan`) where the padding allows it (no sparse keys, not causal, every global
-    key valid), else None; memo: what a path makes from the padding alone the first time a layer asks
-    (flex_attention's row bounds, the gathered blocks' masks), for the next ones (`TokenAttention.made_once`)."""
+    nb b), the first token masked with ``mask_first_token``; padding: T - t; no_masked_keys: whether no key
+    is masked, known without reading a mask (no padding mask, no masked first token); real_blocks: (B, nb)
+    bool, the blocks that hold a real token, None where every block does; real_rows: (B, t) bool, the token
+    queries of those blocks (None: every query); query_blocks: (batch index, block index) of those blocks,
+    (n,) each (None: every block, or while tracing: a compiled graph computes every block); window_views: the
+    blocks of sdpa's window-view path on the CPU (`lsg_sdpa.WindowViewPlan`) where the padding allows it (no
+    sparse keys, not causal, every global key valid), else None; memo: what a path makes from the padding
+    and the pass's position terms the first time a layer asks (flex_attention's row bounds, the gathered
+    blocks' masks, the window views' masks), for the next ones (`TokenAttention.made_once`)."""
 
     pattern: KeyPattern
     key_mask: torch.Tensor
