@@ -666,11 +666,12 @@ def padding_window_views(
         return None
     if num_tokens <= 2 * pattern.block_size:
         return None
+    num_blocks = token_mask.shape[1] // pattern.block_size
     if no_masked_keys:
-        return unmasked_window_view_plan(pattern, token_mask.shape[0], token_mask.shape[1] // pattern.block_size, num_tokens, device)
+        return unmasked_window_view_plan(pattern, token_mask.shape[0], num_blocks, num_tokens, device)
     if not bool(global_mask.all()):
         return None
-    local_mask = torch.cat(local_windows(pattern, token_mask, token_mask.shape[1] // pattern.block_size, False), dim=2)  # (B, nb, local)
+    local_mask = torch.cat(local_windows(pattern, token_mask, num_blocks, False), dim=2)  # (B, nb, local)
     return window_view_plan_of(pattern, local_mask, real_blocks, num_tokens)
 
 
