@@ -14,10 +14,9 @@ For each length it profiles, one after the other in one process:
   goes (`CATEGORIES`: the attention kernels, the masks and layouts, copies, matrix products, the rest; the
   kernels launched; on CUDA the host's share, wall minus device time);
 * ``flex-kernel``: the flex_attention kernel alone, forward without gradients, compiled static, under
-  masks of the defaults' local rule built six ways, from LSG's gathered layout (its tile structure, its
-  key layout [globals | tokens], its mask_mod reading the keys' validity) and its whole-sequence one
-  (the rule alone, or a padded row's bounds read) to torch's `create_block_mask` on the tokens alone,
-  against dense SDPA: which part makes the kernel slow.
+  masks of the defaults' local rule built eight ways, from LSG's layout (the layer's own g + n rows) and
+  mask_mod (the rule alone, a padded row's bounds read, each key's validity read) to torch's
+  `create_block_mask` on the tokens alone, against dense SDPA: which part makes the kernel slow.
 
 Each is run twice to warm up (flex_attention compiles then), then ``--steps`` times under the profiler.
 Per step it prints the wall time, the device time of its kernels (the ops' rows and their kernels' rows
@@ -126,55 +125,48 @@ def flex_kernel_variants(length: int, device: torch.device, dtype: torch.dtype, 
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     from lsg_converter.models.lsg_flex import TILE, KeyLayout, RowBounds, _with_mask_mod, block_structure, lsg_mask_mod
-    from lsg_converter.models.lsg_flex import row_block_structure, whole_sequence_mask_mod
+    from lsg_converter.models.lsg_flex import row_block_structure
     from lsg_converter.models.lsg_settings import LSGSettings
 
     pattern = LSGSettings.of(LSGBertConfig(**LSG_SETTINGS[DEFAULTS])).pattern()
     block = pattern.block_size
-    layout = KeyLayout.of(pattern, -(-length // block) * block, TILE)
+    layout = KeyLayout.of(pattern, length, TILE)  # the layer's g + n rows, as queries and keys
     offset = layout.token_offset
     generator = torch.Generator().manual_seed(0)
 
     def random(rows: int) -> torch.Tensor:
         return torch.randn(1, HEADS, rows, HEAD_DIM, generator=generator).to(device, dtype)
 
-    queries, tokens, sequence = random(length), random(length), random(layout.length)  # sequence: LSG's key layout
+    queries, tokens, sequence = random(length), random(length), random(layout.length)
     sequence_valid = torch.ones(1, HEADS, layout.length, dtype=torch.bool, device=device)
     token_valid = torch.ones(1, HEADS, length, dtype=torch.bool, device=device)
 
     def local_rule(batch, head, query, key):  # tokens only: the block before, its own, the one after
         return (query // block - key // block).abs() <= 1
 
-    def local_rule_in_layout(batch, head, query, key):  # LSG's key layout: the global rows, then the tokens
-        return (key < pattern.num_global) | ((key >= offset) & local_rule(batch, head, query, key - offset))
+    def local_rule_in_layout(batch, head, query, key):  # LSG's layout: the global rows, then the tokens
+        token_keys = (key >= offset) & local_rule(batch, head, query - offset, key - offset)
+        return (query >= offset) & ((key < pattern.num_global) | token_keys)
 
     def local_rule_reading_validity(batch, head, query, key):
         return local_rule(batch, head, query, key) & token_valid[batch, head, key]
 
     structure = block_structure(pattern, length, TILE, device)
+    full_tiles_structure = block_structure(pattern, length, TILE, device, rule_only=True)
     plain = create_block_mask(local_rule, 1, 1, length, length, device=device, BLOCK_SIZE=TILE)
-    # the whole-sequence layout (the layer's g + n rows as queries and keys), as a call without padding
-    # gets it, and as a padded row gets it: its bounds read (here the last quarter is padding)
-    whole_sequence = random(pattern.num_global + length)
-    whole_layout = KeyLayout.of(pattern, -(-length // block) * block, TILE, length)
-    whole_structure = block_structure(pattern, length, TILE, device, whole_sequence=True)
-    full_tiles_structure = block_structure(pattern, length, TILE, device, whole_sequence=True, rule_only=True)
-    padded_row = RowBounds(torch.tensor([[0, length * 3 // 4]], device=device), None)
+    padded_row = RowBounds(torch.tensor([[0, length * 3 // 4]], device=device), None)  # the last quarter is padding
     variants = {
-        "LSG: its structure, layout and mask_mod (validity read)": (
-            queries, sequence, _with_mask_mod(structure, lsg_mask_mod(pattern, layout, sequence_valid))),
-        "LSG structure and layout, local rule only": (queries, sequence, _with_mask_mod(structure, local_rule_in_layout)),
-        "LSG whole sequence, its rule alone (no padding)": (
-            whole_sequence, whole_sequence, _with_mask_mod(whole_structure, whole_sequence_mask_mod(pattern))),
-        "LSG whole sequence, its rule alone, full tiles listed (as the backend runs it)": (
-            whole_sequence, whole_sequence, _with_mask_mod(full_tiles_structure, whole_sequence_mask_mod(pattern))),
-        "LSG whole sequence, the row's bounds read (padded)": (
-            whole_sequence, whole_sequence,
-            _with_mask_mod(whole_structure, whole_sequence_mask_mod(pattern, whole_layout, padded_row))),
-        "LSG whole sequence, padded, the row's own tiles (as the backend runs it)": (
-            whole_sequence, whole_sequence,
-            _with_mask_mod(row_block_structure(pattern, length, TILE, padded_row.tokens),
-                           whole_sequence_mask_mod(pattern, whole_layout, padded_row))),
+        "LSG structure and layout, local rule only": (sequence, sequence, _with_mask_mod(structure, local_rule_in_layout)),
+        "LSG, its rule alone (no padding)": (sequence, sequence, _with_mask_mod(structure, lsg_mask_mod(pattern, layout))),
+        "LSG, its rule alone, full tiles listed (as the backend runs it)": (
+            sequence, sequence, _with_mask_mod(full_tiles_structure, lsg_mask_mod(pattern, layout))),
+        "LSG, the row's bounds read (padded)": (
+            sequence, sequence, _with_mask_mod(structure, lsg_mask_mod(pattern, layout, padded_row))),
+        "LSG, padded, the row's own tiles (as the backend runs it)": (
+            sequence, sequence,
+            _with_mask_mod(row_block_structure(pattern, length, TILE, padded_row.tokens), lsg_mask_mod(pattern, layout, padded_row))),
+        "LSG, each key's validity read (a hole in a row's mask, as the backend runs it)": (
+            sequence, sequence, _with_mask_mod(structure, lsg_mask_mod(pattern, layout, sequence_valid))),
         "create_block_mask, tokens only, local rule": (queries, tokens, plain),
         "create_block_mask, tokens only, local rule + validity read": (
             queries, tokens, create_block_mask(local_rule_reading_validity, 1, 1, length, length, device=device, BLOCK_SIZE=TILE)),

@@ -88,19 +88,19 @@ def test_eager_runs_the_eager_path(monkeypatch):
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
-def test_flex_inference_reads_the_layers_own_sequence_where_each_rows_keys_are_one_run(padded, monkeypatch):
+def test_flex_inference_runs_the_flex_path(padded, monkeypatch):
     torch.compiler.reset()
     paths = chosen_paths(lsg_bert("flex_attention"), monkeypatch, **inputs(padded))
 
-    assert paths == [AttentionPath.FLEX_WHOLE_SEQUENCE]
+    assert paths == [AttentionPath.FLEX]
 
 
-def test_flex_inference_with_a_hole_in_the_mask_reads_a_gathered_key_sequence(monkeypatch):
+def test_flex_inference_with_a_hole_in_the_mask_runs_the_same_flex_path(monkeypatch):
     torch.compiler.reset()
     batch_inputs = inputs()
     batch_inputs["attention_mask"][1, 100:110] = 0
 
-    assert chosen_paths(lsg_bert("flex_attention"), monkeypatch, **batch_inputs) == [AttentionPath.FLEX_KEY_SEQUENCE]
+    assert chosen_paths(lsg_bert("flex_attention"), monkeypatch, **batch_inputs) == [AttentionPath.FLEX]
 
 
 def test_flex_in_training_on_the_cpu_runs_an_sdpa_path(monkeypatch):

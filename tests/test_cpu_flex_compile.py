@@ -1,6 +1,7 @@
 """A whole LSG model with the flex_attention backend compiled by inductor on the CPU (fullgraph): it
-compiles and gives the uncompiled model's outputs, over the whole-sequence layout (no key masked) and
-the gathered one (a padded batch). Each compile costs about 20 s here."""
+compiles and gives the uncompiled model's outputs, its mask_mod reading no key's validity (no key masked)
+and each key's (a padded batch: a compiled graph checks no run on the host). Each compile costs about 20 s
+here."""
 
 import pytest
 import torch
@@ -35,7 +36,7 @@ def test_a_model_compiled_fullgraph_with_flex_on_the_cpu_equals_the_uncompiled_m
     kernel = lsg_flex._flex_kernel
 
     def recording_kernel(signature):
-        layouts.append(signature.layout)
+        layouts.append(signature.validity)
         return kernel(signature)
 
     monkeypatch.setattr(lsg_flex, "_flex_kernel", recording_kernel)
@@ -45,5 +46,5 @@ def test_a_model_compiled_fullgraph_with_flex_on_the_cpu_equals_the_uncompiled_m
         layouts.clear()
         compiled = torch.compile(model, fullgraph=True)(**inputs).last_hidden_state
 
-    assert set(layouts) == {"whole sequence" if lengths is None else "gathered"}  # flex ran in the graph
+    assert set(layouts) == {"none" if lengths is None else "per key"}  # flex ran in the graph
     torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=0)

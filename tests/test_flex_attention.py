@@ -28,7 +28,6 @@ from lsg_converter.models.lsg_flex import (
     block_structure,
     lsg_mask_mod,
     row_block_structure,
-    whole_sequence_mask_mod,
 )
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -88,11 +87,13 @@ def test_flex_forward_equals_sdpa_forward_in_other_geometries(settings):
     torch.testing.assert_close(flex[real], sdpa[real], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("kind", ["right", "hole"], ids=["padded", "hole"])
+@pytest.mark.parametrize("sparsity_type", ["none", "norm"])
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
-def test_flex_dropout_hides_the_same_keys_as_sdpa(causal):
-    config = lsg_config(block_size=8, sparse_block_size=8, num_global_tokens=2)
+def test_flex_dropout_hides_the_same_keys_as_sdpa(causal, sparsity_type, kind):
+    config = lsg_config(block_size=8, sparse_block_size=8, num_global_tokens=2, sparsity_type=sparsity_type)
     query, key, value = random_qkv(2, 2 + TOKENS, seed=1)
-    mask = padding_mask([2 + TOKENS, 2 + 40], 2 + TOKENS)
+    mask = token_mask(kind, 2)
 
     sdpa, flex = both_backends(query, key, value, mask, config, seed=3, dropout=0.3, causal=causal)
     _, undropped = both_backends(query, key, value, mask, config, causal=causal)
@@ -137,31 +138,29 @@ def geometry_id(value):
 
 
 @pytest.mark.parametrize("settings, causal", list(tile_geometries()), ids=geometry_id)
-@pytest.mark.parametrize("num_queries, tile", [(50, 8), (97, 16)])
-def test_block_structure_reads_every_tile_holding_a_visible_key(settings, causal, num_queries, tile):
+@pytest.mark.parametrize("num_tokens, tile", [(50, 8), (97, 16)])
+def test_block_structure_reads_every_tile_holding_a_visible_key(settings, causal, num_tokens, tile):
     pattern = KeyPattern.of(lsg_config(**settings), causal)
-    padded_tokens = -(-num_queries // pattern.block_size) * pattern.block_size
-    layout = KeyLayout.of(pattern, padded_tokens, tile)
-    real_keys = torch.zeros(1, 1, layout.length, dtype=torch.bool)  # globals, tokens, compressed positions
-    real_keys[..., : pattern.num_global] = True
-    real_keys[..., layout.token_offset : layout.token_offset + num_queries] = True
+    padded_tokens = -(-num_tokens // pattern.block_size) * pattern.block_size
+    layout = KeyLayout.of(pattern, num_tokens, tile)
     compressed = padded_tokens // pattern.block_size * pattern.compressed_per_block
+    real_keys = torch.zeros(1, 1, layout.length, dtype=torch.bool)  # globals and tokens, compressed positions
+    real_keys[..., : layout.token_end] = True
     real_keys[..., layout.sparse_offset : layout.sparse_offset + compressed] = True
+    rows = pattern.num_global + num_tokens
 
     mask_mod = lsg_mask_mod(pattern, layout, real_keys)
-    visible = create_mask(mask_mod, 1, 1, num_queries, layout.length, device="cpu")[0, 0]  # (queries, keys)
-    query_tiles = -(-num_queries // tile)
-    visible = F.pad(visible, (0, 0, 0, query_tiles * tile - num_queries))
-    tiles_needed = visible.unflatten(0, (query_tiles, tile)).unflatten(2, (-1, tile)).any(dim=(1, 3))
-    tiles_read = block_structure(pattern, num_queries, tile, torch.device("cpu")).to_dense()[0, 0].bool()
+    visible = create_mask(mask_mod, 1, 1, rows, layout.length, device="cpu")[0, 0]  # (queries, keys)
+    tiles_needed = tiled(visible, tile).any(dim=(1, 3))
+    tiles_read = block_structure(pattern, num_tokens, tile, torch.device("cpu")).to_dense()[0, 0].bool()
 
     assert not (tiles_needed & ~tiles_read).any()  # nothing visible is skipped
     if pattern.sparse_size >= pattern.compressed_per_block:  # contiguous windows: nothing more is read
         assert torch.equal(tiles_read, tiles_needed)
 
 
-def whole_sequence_geometries(test):
-    """Parametrizes `test` with whole-sequence geometries: block and global tokens, causal or not, tokens and tile."""
+def layer_geometries(test):
+    """Parametrizes `test` with geometries without sparse keys: block and global tokens, causal or not, tokens and tile."""
     for decorator in (
         pytest.mark.parametrize("num_tokens, tile", [(50, 8), (97, 16)]),
         pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"]),
@@ -171,22 +170,21 @@ def whole_sequence_geometries(test):
     return test
 
 
-@whole_sequence_geometries
-def test_whole_sequence_block_structure_reads_exactly_the_tiles_of_visible_keys(block, num_global, causal, num_tokens, tile):
+@layer_geometries
+def test_block_structure_without_sparse_keys_reads_exactly_the_tiles_of_visible_keys(block, num_global, causal, num_tokens, tile):
     settings = dict(sparsity_type="none", block_size=block, num_global_tokens=num_global)
     pattern = KeyPattern.of(lsg_config(**settings), causal)
-    padded_tokens = -(-num_tokens // block) * block
-    layout = KeyLayout.of(pattern, padded_tokens, tile, whole_sequence_tokens=num_tokens)
+    layout = KeyLayout.of(pattern, num_tokens, tile)
     rows = num_global + num_tokens
 
-    mask_mod = whole_sequence_mask_mod(pattern)
+    mask_mod = lsg_mask_mod(pattern, layout)
     visible = create_mask(mask_mod, 1, 1, rows, rows, device="cpu")[0, 0]  # (queries, keys)
     tiles = -(-rows // tile)
     visible = F.pad(visible, (0, tiles * tile - rows, 0, tiles * tile - rows))
     tiles_needed = visible.unflatten(0, (tiles, tile)).unflatten(2, (-1, tile)).any(dim=(1, 3))
-    tiles_read = block_structure(pattern, num_tokens, tile, torch.device("cpu"), whole_sequence=True).to_dense()[0, 0].bool()
+    tiles_read = block_structure(pattern, num_tokens, tile, torch.device("cpu")).to_dense()[0, 0].bool()
 
-    assert (layout.query_offset, layout.token_offset, layout.length) == (num_global, num_global, rows)
+    assert (layout.token_offset, layout.length) == (num_global, rows)
     assert torch.equal(tiles_read, tiles_needed)
 
 
@@ -203,18 +201,19 @@ def tile_lists_as_dense(counts: torch.Tensor, indices: torch.Tensor) -> torch.Te
     return torch.zeros(indices.shape[2:], dtype=torch.bool).scatter_(1, indices[0, 0].long(), listed)
 
 
-@whole_sequence_geometries
-def test_full_tiles_of_the_whole_sequence_are_tiles_whose_every_query_sees_every_key(block, num_global, causal, num_tokens, tile):
+@layer_geometries
+def test_full_tiles_are_tiles_whose_every_query_sees_every_key(block, num_global, causal, num_tokens, tile):
     settings = dict(sparsity_type="none", block_size=block, num_global_tokens=num_global)
     pattern = KeyPattern.of(lsg_config(**settings), causal)
     rows = num_global + num_tokens
-    visible = create_mask(whole_sequence_mask_mod(pattern), 1, 1, rows, rows, device="cpu")[0, 0]  # (queries, keys)
+    mask_mod = lsg_mask_mod(pattern, KeyLayout.of(pattern, num_tokens, tile))
+    visible = create_mask(mask_mod, 1, 1, rows, rows, device="cpu")[0, 0]  # (queries, keys)
     every_key_seen = (tiled(visible, tile) | tiled(torch.zeros_like(visible), tile, True)).all(dim=(1, 3))  # rows past the end aside
 
-    structure = block_structure(pattern, num_tokens, tile, torch.device("cpu"), whole_sequence=True, rule_only=True)
+    structure = block_structure(pattern, num_tokens, tile, torch.device("cpu"), rule_only=True)
     full = tile_lists_as_dense(structure.full_kv_num_blocks, structure.full_kv_indices)
     partial = tile_lists_as_dense(structure.kv_num_blocks, structure.kv_indices)
-    read = block_structure(pattern, num_tokens, tile, torch.device("cpu"), whole_sequence=True).to_dense()[0, 0].bool()
+    read = block_structure(pattern, num_tokens, tile, torch.device("cpu")).to_dense()[0, 0].bool()
 
     assert not (full & ~every_key_seen).any()  # the kernel skips the mask_mod only where it holds everywhere
     assert not (full & partial).any() and torch.equal(full | partial, read)  # the same tiles read
@@ -222,18 +221,18 @@ def test_full_tiles_of_the_whole_sequence_are_tiles_whose_every_query_sees_every
 
 @pytest.mark.parametrize("settings, causal", SPARSE_TILE_GEOMETRIES, ids=geometry_id)
 @pytest.mark.parametrize("blocks, tile", [(6, 8), (9, 16)])
-def test_full_tiles_of_the_whole_sequence_with_every_sparse_key_valid_are_tiles_whose_every_query_sees_every_key(
+def test_full_tiles_with_every_sparse_key_valid_are_tiles_whose_every_query_sees_every_key(
     settings, causal, blocks, tile
 ):
     pattern = KeyPattern.of(lsg_config(**settings), causal)
     num_tokens = blocks * pattern.block_size  # whole blocks: every compressed key is valid
-    layout = KeyLayout.of(pattern, num_tokens, tile, whole_sequence_tokens=num_tokens)
+    layout = KeyLayout.of(pattern, num_tokens, tile)
     rows = pattern.num_global + num_tokens
-    visible = create_mask(whole_sequence_mask_mod(pattern, layout), 1, 1, rows, layout.length, device="cpu")[0, 0]
+    visible = create_mask(lsg_mask_mod(pattern, layout), 1, 1, rows, layout.length, device="cpu")[0, 0]
     some_key_seen = tiled(visible, tile).any(dim=(1, 3))
     every_key_seen = (tiled(visible, tile) | tiled(torch.zeros_like(visible), tile, True)).all(dim=(1, 3))
 
-    structure = block_structure(pattern, num_tokens, tile, torch.device("cpu"), whole_sequence=True, rule_only=True)
+    structure = block_structure(pattern, num_tokens, tile, torch.device("cpu"), rule_only=True)
     full = tile_lists_as_dense(structure.full_kv_num_blocks, structure.full_kv_indices)
     partial = tile_lists_as_dense(structure.kv_num_blocks, structure.kv_indices)
 
@@ -244,20 +243,20 @@ def test_full_tiles_of_the_whole_sequence_with_every_sparse_key_valid_are_tiles_
 def test_sparse_windows_aligned_with_the_tiles_are_read_as_full_tiles():
     config = lsg_config(sparsity_type="norm", block_size=16, sparsity_factor=2, sparse_block_size=16, num_global_tokens=0)
     pattern = KeyPattern.of(config)  # each block: 2 windows of 16 compressed keys, 8 blocks apart, starting on a tile
-    layout = KeyLayout.of(pattern, 256, 8, whole_sequence_tokens=256)
+    layout = KeyLayout.of(pattern, 256, 8)
 
-    structure = block_structure(pattern, 256, 8, torch.device("cpu"), whole_sequence=True, rule_only=True)
+    structure = block_structure(pattern, 256, 8, torch.device("cpu"), rule_only=True)
 
     full = tile_lists_as_dense(structure.full_kv_num_blocks, structure.full_kv_indices)
     sparse_tiles = full[:, layout.sparse_offset // 8 :].sum(dim=1)  # per query tile
     assert sparse_tiles[8:-8].tolist() == [4] * 16  # the blocks whose two windows lie inside the sequence
 
 
-def test_the_whole_sequence_mask_mod_without_bounds_masks_the_zero_padding_of_each_segment():
+def test_the_mask_mod_without_validity_masks_the_zero_padding_of_each_segment():
     pattern = KeyPattern.of(lsg_config(sparsity_type="pooling", sparsity_factor=2, sparse_block_size=8, block_size=8,
                                        num_global_tokens=2))
-    layout = KeyLayout.of(pattern, 40, 16, whole_sequence_tokens=40)  # tokens end at row 42, sparse keys at 48 + 20
-    visible = create_mask(whole_sequence_mask_mod(pattern, layout), 1, 1, 42, layout.length, device="cpu")[0, 0]
+    layout = KeyLayout.of(pattern, 40, 16)  # tokens end at row 42, sparse keys at 48 + 20
+    visible = create_mask(lsg_mask_mod(pattern, layout), 1, 1, 42, layout.length, device="cpu")[0, 0]
 
     assert (layout.token_end, layout.sparse_offset, layout.sparse_end, layout.length) == (42, 48, 68, 80)
     assert not visible[:, 42:48].any() and not visible[:, 68:].any()
@@ -267,7 +266,7 @@ def test_the_whole_sequence_mask_mod_without_bounds_masks_the_zero_padding_of_ea
 @pytest.mark.parametrize("sparsity_type", [kind for kind in SPARSITY_TYPES if kind != "none"])
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 @pytest.mark.parametrize("num_global", [0, 2])
-def test_unpadded_tokens_of_whole_blocks_with_sparse_keys_take_the_whole_sequence_reading_no_tensor(
+def test_unpadded_tokens_of_whole_blocks_with_sparse_keys_read_no_keys_validity(
     sparsity_type, causal, num_global, monkeypatch
 ):
     config = lsg_config(block_size=8, sparse_block_size=8, sparsity_type=sparsity_type, num_global_tokens=num_global)
@@ -278,9 +277,9 @@ def test_unpadded_tokens_of_whole_blocks_with_sparse_keys_take_the_whole_sequenc
 
     (taken, block_mask), = calls
     if sparsity_type == "lsh":  # an empty bucket is a masked key: read through the rows' bounds
-        assert taken in ("whole sequence, row bounds", "gathered")
+        assert taken in ("row bounds", "per key")
     else:
-        assert taken == "whole sequence" and captured_tensors(block_mask.mask_mod) == []
+        assert taken == "none" and captured_tensors(block_mask.mask_mod) == []
     torch.testing.assert_close(flex, sdpa, atol=1e-5, rtol=0)
 
 
@@ -301,8 +300,8 @@ def test_a_padded_batch_reads_no_tile_of_its_padding_and_full_tiles_where_every_
     pattern = KeyPattern.of(lsg_config(sparsity_type="none", block_size=block, num_global_tokens=num_global), causal)
     num_tokens, rows = 97, num_global + 97
     token_bounds = torch.tensor([[0, 97], [0, 41], [30, 97]])  # every token; right padding; left padding
-    layout = KeyLayout.of(pattern, -(-num_tokens // block) * block, tile, num_tokens)
-    mask_mod = whole_sequence_mask_mod(pattern, layout, RowBounds(token_bounds, None))
+    layout = KeyLayout.of(pattern, num_tokens, tile)
+    mask_mod = lsg_mask_mod(pattern, layout, RowBounds(token_bounds, None))
     visible = create_mask(mask_mod, 3, 1, rows, rows, device="cpu")[:, 0]  # (B, queries, keys)
     some_key_seen = tiled(visible, tile).any(dim=(2, 4))  # (B, query tiles, key tiles)
     every_key_seen = (tiled(visible, tile) | tiled(torch.zeros_like(visible), tile, True)).all(dim=(2, 4))
@@ -329,7 +328,7 @@ def test_a_padded_batch_reads_no_tile_of_its_padding_and_full_tiles_where_every_
 def test_blocks_aligned_with_the_tiles_read_full_tiles_only():
     pattern = KeyPattern.of(lsg_config(sparsity_type="none", block_size=16, num_global_tokens=0), False)
 
-    structure = block_structure(pattern, 256, 16, torch.device("cpu"), whole_sequence=True, rule_only=True)
+    structure = block_structure(pattern, 256, 16, torch.device("cpu"), rule_only=True)
 
     assert int(structure.kv_num_blocks.sum()) == 0  # no tile evaluates the mask_mod
     assert structure.full_kv_num_blocks[0, 0].tolist() == [2] + [3] * 14 + [2]  # each block's window: 3 tiles
@@ -344,34 +343,9 @@ def test_a_row_padded_at_a_block_edge_reads_full_tiles_of_its_tokens_only():
     assert structure.full_kv_num_blocks[1, 0].tolist() == [2] + [3] * 6 + [2] + [0] * 8
 
 
-@pytest.mark.parametrize("settings, causal", SPARSE_TILE_GEOMETRIES, ids=geometry_id)
-@pytest.mark.parametrize("num_tokens, tile", [(50, 8), (97, 16)])
-def test_whole_sequence_block_structure_reads_every_tile_holding_a_visible_key_of_the_sparse_segment(
-    settings, causal, num_tokens, tile
-):
-    pattern = KeyPattern.of(lsg_config(**settings), causal)
-    padded_tokens = -(-num_tokens // pattern.block_size) * pattern.block_size
-    layout = KeyLayout.of(pattern, padded_tokens, tile, whole_sequence_tokens=num_tokens)
-    compressed = padded_tokens // pattern.block_size * pattern.compressed_per_block
-    every_key = RowBounds(torch.tensor([[0, num_tokens]]), torch.tensor([[[0, compressed]]]))
-    rows = pattern.num_global + num_tokens
-
-    mask_mod = whole_sequence_mask_mod(pattern, layout, every_key)
-    visible = create_mask(mask_mod, 1, 1, rows, layout.length, device="cpu")[0, 0]  # (queries, keys)
-    query_tiles = -(-rows // tile)
-    visible = F.pad(visible, (0, 0, 0, query_tiles * tile - rows))
-    tiles_needed = visible.unflatten(0, (query_tiles, tile)).unflatten(2, (-1, tile)).any(dim=(1, 3))
-    tiles_read = block_structure(pattern, num_tokens, tile, torch.device("cpu"), whole_sequence=True).to_dense()[0, 0].bool()
-
-    assert layout.sparse_offset % tile == 0 and layout.length == layout.sparse_offset + -(-compressed // tile) * tile
-    assert not (tiles_needed & ~tiles_read).any()  # nothing visible is skipped
-    if pattern.sparse_size >= pattern.compressed_per_block:  # contiguous windows: nothing more is read
-        assert torch.equal(tiles_read, tiles_needed)
-
-
-def test_whole_sequence_mask_mod_gives_token_queries_the_keys_of_the_pattern():
+def test_the_mask_mod_gives_token_queries_the_keys_of_the_pattern():
     pattern = KeyPattern.of(lsg_config(sparsity_type="none", block_size=8, num_global_tokens=2))
-    visible = create_mask(whole_sequence_mask_mod(pattern), 1, 1, 2 + 40, 2 + 40, device="cpu")[0, 0]
+    visible = create_mask(lsg_mask_mod(pattern, KeyLayout.of(pattern, 40, 8)), 1, 1, 2 + 40, 2 + 40, device="cpu")[0, 0]
 
     query_token, key_token = torch.arange(40)[:, None], torch.arange(40)[None, :]
     assert torch.equal(visible[2:, 2:], (key_token // 8 - query_token // 8).abs() <= 1)
@@ -380,12 +354,12 @@ def test_whole_sequence_mask_mod_gives_token_queries_the_keys_of_the_pattern():
 
 
 def recorded_flex_calls(monkeypatch) -> list:
-    """(layout, block_mask) of each flex_attention call the backend makes (then run uncompiled)."""
+    """(validity read, block_mask) of each flex_attention call the backend makes (then run uncompiled)."""
     calls = []
 
     def recording_kernel(signature):
         def kernel(*args, block_mask, **kwargs):
-            calls.append((signature.layout, block_mask))
+            calls.append((signature.validity, block_mask))
             return flex_attention(*args, block_mask=block_mask, **kwargs)
         return kernel
 
@@ -422,18 +396,18 @@ def token_mask(kind: str, num_global: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("sparsity_type", ["none", "pooling", "stride"])
 @pytest.mark.parametrize(
-    "kind, mask_first_token, layout",
+    "kind, mask_first_token, validity",
     [
         ("full", False, None),
-        ("right", False, "whole sequence, row bounds"),
-        ("left", False, "whole sequence, row bounds"),
-        ("right", True, "whole sequence, row bounds"),
-        ("hole", False, "gathered"),
+        ("right", False, "row bounds"),
+        ("left", False, "row bounds"),
+        ("right", True, "row bounds"),
+        ("hole", False, "per key"),
     ],
     ids=["full", "right", "left", "right-first-token-masked", "hole"],
 )
-def test_rows_padded_by_one_run_take_the_whole_sequence_reading_a_few_numbers_per_row(
-    sparsity_type, kind, mask_first_token, layout, monkeypatch
+def test_rows_padded_by_one_run_read_a_few_numbers_per_row(
+    sparsity_type, kind, mask_first_token, validity, monkeypatch
 ):
     config = lsg_config(block_size=8, sparse_block_size=8, sparsity_type=sparsity_type, num_global_tokens=2,
                         mask_first_token=mask_first_token)
@@ -444,11 +418,11 @@ def test_rows_padded_by_one_run_take_the_whole_sequence_reading_a_few_numbers_pe
     sdpa, flex = both_backends(query, key, value, mask, config)
 
     (taken, block_mask), = calls
-    expected = layout or ("whole sequence" if sparsity_type == "none" else "whole sequence, row bounds")
+    expected = validity or ("none" if sparsity_type == "none" else "row bounds")
     assert taken == expected
-    if taken != "gathered":  # no tensor per key: at most a few numbers per row and head
+    if taken != "per key":  # no tensor per key: at most a few numbers per row and head
         assert all(max(x.shape) < TOKENS for x in captured_tensors(block_mask.mask_mod))
-    if taken == "whole sequence":
+    if taken == "none":
         assert captured_tensors(block_mask.mask_mod) == []
     real = mask[:, None, :, None].expand_as(sdpa)
     torch.testing.assert_close(flex[real], sdpa[real], atol=1e-5, rtol=0)
@@ -678,7 +652,7 @@ def test_the_layers_of_one_forward_share_one_block_structure(monkeypatch):
 
     logits(model.eval(), tiny_inputs())
 
-    assert [layout for layout, _ in calls] == ["whole sequence, row bounds"] * TINY_BERT["num_hidden_layers"]
+    assert [validity for validity, _ in calls] == ["row bounds"] * TINY_BERT["num_hidden_layers"]
     indices = {block_mask.kv_indices.data_ptr() for _, block_mask in calls}
     assert len(indices) == 1
 

@@ -148,7 +148,7 @@ def test_a_call_without_a_mask_reaches_the_attention_as_no_mask(monkeypatch):
     [("none", 0, TOKENS), ("norm", 16, 288)],  # sparse keys: 18 whole blocks, every compressed key valid
     ids=["local", "sparse"],
 )
-def test_compiled_flex_reads_the_layers_keys_where_they_lie_when_no_key_is_masked(
+def test_compiled_flex_reads_no_keys_validity_when_no_key_is_masked(
     sparsity_type, sparse_block_size, tokens, monkeypatch
 ):
     config = LSGBertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
@@ -157,19 +157,19 @@ def test_compiled_flex_reads_the_layers_keys_where_they_lie_when_no_key_is_maske
                            attn_implementation="flex_attention")
     model = LSGBertForMaskedLM(config).eval()
     layouts = []
-    whole_sequence = lsg_attention.PATH_FUNCTIONS[lsg_attention.AttentionPath.FLEX_WHOLE_SEQUENCE]
+    flex_path = lsg_attention.PATH_FUNCTIONS[lsg_attention.AttentionPath.FLEX]
 
-    def recording(job, bounds):
-        layouts.append("whole sequence")
-        return whole_sequence(job, bounds)
+    def recording(job, validity):
+        layouts.append(validity)
+        return flex_path(job, validity)
 
-    monkeypatch.setitem(lsg_attention.PATH_FUNCTIONS, lsg_attention.AttentionPath.FLEX_WHOLE_SEQUENCE, recording)
+    monkeypatch.setitem(lsg_attention.PATH_FUNCTIONS, lsg_attention.AttentionPath.FLEX, recording)
     torch.compiler.reset()
     compiled = torch.compile(model, backend="eager", fullgraph=True)
     with torch.no_grad():
         compiled(input_ids=torch.randint(5, 100, (1, tokens)))
 
-    assert layouts == ["whole sequence"]
+    assert layouts == [None]  # the pattern's rule alone: no validity read
 
 
 def test_the_whole_sequence_path_hands_the_kernel_the_layers_own_tensors(monkeypatch):

@@ -72,8 +72,8 @@ def test_flex_equals_sdpa_in_outputs_and_gradients(dtype, sparsity_type, causal)
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
-def test_flex_over_the_whole_sequence_equals_sdpa_in_outputs_and_gradients(dtype, causal):
-    """No padding mask, no sparse keys: flex reads the layer's own keys (the whole-sequence layout)."""
+def test_flex_without_padding_equals_sdpa_in_outputs_and_gradients(dtype, causal):
+    """No padding mask, no sparse keys: the mask_mod is the pattern's rule alone, full tiles skip it."""
     config = lsg_config(block_size=BLOCK, sparse_block_size=0, sparsity_type="none", num_global_tokens=NUM_GLOBAL)
     inputs = random_qkv(2, NUM_GLOBAL + TOKENS, dtype)
 
@@ -88,7 +88,7 @@ def test_flex_over_the_whole_sequence_equals_sdpa_in_outputs_and_gradients(dtype
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("sparsity_type", ["none", "pooling"])
 @pytest.mark.parametrize("padding", ["right", "left"])
-def test_flex_over_padded_rows_takes_the_whole_sequence_and_equals_sdpa_in_outputs_and_gradients(
+def test_flex_over_padded_rows_reads_their_bounds_and_equals_sdpa_in_outputs_and_gradients(
     dtype, sparsity_type, padding, monkeypatch
 ):
     """Each row's padding one run: the mask_mod reads the rows' bounds (a few numbers per row), no key's validity."""
@@ -101,12 +101,35 @@ def test_flex_over_padded_rows_takes_the_whole_sequence_and_equals_sdpa_in_outpu
     mask = mask.cuda()
     layouts = []
     kernel = lsg_flex._flex_kernel
-    monkeypatch.setattr(lsg_flex, "_flex_kernel", lambda signature: layouts.append(signature.layout) or kernel(signature))
+    monkeypatch.setattr(lsg_flex, "_flex_kernel", lambda signature: layouts.append(signature.validity) or kernel(signature))
 
     sdpa, sdpa_gradients = run("sdpa", inputs, mask, config)
     flex, flex_gradients = run("flex_attention", inputs, mask, config)
 
-    assert layouts == ["whole sequence, row bounds"]
+    assert layouts == ["row bounds"]
+    real = mask[:, None, :, None].expand_as(sdpa)
+    assert_backends_agree(flex[real], sdpa[real])
+    for flex_gradient, sdpa_gradient in zip(flex_gradients, sdpa_gradients):
+        assert_backends_agree(flex_gradient, sdpa_gradient)
+
+
+@pytest.mark.parametrize("sparsity_type", ["none", "norm"])
+def test_flex_with_a_hole_in_the_mask_and_dropout_equals_sdpa_in_outputs_and_gradients(sparsity_type, monkeypatch):
+    """A hole in a row's mask: the mask_mod reads each key's validity, and DropKey's choice."""
+    config = lsg_config(block_size=BLOCK, sparse_block_size=BLOCK, sparsity_type=sparsity_type, num_global_tokens=NUM_GLOBAL)
+    length = NUM_GLOBAL + TOKENS
+    inputs = random_qkv(2, length, torch.float32)
+    mask = padding_mask([length, length], length)
+    mask[1, NUM_GLOBAL + 300 : NUM_GLOBAL + 340] = False
+    mask = mask.cuda()
+    validity = []
+    kernel = lsg_flex._flex_kernel
+    monkeypatch.setattr(lsg_flex, "_flex_kernel", lambda signature: validity.append(signature.validity) or kernel(signature))
+
+    sdpa, sdpa_gradients = run("sdpa", inputs, mask, config, seed=5, dropout=0.2)
+    flex, flex_gradients = run("flex_attention", inputs, mask, config, seed=5, dropout=0.2)
+
+    assert validity == ["per key"]
     real = mask[:, None, :, None].expand_as(sdpa)
     assert_backends_agree(flex[real], sdpa[real])
     for flex_gradient, sdpa_gradient in zip(flex_gradients, sdpa_gradients):

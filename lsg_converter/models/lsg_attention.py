@@ -50,9 +50,8 @@ from .lsg_flex import (
     FLEX_ATTENTION_AVAILABLE,
     FLEX_FORWARD_ONLY_DEVICES,
     FlexBackend,
-    key_sequence_attention,
-    whole_sequence_bounds,
-    whole_sequence_attention,
+    flex_token_attention,
+    key_validity,
 )
 from .lsg_pattern import (
     Backend,
@@ -518,21 +517,19 @@ class AttentionPath(enum.Enum):
     UNMASKED = "sdpa unmasked"  # lsg_sdpa.unmasked_attention: every key seen, masks of the shape alone
     TRAINED_TERMS = "sdpa trained terms"  # lsg_sdpa.trained_terms_token_attention: CPU, terms being trained
     GATHERED = "sdpa gathered"  # lsg_sdpa.gathered_token_attention: each block's keys gathered
-    FLEX_WHOLE_SEQUENCE = "flex whole sequence"  # lsg_flex.whole_sequence_attention: the layer's own keys
-    FLEX_KEY_SEQUENCE = "flex key sequence"  # lsg_flex.key_sequence_attention: a gathered key sequence
+    FLEX = "flex"  # lsg_flex.flex_token_attention: one kernel call over the layer's own keys
 
 
 def choose_path(backend: str, job: TokenAttention) -> tuple[AttentionPath, Any]:
     """The one place where the path of a call's token queries is chosen, with what it needs (the window
-    views' plan, the flex rows' bounds, or None), from the backend the model runs, the device, the dtype,
+    views' plan, the keys' validity flex reads, or None), from the backend the model runs, the device, the dtype,
     the length, the padding, the sparse keys, DropKey, the position terms and the gradients:
 
     * "eager": `AttentionPath.EAGER`;
     * left unset (`DEFAULT_BACKEND`): flex_attention where it was measured faster
       (`prefers_flex_attention`), else sdpa;
     * "flex_attention": sdpa while gradients are needed on a device without flex's backward pass
-      (`FLEX_FORWARD_ONLY_DEVICES`); else the whole sequence where each row's valid keys are one run and
-      there is no DropKey (`whole_sequence_bounds`), else the key sequence;
+      (`FLEX_FORWARD_ONLY_DEVICES`); else flex, reading what it must of the keys' validity (`key_validity`);
     * "sdpa": the window views where the forward pass's padding plans them (`PaddingPlan.window_views`: on
       the CPU, no sparse keys, not causal, every global key valid) and the call allows them (no DropKey,
       values of the keys' size, no position terms but a table's, the same in every block, without
@@ -555,10 +552,7 @@ def choose_path(backend: str, job: TokenAttention) -> tuple[AttentionPath, Any]:
         backend = "flex_attention" if flex else "sdpa"
     if backend == "flex_attention" and not own_global_keys:
         if not (job.training and queries.device.type in FLEX_FORWARD_ONLY_DEVICES):
-            whole_sequence, bounds = whole_sequence_bounds(job)
-            if whole_sequence:
-                return AttentionPath.FLEX_WHOLE_SEQUENCE, bounds
-            return AttentionPath.FLEX_KEY_SEQUENCE, None
+            return AttentionPath.FLEX, key_validity(job)
         logger.warning_once(
             f"flex_attention has no backward pass on {queries.device.type}: LSG runs its sdpa backend while "
             "gradients are needed (same results)."
@@ -588,8 +582,7 @@ PATH_FUNCTIONS: dict[AttentionPath, Callable[[TokenAttention, Any], TokenOutput]
     AttentionPath.UNMASKED: lambda job, _: unmasked_attention(job),
     AttentionPath.TRAINED_TERMS: lambda job, _: trained_terms_token_attention(job),
     AttentionPath.GATHERED: lambda job, _: gathered_token_attention(job),
-    AttentionPath.FLEX_WHOLE_SEQUENCE: whole_sequence_attention,
-    AttentionPath.FLEX_KEY_SEQUENCE: lambda job, _: key_sequence_attention(job),
+    AttentionPath.FLEX: flex_token_attention,
 }
 
 

@@ -1,46 +1,42 @@
 """The ``flex_attention`` backend of LSG attention: every token query in one `flex_attention` call.
 
-The queries and keys of a layer are laid out one of two ways (`KeyLayout`), and a BlockMask says
-which tiles of the keys each tile of queries reads; its mask_mod says, key by key, what a query sees:
-the rule of `lsg_pattern.KeyPattern` (global keys, local tokens, sparse windows), restricted to the
-keys the padding and the sparse selection allow.
+One layout (`KeyLayout`): the layer's own g + t queries and keys, read where they lie; with sparse keys,
+their T / f compressed keys after them, from the next whole tile on (one copy of the keys and values).
+A BlockMask says which tiles of the keys each tile of queries reads; its mask_mod says, key by key, what
+a query sees (`lsg_mask_mod`): the rule of `lsg_pattern.KeyPattern` (global keys, local tokens, sparse
+windows), and, as optional terms, which keys are valid and which DropKey keeps:
 
-* The whole sequence: the layer's own g + t queries, and keys, read where they lie; with sparse keys,
-  their T / f compressed keys after them, from the next whole tile on (one copy of the keys and
-  values). Where no key is masked (no padding mask; with sparse keys, the tokens filling whole blocks
-  and a compressor that leaves no key empty: `SparseContext.every_key_valid`), the mask_mod is the
-  pattern's rule alone and reads no tensor; where a padded batch masks keys, it reads the rows' bounds
-  (`RowBounds`: the first and last valid token, and compressed key, of each row): a few numbers per
-  row, never a tensor per key (a mask_mod reading one measured far slower on CUDA: docs/benchmarks.md,
-  "lsg_flex.RowBounds"). Taken where each row's valid keys are one
-  run (padding at the end or the start of a row, as tokenizers give it) and there is no DropKey
-  (`whole_sequence_bounds`).
-* Gathered, otherwise (holes in a row's mask, DropKey in training, a compiled graph reading a mask):
-  [ g global keys | T token keys | T / f sparse keys ], each segment zero-padded to whole tiles, the
-  token queries apart; the mask_mod reads each key's validity and DropKey's choice (drawn once by the
-  core, `TokenAttention.kept`, the same for every backend).
+* Validity (`key_validity`): none read where no key is masked (no padding mask; with sparse keys, the
+  tokens filling whole blocks and a compressor that leaves no key empty: `SparseContext.every_key_valid`);
+  the rows' bounds where each row's valid keys are one run (padding at the end or the start of a row, as
+  tokenizers give it: `RowBounds`, a few numbers per row, never a tensor per key, which a mask_mod reads
+  far slower on CUDA: docs/benchmarks.md, "lsg_flex.RowBounds"); else each key's validity, (B, H, length)
+  (holes in a row's mask, or a compiled graph, which cannot check the runs on the host).
+* DropKey: its choice, drawn once by the core (`TokenAttention.kept`, the same for every backend).
 * The tile structure is built by index arithmetic, never by evaluating the mask on every element.
-  It depends on the pattern, the length and the layout only (`block_structure`, cached, shared by
-  every layer and call), except over the whole sequence of a padded batch without sparse keys: there
-  each row has its own, made once per forward pass from the rows' bounds (`row_block_structure`: no
-  tile of the row's padding keys, none for its blocks of padding only). Where the mask_mod is the
-  pattern's rule, the key tiles every query of a tile sees whole are full tiles, which the kernel
-  reads without evaluating it. What else changes from call to call (sparse selection, dropout)
-  reaches the kernel through tensors read by the mask_mod: a new padding never recompiles.
+  It depends on the pattern and the length only (`block_structure`, cached, shared by every layer and
+  call), except for a padded batch without sparse keys whose rows' bounds are known: there each row has
+  its own, made once per forward pass (`row_block_structure`: no tile of the row's padding keys, none for
+  its blocks of padding only). Where the mask_mod is the pattern's rule, the key tiles every query of a
+  tile sees whole are full tiles, which the kernel reads without evaluating it. What else changes from
+  call to call (padding, sparse selection, dropout) reaches the kernel through tensors read by the
+  mask_mod: a new padding never recompiles.
 * `flex_attention` runs compiled, on CUDA and on the CPU alike (uncompiled it would materialise
   every score). One compiled kernel per `KernelSignature` (the pattern, the score_mod's terms,
-  dropout, the layout and its mask_mod, training or inference, device, dtype), compiled once per
-  process: the first length static, the next ones through one dynamic-shape graph (`MAX_COMPILES`).
-  Where compiling fails or a call would need more compiles than that, the call runs the sdpa
-  backend (`BackendUnavailable`), never uncompiled flex.
+  dropout, the validity read, training or inference, device, dtype), compiled once per process: the
+  first length static, the next ones through one dynamic-shape graph (`MAX_COMPILES`). Where compiling
+  fails or a call would need more compiles than that, the call runs the sdpa backend
+  (`BackendUnavailable`), never uncompiled flex.
 
 Position terms (`lsg_pattern.PositionTerms`) enter as a score_mod: each key of the sequence carries
 its position (and key-side rows), the query's position is its index.
 
 The global queries see every key: the core runs their few rows through SDPA over the layer's keys
-(`TokenAttention.global_output`); inside the flex mask one thread block would carry the whole sequence. Where flex cannot run (gradients on a device without its backward pass), the core
-runs the sdpa backend instead (`lsg_attention.choose_path`), and likewise for a call compiled flex cannot
-take (`BackendUnavailable`).
+(`TokenAttention.global_output`); inside the flex mask one thread block would carry the whole sequence.
+The kernel's global query rows see no key; where no block holds padding only, the global queries' output
+is written into them (`with_global_rows`). Where flex cannot run (gradients on a device without its
+backward pass), the core runs the sdpa backend instead (`lsg_attention.choose_path`), and likewise for a
+call compiled flex cannot take (`BackendUnavailable`).
 
 This file travels with saved models as remote code: it imports torch, transformers, lsg_pattern and lsg_transformers only.
 """
@@ -63,7 +59,6 @@ from .lsg_pattern import (
     TokenAttention,
     TokenOutput,
     constant,
-    global_query_positions,
     sdpa_dense_attention,
     sequence_positions,
     shape_cached,
@@ -89,63 +84,49 @@ def _round_up(value: int, multiple: int) -> int:
 
 @dataclass(frozen=True)
 class KeyLayout:
-    """Where each kind of key sits in the flex key sequence [globals | tokens | sparse keys], and where
-    the token queries start in the query sequence. Each segment's keys are rows [offset, end), zero
-    padding follows them up to the next segment."""
+    """Where each kind of key sits in the flex key sequence: the layer's own g globals and t tokens, rows
+    [0, token_end), then, with sparse keys, their rows [sparse_offset, sparse_end), from the next whole
+    tile on, zero padding before and after them up to whole tiles. The queries are the layer's own g + t
+    rows: token q at row g + q (`token_offset`)."""
 
-    token_offset: int  # = rows of the global segment
-    token_end: int
+    token_offset: int  # g: the row of token 0, as a key and as a query
+    token_end: int  # g + t
     sparse_offset: int
     sparse_end: int
     length: int
-    query_offset: int = 0  # query row of token 0: g in the whole-sequence layout, else 0
 
     @classmethod
-    def of(cls, pattern: KeyPattern, padded_tokens: int, tile: int, whole_sequence_tokens: int | None = None) -> KeyLayout:
-        """The layout for `padded_tokens` tokens (a multiple of the block size), segments padded to `tile` rows;
-        whole sequence: the layer's own sequence of g globals and exactly `whole_sequence_tokens` tokens, as
-        queries and as keys (the global query rows are not used), then, with sparse keys, their segment
-        from the next whole tile on."""
-        compressed = padded_tokens // pattern.block_size * pattern.compressed_per_block
-        if whole_sequence_tokens is not None:
-            num_global, end = pattern.num_global, pattern.num_global + whole_sequence_tokens
-            if not pattern.sparse_starts:
-                return cls(num_global, end, end, end, end, query_offset=num_global)
-            sparse_offset = _round_up(end, tile)
-            length = sparse_offset + _round_up(compressed, tile)
-            return cls(num_global, end, sparse_offset, sparse_offset + compressed, length, query_offset=num_global)
-        global_rows = _round_up(pattern.num_global, tile)
-        sparse_offset = global_rows + _round_up(padded_tokens, tile)
-        length = sparse_offset + _round_up(compressed, tile)
-        return cls(global_rows, global_rows + padded_tokens, sparse_offset, sparse_offset + compressed, length)
+    def of(cls, pattern: KeyPattern, num_tokens: int, tile: int) -> KeyLayout:
+        """The layout of a layer of `num_tokens` tokens (t), the sparse segment padded to `tile` rows."""
+        num_global, end = pattern.num_global, pattern.num_global + num_tokens
+        if not pattern.sparse_starts:
+            return cls(num_global, end, end, end, end)
+        compressed = _round_up(num_tokens, pattern.block_size) // pattern.block_size * pattern.compressed_per_block
+        sparse_offset = _round_up(end, tile)
+        return cls(num_global, end, sparse_offset, sparse_offset + compressed, sparse_offset + _round_up(compressed, tile))
 
 
 @shape_cached
-def block_structure(
-    pattern: KeyPattern, num_tokens: int, tile: int, device: torch.device, whole_sequence: bool = False,
-    rule_only: bool = False,
-) -> BlockMask:  # fmt: skip
-    """The key tiles each tile of queries reads, as a BlockMask (its mask_mod unset), over the layout of
-    `KeyLayout.of`: the `num_tokens` token queries over [globals | tokens | sparse keys], or, whole
-    sequence, the layer's g + t queries over its own g + t keys (a global query row sees no key: a tile of
-    them only reads none) and the sparse segment after them. Built once per shape and cached
-    (`tile_structure`). `rule_only`: the mask_mod is the pattern's rule alone (every key valid, the sparse
-    ones too): the tiles every query of which sees every key are full tiles, which the kernel reads without
-    evaluating the mask_mod."""
-    return tile_structure(pattern, num_tokens, tile, device, whole_sequence, rule_only)
+def block_structure(pattern: KeyPattern, num_tokens: int, tile: int, device: torch.device, rule_only: bool = False) -> BlockMask:
+    """The key tiles each tile of the layer's g + t queries reads over `KeyLayout.of` (a global query row
+    sees no key: a tile of them only reads none), as a BlockMask (its mask_mod unset). Built once per shape
+    and cached (`tile_structure`). `rule_only`: the mask_mod is the pattern's rule alone (every key valid,
+    the sparse ones too): the tiles every query of which sees every key are full tiles, which the kernel
+    reads without evaluating the mask_mod."""
+    return tile_structure(pattern, num_tokens, tile, device, rule_only)
 
 
 def row_block_structure(pattern: KeyPattern, num_tokens: int, tile: int, token_bounds: torch.Tensor) -> BlockMask:
-    """The key tiles each tile of queries of each row reads over the whole sequence of a padded batch
-    without sparse keys, `token_bounds` (B, 2) each row's valid tokens [first, end) (`RowBounds.tokens`):
-    no tile of the row's padding keys, no query tile of its blocks of padding only (their rows get zeros),
-    and full tiles, where every query sees every key of the tile, valid ones only (`tile_structure`). Made
-    once per forward pass: a BlockMask of one structure per row."""
-    return tile_structure(pattern, num_tokens, tile, token_bounds.device, True, True, token_bounds)
+    """The key tiles each tile of queries of each row reads in a padded batch without sparse keys,
+    `token_bounds` (B, 2) each row's valid tokens [first, end) (`RowBounds.tokens`): no tile of the row's
+    padding keys, no query tile of its blocks of padding only (their rows get zeros), and full tiles,
+    where every query sees every key of the tile, valid ones only (`tile_structure`). Made once per
+    forward pass: a BlockMask of one structure per row."""
+    return tile_structure(pattern, num_tokens, tile, token_bounds.device, True, token_bounds)
 
 
 def tile_structure(
-    pattern: KeyPattern, num_tokens: int, tile: int, device: torch.device, whole_sequence: bool, rule_only: bool,
+    pattern: KeyPattern, num_tokens: int, tile: int, device: torch.device, rule_only: bool,
     token_bounds: torch.Tensor | None = None,
 ) -> BlockMask:  # fmt: skip
     """The BlockMask of the key tiles each query tile reads (`block_structure`), R = 1 structure or, with
@@ -159,12 +140,11 @@ def tile_structure(
     `KeyPattern.key_windows` its blocks see, then the tiles those ranges touch: (R, nq, nk) booleans
     (inside a compiled graph, device ops that CUDA graphs can capture)."""
     block = pattern.block_size
-    padded_tokens = _round_up(num_tokens, block)
-    layout = KeyLayout.of(pattern, padded_tokens, tile, num_tokens if whole_sequence else None)
-    query_rows = layout.query_offset + num_tokens
+    layout = KeyLayout.of(pattern, num_tokens, tile)
+    query_rows = layout.token_end
     first_row = torch.arange(0, query_rows, tile, device=device)  # (nq,) first query row of each tile
-    last_query = (first_row + tile).clamp(max=query_rows) - 1 - layout.query_offset  # its last token query
-    first_query = (first_row - layout.query_offset).clamp(min=0)
+    last_query = (first_row + tile).clamp(max=query_rows) - 1 - layout.token_offset  # its last token query
+    first_query = (first_row - layout.token_offset).clamp(min=0)
     holds_tokens = last_query >= 0  # a tile of global query rows only reads no key
     # truncating = floor division of these non-negative rows; CPU inductor (torch 2.13) fails on `//` of a clamped
     # arange, and computes `arange // block` wrong past the last whole vector
@@ -182,7 +162,7 @@ def tile_structure(
     tile_start = torch.arange(0, layout.length, tile, device=device)  # (nk,)
     needed = torch.zeros(1, len(first_row), len(tile_start), dtype=torch.bool, device=device)  # (R, nq, nk)
     full = torch.zeros_like(needed)
-    only_tokens = first_row >= layout.query_offset  # a tile of token query rows only
+    only_tokens = first_row >= layout.token_offset  # a tile of token query rows only
     for window in pattern.key_windows():
         offset, valid_first, valid_end = sources[window.source]
         first = window.first + first_block * window.step  # the tile's first block's window starts there
@@ -236,35 +216,34 @@ def _one_run(valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.stack([first, end], dim=-1), valid.sum(dim=-1) == (end - first).clamp(min=0)
 
 
-def whole_sequence_bounds(job: TokenAttention) -> tuple[bool, RowBounds | None]:
-    """Whether the call runs over the whole-sequence layout, and the rows' bounds its mask_mod reads (None:
-    every key is valid, the pattern's rule alone, nothing read).
+def key_validity(job: TokenAttention) -> RowBounds | torch.Tensor | None:
+    """Which keys of `job` the mask_mod reads as valid (`lsg_mask_mod`): None, every key (the pattern's rule
+    alone, nothing read); the rows' bounds (`RowBounds`); or each key's validity, (B, H, length) bool.
 
-    It does where there is no DropKey, every global key is valid, and each row's valid tokens (and, per
-    head, its valid compressed keys) are one run. Known without reading the mask where the core knows
-    no key is masked (`PaddingPlan.no_masked_keys`) and every sparse key is valid (none, or
-    `SparseContext.every_key_valid`); else checked on the
-    host, the tokens once per forward pass (`_token_bounds`), the compressed keys once per forward pass
-    where their mask is made from the token mask alone (`SparseContext.mask_of_tokens_alone`), else in each
-    layer (never inside a compiled graph, which then takes the gathered layout)."""
-    if job.kept is not None:
-        return False, None
+    None where the core knows no key is masked (`PaddingPlan.no_masked_keys`) and every sparse key is valid
+    (none, or `SparseContext.every_key_valid`). Else, where every global key is valid and each row's valid
+    tokens (and, per head, its valid compressed keys) are one run, their bounds: checked on the host, the
+    tokens once per forward pass (`_token_bounds`), the compressed keys once per forward pass where their
+    mask is made from the token mask alone (`SparseContext.mask_of_tokens_alone`), else in each layer;
+    never inside a compiled graph, which reads each key's validity."""
     if job.plan.no_masked_keys and (job.sparse is None or job.sparse.every_key_valid):
-        return True, None
-    if tracing():
-        return False, None
-    token_bounds, one_run, every_token_valid = job.made_once("flex token bounds", lambda: _token_bounds(job))
-    if not one_run:
-        return False, None
-    if job.sparse is None:
-        return True, None if every_token_valid else RowBounds(token_bounds, None)
-    if job.sparse.mask_of_tokens_alone:  # the same in every layer of the pass
-        sparse_bounds, sparse_run = job.made_once("flex sparse bounds", lambda: _sparse_bounds(job))
-    else:
-        sparse_bounds, sparse_run = _sparse_bounds(job)
-    if not sparse_run:
-        return False, None
-    return True, RowBounds(token_bounds, sparse_bounds)
+        return None
+    if not tracing():
+        token_bounds, one_run, every_token_valid = job.made_once("flex token bounds", lambda: _token_bounds(job))
+        if one_run and job.sparse is None:
+            return None if every_token_valid else RowBounds(token_bounds, None)
+        if one_run:
+            if job.sparse.mask_of_tokens_alone:  # the same in every layer of the pass
+                sparse_bounds, sparse_run = job.made_once("flex sparse bounds", lambda: _sparse_bounds(job))
+            else:
+                sparse_bounds, sparse_run = _sparse_bounds(job)
+            if sparse_run:
+                return RowBounds(token_bounds, sparse_bounds)
+    heads, layout = job.token_keys.shape[2], KeyLayout.of(job.pattern, job.num_tokens, TILE)
+    masks = [job.plan.key_mask[:, None]] if job.sparse is None else [job.plan.key_mask[:, None], job.sparse.mask]
+    segment_ends = (layout.length,) if job.sparse is None else (layout.sparse_offset, layout.length)
+    key_valid = _laid_out([mask.expand(-1, heads, -1) for mask in masks], segment_ends)  # (B, H, length)
+    return _cpu_graph_mask_buffer(key_valid)
 
 
 def _sparse_bounds(job: TokenAttention) -> tuple[torch.Tensor, bool]:
@@ -285,18 +264,23 @@ def _token_bounds(job: TokenAttention) -> tuple[torch.Tensor, bool, bool]:
     return token_bounds, globals_valid and tokens_run, every_token_valid
 
 
-def whole_sequence_mask_mod(pattern: KeyPattern, layout: KeyLayout | None = None, bounds: RowBounds | None = None) -> Callable:
-    """mask_mod(batch, head, query, key) over the layer's own sequence of g globals and t tokens (then the
-    sparse segment of `layout`): a token query sees the global keys, its local tokens and its sparse keys,
-    by index arithmetic; a global query row sees no key (the core attends the global queries apart and
-    writes their output into these rows, `with_global_rows`: every score of theirs masked, the kernel
-    gives them zero and its backward no gradient). Without `bounds` every key is valid (the sparse ones
-    too, `SparseContext.every_key_valid`) and nothing is read; with them, the tokens and compressed keys
-    of the row's runs only. A key of a segment's zero padding is in none."""
-    num_global = pattern.num_global
-    sparse = layout is not None and bool(pattern.sparse_starts)
+def lsg_mask_mod(
+    pattern: KeyPattern, layout: KeyLayout, validity: RowBounds | torch.Tensor | None = None, kept: torch.Tensor | None = None
+) -> Callable:
+    """mask_mod(batch, head, query, key) over `layout`: a token query (row g + q) sees the global keys, its
+    local tokens and its sparse keys, by index arithmetic (`KeyPattern`); a global query row sees no key
+    (the core attends the global queries apart and writes their output into these rows,
+    `with_global_rows`: every score of theirs masked, the kernel gives them zero and its backward no
+    gradient). A key of a segment's zero padding is in none.
 
-    def sees(batch, head, query, key):
+    validity (`key_validity`): None, every key is valid and nothing is read; `RowBounds`, the tokens and
+    compressed keys of each row's runs; or (B, H, length) bool, each key's validity.
+    kept: DropKey's choice, (B, nb, H, 1 or b, K) bool over each block's keys in the order of `KeyPattern`
+    (see lsg_pattern.block_dropout), or None without dropout.
+    """
+    num_global, sparse = layout.token_offset, bool(pattern.sparse_starts)
+
+    def sees_every_key(batch, head, query, key):  # the rule alone masks the segments' zero padding
         token_query, token = query - num_global, key - num_global
         local = (token >= 0) & pattern.sees_token(token_query, token)
         if not sparse:  # the keys end with the tokens
@@ -305,52 +289,45 @@ def whole_sequence_mask_mod(pattern: KeyPattern, layout: KeyLayout | None = None
         sparse_key = (position >= 0) & (key < layout.sparse_end) & pattern.sees_compressed(token_query, position)
         return (token_query >= 0) & ((key < num_global) | (local & (key < layout.token_end)) | sparse_key)
 
-    if bounds is None:
-        return sees
-    token_bounds, sparse_bounds = bounds.tokens, bounds.sparse
+    # the rule is written out once per way of reading the validity: inductor's CPU code generation (torch
+    # 2.13) fails on some equivalent forms of it in a dynamic-shape graph
+    sees = sees_every_key
+    if isinstance(validity, RowBounds):
+        token_bounds, sparse_bounds = validity.tokens, validity.sparse
 
-    def sees_row(batch, head, query, key):
-        token_query, token = query - num_global, key - num_global
-        real_token = (token >= token_bounds[batch, 0]) & (token < token_bounds[batch, 1])
-        seen = (token_query >= 0) & ((key < num_global) | (real_token & pattern.sees_token(token_query, token)))
-        if sparse_bounds is None:
-            return seen
-        position = key - layout.sparse_offset
-        real_position = (position >= sparse_bounds[batch, head, 0]) & (position < sparse_bounds[batch, head, 1])
-        return seen | ((token_query >= 0) & real_position & pattern.sees_compressed(token_query, position))
+        def sees_in_runs(batch, head, query, key):  # the rule, within each row's runs
+            token_query, token = query - num_global, key - num_global
+            real_token = (token >= token_bounds[batch, 0]) & (token < token_bounds[batch, 1])
+            seen = (token_query >= 0) & ((key < num_global) | (real_token & pattern.sees_token(token_query, token)))
+            if sparse_bounds is None:
+                return seen
+            position = key - layout.sparse_offset
+            real_position = (position >= sparse_bounds[batch, head, 0]) & (position < sparse_bounds[batch, head, 1])
+            return seen | ((token_query >= 0) & real_position & pattern.sees_compressed(token_query, position))
 
-    return sees_row
+        sees = sees_in_runs
+    elif validity is not None:
 
+        def sees_valid_keys(batch, head, query, key):  # the rule, over the keys `validity` allows
+            token_query, token, position = query - num_global, key - num_global, key - layout.sparse_offset
+            seen = (key < num_global) | ((token >= 0) & (position < 0) & pattern.sees_token(token_query, token))
+            if sparse:
+                seen = seen | ((position >= 0) & pattern.sees_compressed(token_query, position))
+            return (token_query >= 0) & seen & validity[batch, head, key]
 
-def lsg_mask_mod(
-    pattern: KeyPattern, layout: KeyLayout, key_valid: torch.Tensor, kept: torch.Tensor | None = None
-) -> Callable:
-    """mask_mod(batch, head, query, key) of token queries over the key sequence of `layout`.
-
-    key_valid: (B, H, layout.length) bool, the keys the padding and the sparse selection allow.
-    kept: DropKey's choice, (B, nb, H, 1 or b, K) bool over each block's keys in the
-    order of `KeyPattern` (see lsg_pattern.block_dropout), or None without dropout.
-    """
-
-    def sees(batch, head, query, key):
-        token, position = key - layout.token_offset, key - layout.sparse_offset
-        seen = (key < layout.token_offset) | ((token >= 0) & (position < 0) & pattern.sees_token(query, token))
-        if pattern.sparse_starts:
-            seen = seen | ((position >= 0) & pattern.sees_compressed(query, position))
-        return seen & key_valid[batch, head, key]
-
+        sees = sees_valid_keys
     if kept is None:
         return sees
     num_blocks, rows, keys_per_block = kept.shape[1], kept.shape[3], kept.shape[4]
 
     def sees_kept(batch, head, query, key):
-        token, position = key - layout.token_offset, key - layout.sparse_offset
-        slot = torch.where(key < layout.token_offset, key, pattern.local_slot(query, token))
-        if pattern.sparse_starts:
-            slot = torch.where(position >= 0, pattern.sparse_slot(query, position), slot)
+        token_query, token, position = query - num_global, key - num_global, key - layout.sparse_offset
+        slot = torch.where(key < num_global, key, pattern.local_slot(token_query, token))
+        if sparse:
+            slot = torch.where(position >= 0, pattern.sparse_slot(token_query, position), slot)
         # indices stay in range for every (query, key) the kernel evaluates, seen or not
-        block_index = (query // pattern.block_size).clamp(max=num_blocks - 1)
-        row = query % pattern.block_size if rows > 1 else query * 0
+        block_index = (token_query.clamp(min=0) // pattern.block_size).clamp(max=num_blocks - 1)
+        row = token_query % pattern.block_size if rows > 1 else token_query * 0
         kept_key = kept[batch, block_index, head, row, slot.clamp(0, keys_per_block - 1)]
         return sees(batch, head, query, key) & kept_key
 
@@ -358,26 +335,25 @@ def lsg_mask_mod(
 
 
 def position_score_mod(
-    terms: PositionTerms, key_positions: torch.Tensor, key_rows: torch.Tensor | None, num_global: int, query_offset: int = 0
+    terms: PositionTerms, key_positions: torch.Tensor, key_rows: torch.Tensor | None, num_global: int
 ) -> Callable:
     """score_mod(score, batch, head, query, key) adding the position terms to the token queries' scores.
 
     key_positions: (B, H, length) int64, the position of each key of the sequence, or (length,) where
     they are the same for every row and head; key_rows: (B, H, length, R), their key-side rows (with
-    `PositionTerms.key_rows`). Query row r is token q = r -
-    `query_offset` (`KeyLayout.query_offset`): position q, row g + q of `PositionTerms.query_rows`.
+    `PositionTerms.key_rows`). Query row r is token q = r - g: position q, row r of `PositionTerms.query_rows`.
     """
     parts = terms.parts()
 
     def score_mod(score, batch, head, query, key):
-        token_query = query - query_offset
+        token_query = query - num_global
         key_position = key_positions[key] if key_positions.dim() == 1 else key_positions[batch, head, key]
         relative = key_position - token_query
         for side, rows, bucket in parts:
             if side == "table":
                 score = score + rows[head, bucket(relative)]
             elif side == "query":
-                score = score + rows[batch, head, num_global + token_query, bucket(relative)]
+                score = score + rows[batch, head, query, bucket(relative)]
             else:
                 score = score + key_rows[batch, head, key, bucket(relative)]
         return score
@@ -409,7 +385,7 @@ class KernelSignature:
     pattern: KeyPattern
     position_parts: tuple[str, ...]  # the sides of the position terms the score_mod adds
     dropout_rows: int  # rows of DropKey's choice per block (1 or b), 0 without dropout
-    layout: str  # "whole sequence" (its mask_mod reads no tensor), "whole sequence, row bounds" or "gathered"
+    validity: str  # what the mask_mod reads of the keys' validity: "none", "row bounds" or "per key"
     autograd: tuple[bool, bool]  # (grad mode, inputs requiring grad): training and inference trace apart
     device_type: str
     dtype: torch.dtype
@@ -509,6 +485,16 @@ def _cpu_graph_operand(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def _cpu_graph_mask_buffer(x: torch.Tensor) -> torch.Tensor:
+    """A tensor a mask_mod reads, (..., n), made a buffer of its own inside a graph being compiled on the CPU
+    (concatenated with one more column, then viewed back to n columns), else itself: inductor's CPU flex
+    template names each tensor its mask_mod reads, and cannot name one left as a pointwise computation
+    (torch 2.13)."""
+    if torch.compiler.is_compiling() and x.device.type == "cpu":
+        return torch.cat([x, x.new_zeros(*x.shape[:-1], 1)], dim=-1)[..., :-1]
+    return x
+
+
 def _laid_out(pieces: list[torch.Tensor], segment_ends: tuple[int, ...]) -> torch.Tensor:
     """(B, H, n_i, ...) per segment -> (B, H, length, ...), segment i over rows [end_(i-1), end_i), zeros
     after its piece: one copy."""
@@ -551,25 +537,25 @@ def with_global_rows(kernel_output: torch.Tensor, global_output: torch.Tensor) -
 
 class FlexBackend:
     """The dense attention of the flex_attention backend (through SDPA: inputs too short for blocks, the
-    global queries); its paths for the token queries are `whole_sequence_attention` and
-    `key_sequence_attention`, which `lsg_attention.choose_path` chooses."""
+    global queries); its path for the token queries is `flex_token_attention`, which
+    `lsg_attention.choose_path` chooses."""
 
     name = "flex_attention"
     returns_weights = False
     dense_attention = staticmethod(sdpa_dense_attention)
 
 
-def whole_sequence_attention(job: TokenAttention, bounds: RowBounds | None) -> TokenOutput:
-    """The flex whole-sequence path (`whole_sequence_bounds`): every query row of the layer over its own g + t
-    keys, the queries read where they lie, the keys and values too without sparse keys (else one copy, with
-    the compressed ones from the next whole tile on, `KeyLayout.of`): the mask_mod is the pattern's rule,
-    with the rows' bounds where a key is masked (`whole_sequence_mask_mod`). Where no block holds padding
-    only, the global queries' output (`TokenAttention.global_output`) is written into the kernel's own
-    global rows, which saw no key (`with_global_rows`), and the kernel's output is the layer's
-    (`TokenOutput.is_layer_output`, not inside a graph being traced: there the core joins them); else
-    the global rows are left out and the core joins the parts."""
+def flex_token_attention(job: TokenAttention, validity: RowBounds | torch.Tensor | None) -> TokenOutput:
+    """The flex path: every query row of the layer over its own g + t keys (`KeyLayout`), the queries read
+    where they lie, the keys and values too without sparse keys (else one copy, with the compressed ones
+    from the next whole tile on), in one kernel call whose mask_mod is the pattern's rule with the keys'
+    `validity` (`key_validity`) and DropKey's choice (`lsg_mask_mod`). Where no block holds padding only,
+    the global queries' output (`TokenAttention.global_output`) is written into the kernel's own global
+    rows, which saw no key (`with_global_rows`), and the kernel's output is the layer's
+    (`TokenOutput.is_layer_output`, not inside a graph being traced: there the core joins them); else the
+    global rows are left out and the core joins the parts."""
     pattern, num_tokens, sparse = job.pattern, job.num_tokens, job.sparse
-    layout = KeyLayout.of(pattern, job.plan.token_mask.shape[1], TILE, num_tokens)
+    layout = KeyLayout.of(pattern, num_tokens, TILE)
     segment_ends = (layout.sparse_offset, layout.length)
     queries, keys, values = job.sequence  # (B, g + t, H, D)
     queries = _cpu_graph_operand(_at_storage_start(queries).transpose(1, 2))  # (B, H, g + t, D)
@@ -579,90 +565,41 @@ def whole_sequence_attention(job: TokenAttention, bounds: RowBounds | None) -> T
     else:  # (B, H, length, D)
         keys = _laid_out([keys.transpose(1, 2), sparse.keys], segment_ends)
         values = _laid_out([values.transpose(1, 2), sparse.values], segment_ends)
-    if sparse is None and bounds is not None:  # a padded batch: each row's tiles, made once per forward
-        structure = job.made_once("flex row structure", lambda: row_block_structure(pattern, num_tokens, TILE, bounds.tokens))
-    else:  # the pattern's rule alone (full tiles skip the mask_mod), or sparse keys read through the rows' bounds
-        structure = block_structure(pattern, num_tokens, TILE, queries.device, whole_sequence=True, rule_only=bounds is None)
+    if sparse is None and isinstance(validity, RowBounds):  # a padded batch: each row's tiles, made once per forward
+        structure = job.made_once("flex row structure", lambda: row_block_structure(pattern, num_tokens, TILE, validity.tokens))
+    else:  # full tiles skip the mask_mod where it is the pattern's rule alone
+        structure = block_structure(pattern, num_tokens, TILE, queries.device, rule_only=validity is None and job.kept is None)
     score_mod = None
     terms = job.positions
     if terms is not None:
-        num_global = pattern.num_global
-        key_positions = sequence_positions(terms, num_global, num_tokens, keys.device)  # (g + t,)
+        key_positions = sequence_positions(terms, pattern.num_global, num_tokens, keys.device)  # (g + t,)
         key_rows = terms.key_rows
         if sparse is not None:
             batch, heads = keys.shape[:2]
             key_positions = _laid_out([key_positions.expand(batch, heads, -1), sparse.positions], segment_ends)
             if key_rows is not None:
                 key_rows = _laid_out([key_rows, sparse.key_rows], segment_ends)  # (B, H, length, R)
-        score_mod = position_score_mod(terms, key_positions, key_rows, num_global, layout.query_offset)
-    output = _flex_kernel(kernel_signature(job, "whole sequence" if bounds is None else "whole sequence, row bounds"))(
+        score_mod = position_score_mod(terms, key_positions, key_rows, pattern.num_global)
+    output = _flex_kernel(kernel_signature(job, validity))(
         queries, keys, values, score_mod=score_mod,
-        block_mask=_with_mask_mod(structure, whole_sequence_mask_mod(pattern, layout, bounds)), scale=job.scaling,
+        block_mask=_with_mask_mod(structure, lsg_mask_mod(pattern, layout, validity, job.kept)), scale=job.scaling,
     )  # (B, H, g + t, D)
     sequence_output = output.transpose(1, 2)  # (B, g + t, H, D)
     if job.plan.real_rows is None and not tracing():  # the kernel's output is the layer's, kept once
         if job.global_output is not None:
             sequence_output = with_global_rows(sequence_output, job.global_output)
         return TokenOutput(sequence_output, None, is_layer_output=True)
-    return TokenOutput(sequence_output[:, layout.query_offset :], None)
-
-def key_sequence_attention(job: TokenAttention) -> TokenOutput:
-    """The flex key-sequence path: the t token queries over the key sequence [globals | tokens | sparse keys]
-    of `KeyLayout`, one copy of the keys and values, with a mask_mod reading the keys' validity (and DropKey's
-    choice)."""
-    pattern, sparse, num_queries = job.pattern, job.sparse, job.num_tokens
-    batch, _, heads, _ = job.token_keys.shape
-    layout = KeyLayout.of(pattern, job.plan.token_mask.shape[1], TILE)
-    structure = block_structure(pattern, num_queries, TILE, job.token_queries.device)
-    segment_ends = (layout.token_offset, layout.sparse_offset, layout.length)
-
-    def no_sparse(x: torch.Tensor) -> torch.Tensor:  # an empty sparse segment shaped like x (B, H, n, ...)
-        return constant(0, x.dtype, x.device).expand(x.shape[0], x.shape[1], 0, *x.shape[3:])
-
-    _, token_keys, token_values = (x.transpose(1, 2) for x in job.padded())  # (B, H, T, D)
-    tokens = token_keys.shape[2]
-    sparse_keys = no_sparse(token_keys) if sparse is None else sparse.keys
-    sparse_values = no_sparse(token_values) if sparse is None else sparse.values
-    key_sequence = _laid_out([job.global_keys.transpose(1, 2), token_keys, sparse_keys], segment_ends)  # (B, H, length, D)
-    value_sequence = _laid_out([job.global_values.transpose(1, 2), token_values, sparse_values], segment_ends)
-
-    score_mod = None
-    terms = job.positions
-    if terms is not None:
-        num_global, device = pattern.num_global, job.token_keys.device
-        token_positions = torch.arange(tokens, device=device).expand(batch, heads, -1)
-        global_positions = global_query_positions(terms, num_global, device).expand(batch, heads, -1)
-        sparse_positions = no_sparse(token_positions) if sparse is None else sparse.positions
-        key_positions = _laid_out([global_positions, token_positions, sparse_positions], segment_ends)  # (B, H, length)
-        key_rows = None
-        if terms.key_rows is not None:
-            sparse_rows = no_sparse(job.token_key_rows) if sparse is None else sparse.key_rows
-            global_key_rows = terms.key_rows[:, :, :num_global]
-            key_rows = _laid_out([global_key_rows, job.token_key_rows, sparse_rows], segment_ends)  # (B, H, length, R)
-        score_mod = position_score_mod(terms, key_positions, key_rows, num_global)
-    sparse_mask = job.plan.token_mask.new_zeros(batch, 1, 0) if sparse is None else sparse.mask
-    masks = (job.plan.global_mask[:, None], job.plan.token_mask[:, None], sparse_mask)
-    key_valid = _laid_out([m.expand(-1, heads, -1) for m in masks], segment_ends)  # (B, H, length) bool
-    block_mask = _with_mask_mod(structure, lsg_mask_mod(pattern, layout, key_valid, job.kept))
-    output = _flex_kernel(kernel_signature(job, "gathered"))(
-        _cpu_graph_operand(_at_storage_start(job.token_queries).transpose(1, 2)),
-        key_sequence,
-        value_sequence,
-        score_mod=score_mod,
-        block_mask=block_mask,
-        scale=job.scaling,
-    )  # (B, H, t, D)
-    return TokenOutput(output.transpose(1, 2), None)
+    return TokenOutput(sequence_output[:, layout.token_offset :], None)
 
 
-def kernel_signature(job: TokenAttention, layout: str) -> KernelSignature:
-    """What the compiled kernel of `job` on `layout` (a name of its key layout) depends on."""
+def kernel_signature(job: TokenAttention, validity: RowBounds | torch.Tensor | None) -> KernelSignature:
+    """What the compiled kernel of `job` reading the keys' `validity` (`key_validity`) depends on."""
     terms = job.positions
     return KernelSignature(
         job.pattern,
         () if terms is None else tuple(side for side, _, _ in terms.parts()),
         0 if job.kept is None else job.kept.shape[3],
-        layout,
+        "none" if validity is None else "row bounds" if isinstance(validity, RowBounds) else "per key",
         (torch.is_grad_enabled(), any(x.requires_grad for x in (job.token_queries, job.token_keys, job.token_values))),
         job.token_queries.device.type,
         job.token_queries.dtype,
