@@ -64,6 +64,21 @@ def test_the_step_profile_says_where_the_time_of_each_model_goes():
 
 
 @pytest.mark.slow
+def test_the_flex_mask_benchmark_times_every_way_of_reading_the_keys_on_compiled_flex():
+    command = [
+        sys.executable, "bench_flex_masks.py", "--length", "512", "--layers", "1", "--repeats", "1", "--sparsity", "none",
+    ]
+
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=BENCHMARKS)
+
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    assert "fell back to sdpa" not in finished.stdout  # every input ran compiled flex_attention
+    for name in ["unpadded", "right padded", "hole", "dropkey"]:
+        row = next(line for line in finished.stdout.splitlines() if line.startswith(f"| none | 1 | {name} |"))
+        assert float(row.split("|")[4]) > 0
+
+
+@pytest.mark.slow
 def test_t5_benchmark_writes_its_table(tmp_path):
     results = tmp_path / "RESULTS.md"
     command = [
