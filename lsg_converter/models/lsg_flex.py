@@ -468,21 +468,18 @@ def _flex_kernel(signature: KernelSignature) -> Callable:
     return compiled_flex_attention(signature)
 
 
-def _at_storage_start(x: torch.Tensor) -> torch.Tensor:
-    """`x` contiguous at offset 0 of its storage (a copy if it is not): torch.compile guards on strides
-    and storage offsets, so whatever the call (padded or not, from a model or not) one graph serves."""
-    if torch.compiler.is_compiling():  # inside a graph being compiled: flex_attention is compiled with it
-        return x
-    return x.contiguous() if x.storage_offset() == 0 else x.clone(memory_format=torch.contiguous_format)
-
-
-def _cpu_graph_operand(x: torch.Tensor) -> torch.Tensor:
-    """A query or key operand (B, H, n, D) of flex_attention, copied contiguous on the CPU inside a graph
-    being compiled, else itself: inductor's CPU flex template reads their sizes from their storage
-    (torch 2.13), which fails on a view of a projection output (B n, H D)."""
-    if torch.compiler.is_compiling() and x.device.type == "cpu":
-        return x.contiguous()
-    return x
+def _kernel_operand(x: torch.Tensor) -> torch.Tensor:
+    """A query, key or value operand of flex_attention, (B, n, H, D) -> (B, H, n, D). Outside a graph being
+    compiled, contiguous at offset 0 of its storage (a copy if it is not): torch.compile guards on strides
+    and storage offsets, so whatever the call (padded or not, from a model or not) one graph serves.
+    Inside one (flex_attention is compiled with it), a contiguous copy on the CPU: inductor's CPU flex
+    template reads the operands' sizes from their storage (torch 2.13), which fails on a view of a
+    projection output (B n, H D)."""
+    if not torch.compiler.is_compiling():
+        x = x.contiguous() if x.storage_offset() == 0 else x.clone(memory_format=torch.contiguous_format)
+    elif x.device.type == "cpu":
+        return x.transpose(1, 2).contiguous()
+    return x.transpose(1, 2)
 
 
 def _cpu_graph_mask_buffer(x: torch.Tensor) -> torch.Tensor:
@@ -558,10 +555,9 @@ def flex_token_attention(job: TokenAttention, validity: RowBounds | torch.Tensor
     layout = KeyLayout.of(pattern, num_tokens, TILE)
     segment_ends = (layout.sparse_offset, layout.length)
     queries, keys, values = job.sequence  # (B, g + t, H, D)
-    queries = _cpu_graph_operand(_at_storage_start(queries).transpose(1, 2))  # (B, H, g + t, D)
+    queries = _kernel_operand(queries)  # (B, H, g + t, D)
     if sparse is None:
-        keys, values = (_at_storage_start(x).transpose(1, 2) for x in (keys, values))
-        keys = _cpu_graph_operand(keys)
+        keys, values = _kernel_operand(keys), _kernel_operand(values)
     else:  # (B, H, length, D)
         keys = _laid_out([keys.transpose(1, 2), sparse.keys], segment_ends)
         values = _laid_out([values.transpose(1, 2), sparse.values], segment_ends)
