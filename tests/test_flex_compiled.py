@@ -77,6 +77,25 @@ def test_compiled_flex_forward_equals_sdpa_forward_on_left_padded_rows_with_the_
     assert_flex_ran_and_equals_sdpa(sdpa, flex, mask)
 
 
+@pytest.mark.parametrize("kind", ["unpadded", "padded", "hole"])
+def test_compiled_flex_dropout_hides_the_same_keys_as_sdpa(kind):
+    # blocks of a whole tile: the kernel skips the mask_mod on full tiles, where DropKey must hide keys too
+    config = lsg_config(block_size=128, sparse_block_size=0, sparsity_type="none", num_global_tokens=1)
+    length = 1 + 512
+    mask = padding_mask([length, length if kind == "unpadded" else 1 + 300], length)
+    if kind == "hole":
+        mask[1] = True
+        mask[1, 1 + 200 : 1 + 210] = False
+    inputs, outputs = random_qkv(2, length, seed=3), []
+
+    for backend in ("sdpa", "flex_attention"):
+        torch.manual_seed(5)  # the same DropKey draws
+        with torch.no_grad():
+            outputs.append(lsg_self_attention(*inputs, mask, config, backend=backend, dropout=0.3))
+
+    assert_flex_ran_and_equals_sdpa(*outputs, mask)
+
+
 @pytest.mark.parametrize("sparsity_type", ["none", "norm"])
 def test_compiled_flex_forward_equals_sdpa_forward_with_position_terms(sparsity_type):
     config = lsg_config(block_size=8, sparse_block_size=8, sparsity_type=sparsity_type, num_global_tokens=NUM_GLOBAL)

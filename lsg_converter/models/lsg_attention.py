@@ -522,8 +522,8 @@ class AttentionPath(enum.Enum):
 
 def choose_path(backend: str, job: TokenAttention) -> tuple[AttentionPath, Any]:
     """The one place where the path of a call's token queries is chosen, with what it needs (the window
-    views' plan, the keys' validity flex reads, or None), from the backend the model runs, the device, the dtype,
-    the length, the padding, the sparse keys, DropKey, the position terms and the gradients:
+    views' plan, the keys' validity flex reads, or None), from the backend the model runs, the device, the
+    dtype, the length, the padding, the sparse keys, DropKey, the position terms and the gradients:
 
     * "eager": `AttentionPath.EAGER`;
     * left unset (`DEFAULT_BACKEND`): flex_attention where it was measured faster

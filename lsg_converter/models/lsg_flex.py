@@ -561,9 +561,10 @@ def flex_token_attention(job: TokenAttention, validity: RowBounds | torch.Tensor
     else:  # (B, H, length, D)
         keys = _laid_out([keys.transpose(1, 2), sparse.keys], segment_ends)
         values = _laid_out([values.transpose(1, 2), sparse.values], segment_ends)
-    if sparse is None and isinstance(validity, RowBounds):  # a padded batch: each row's tiles, made once per forward
+    # full tiles skip the mask_mod: only where it is the pattern's rule, within the rows' bounds, without DropKey
+    if sparse is None and isinstance(validity, RowBounds) and job.kept is None:  # each row's tiles, once per forward
         structure = job.made_once("flex row structure", lambda: row_block_structure(pattern, num_tokens, TILE, validity.tokens))
-    else:  # full tiles skip the mask_mod where it is the pattern's rule alone
+    else:
         structure = block_structure(pattern, num_tokens, TILE, queries.device, rule_only=validity is None and job.kept is None)
     score_mod = None
     terms = job.positions
