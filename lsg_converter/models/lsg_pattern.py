@@ -888,16 +888,17 @@ def folded_blocks(x: torch.Tensor, batch: int, chosen: tuple[torch.Tensor, torch
     return x.flatten(0, 1) if chosen is None else x[chosen]
 
 
-def block_additive_mask(job: TokenAttention) -> torch.Tensor:
-    """The additive mask of each block over its keys, position terms included: (B, nb, 1 or H, 1 or b, K),
-    0 (or the terms) where a key may be attended, finfo.min elsewhere (see `additive_mask`).
+def block_additive_mask(job: TokenAttention, chosen: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """The additive mask of each block over its keys, position terms included, folded into the batch (every
+    block, or the `chosen` ones: `folded_blocks`): (n, 1 or H, 1 or b, K), 0 (or the terms) where a key may be
+    attended, finfo.min elsewhere (see `additive_mask`).
 
     Without gradients, the terms are written piece by piece into the mask (one pass over it); with
     them, joined first, then masked."""
     allowed = block_mask(job) if job.kept is None else job.kept  # (B, nb, 1 or H, 1 or b, K)
-    dtype = job.token_queries.dtype
+    dtype, batch = job.token_queries.dtype, job.token_keys.shape[0]
     if job.positions is None:
-        return additive_mask(allowed, dtype)
+        return folded_blocks(additive_mask(allowed, dtype), batch, chosen)
     pieces = block_position_scores(job)
     shape = (
         max(allowed.shape[0], *(piece.shape[0] for piece in pieces)),
@@ -906,7 +907,8 @@ def block_additive_mask(job: TokenAttention) -> torch.Tensor:
         job.pattern.block_size,
     )
     if tracing() or (torch.is_grad_enabled() and any(piece.requires_grad for piece in pieces)):
-        return additive_mask(allowed, dtype, torch.cat([piece.expand(*shape, -1) for piece in pieces], dim=-1))
+        mask = additive_mask(allowed, dtype, torch.cat([piece.expand(*shape, -1) for piece in pieces], dim=-1))
+        return folded_blocks(mask, batch, chosen)
     mask = torch.empty(*shape, allowed.shape[-1], dtype=dtype, device=allowed.device)
     lowest = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=allowed.device)
     start = 0
@@ -914,7 +916,7 @@ def block_additive_mask(job: TokenAttention) -> torch.Tensor:
         end = start + piece.shape[-1]
         torch.where(allowed[..., start:end], piece.to(dtype).expand(*shape, -1), lowest, out=mask[..., start:end])
         start = end
-    return mask
+    return folded_blocks(mask, batch, chosen)
 
 
 def trained_position_terms(job: TokenAttention) -> bool:
@@ -934,19 +936,6 @@ def folded_mask_parts(
     pieces = block_position_scores(job)  # (B or 1, nb or 1, 1 or H, 1 or b, K_i)
     pieces = [folded_blocks(piece.to(dtype).expand(batch, num_blocks, *piece.shape[2:]), batch, chosen) for piece in pieces]
     return folded_blocks(allowed, batch, chosen), pieces
-
-
-def cached_block_mask(job: TokenAttention, chosen: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-    """`block_additive_mask` folded into the batch, every block or the `chosen` ones (`folded_blocks`):
-    (n, 1 or H, 1 or b, K); made once per forward pass where every layer of the kind makes the same one
-    (`TokenAttention.masks_shared_by_layers`)."""
-
-    def make() -> torch.Tensor:
-        return folded_blocks(block_additive_mask(job), job.token_keys.shape[0], chosen)
-
-    if not job.masks_shared_by_layers:
-        return make()
-    return job.made_once(("block mask", job.positions, job.token_queries.dtype, chosen is None), make)
 
 
 class BlockTable(NamedTuple):
@@ -993,16 +982,6 @@ def gather_block_rows(
     return sequence[rows[:, None], columns[blocks]].transpose(1, 2)  # (n, K, H, D) -> (n, H, K, D)
 
 
-def key_sequences(job: TokenAttention) -> tuple[torch.Tensor, torch.Tensor]:
-    """The keys and values the blocks gather from, [g globals | t tokens | compressed keys], (B, N, H, D)
-    each: the layer's own where there are no sparse keys (no copy)."""
-    keys, values = job.sequence[1], job.sequence[2]
-    if job.sparse is not None:
-        keys = torch.cat([keys, job.sparse.keys.transpose(1, 2)], dim=1)
-        values = torch.cat([values, job.sparse.values.transpose(1, 2)], dim=1)
-    return keys, values
-
-
 def put_block_global_keys(
     keys: torch.Tensor, block_global_keys: torch.Tensor, blocks: tuple[torch.Tensor, torch.Tensor] | None
 ) -> None:
@@ -1035,33 +1014,36 @@ class BlockKeys:
         chosen: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> BlockKeys:
         """The blocks of `job`: every block, or the `chosen` ones ((batch index, block index), as
-        `PaddingPlan.query_blocks` gives them)."""
-        mask = cached_block_mask(job, chosen)  # first: the position terms' pieces are freed before the keys are gathered
+        `PaddingPlan.query_blocks` gives them). The mask is made first, so that the position terms' pieces are
+        freed before the keys are gathered; once per forward pass where every layer of the kind makes the same
+        one (`TokenAttention.masks_shared_by_layers`)."""
+        if job.masks_shared_by_layers:
+            memo_key = ("block mask", job.positions, job.token_queries.dtype, chosen is None)
+            mask = job.made_once(memo_key, lambda: block_additive_mask(job, chosen))
+        else:
+            mask = block_additive_mask(job, chosen)
         table = job_block_table(job)
-        key_sequence, value_sequence = key_sequences(job)
+        # the sequences the blocks gather from, [g globals | t tokens | compressed keys], (B, N, H, D) each:
+        # the layer's own where there are no sparse keys (no copy)
+        key_sequence, value_sequence = job.sequence[1], job.sequence[2]
+        if job.sparse is not None:
+            key_sequence = torch.cat([key_sequence, job.sparse.keys.transpose(1, 2)], dim=1)
+            value_sequence = torch.cat([value_sequence, job.sparse.values.transpose(1, 2)], dim=1) if with_values else None
         keys = gather_block_rows(key_sequence, table.columns, chosen)  # (n, H, K, D)
         if job.block_global_keys is not None:
             put_block_global_keys(keys, job.block_global_keys, chosen)
-        return cls(
-            queries=block_queries(job, table, chosen),
-            keys=keys,
-            values=gather_block_rows(value_sequence, table.columns, chosen) if with_values else None,
-            mask=mask,
-        )
+        # the queries: views of the tokens where the blocks cover them exactly, else gathered (the padding rows
+        # reading the last token)
+        if job.plan.token_mask.shape[1] == job.num_tokens:
+            queries = job.padded()[0].unflatten(1, (job.num_blocks, job.pattern.block_size))  # (B, nb, b, H, D)
+            queries = folded_blocks(queries, job.token_keys.shape[0], chosen).transpose(1, 2)
+        else:
+            queries = gather_block_rows(job.sequence[0], table.query_rows, chosen)
+        values = gather_block_rows(value_sequence, table.columns, chosen) if with_values else None
+        return cls(queries=queries, keys=keys, values=values, mask=mask)
 
 
 def job_block_table(job: TokenAttention) -> BlockTable:
     """The `block_table` of `job`'s blocks, over its keys and compressed keys."""
     num_compressed = 0 if job.sparse is None else job.sparse.keys.shape[2]
     return block_table(job.pattern, job.num_blocks, job.num_tokens, num_compressed, job.token_keys.device)
-
-
-def block_queries(
-    job: TokenAttention, table: BlockTable, chosen: tuple[torch.Tensor, torch.Tensor] | None
-) -> torch.Tensor:
-    """The queries of every block (or the `chosen` ones): (n, H, b, D), views of the tokens where the
-    blocks cover them exactly, else gathered (the padding rows reading the last token)."""
-    if job.plan.token_mask.shape[1] == job.num_tokens:
-        queries = job.padded()[0].unflatten(1, (job.num_blocks, job.pattern.block_size))  # (B, nb, b, H, D)
-        return folded_blocks(queries, job.token_keys.shape[0], chosen).transpose(1, 2)
-    return gather_block_rows(job.sequence[0], table.query_rows, chosen)

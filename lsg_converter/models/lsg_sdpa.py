@@ -43,7 +43,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 
@@ -149,45 +149,10 @@ def window_view_forward(job: TokenAttention, plan: WindowViewPlan, exact: bool) 
 
 
 def gathered_token_attention(job: TokenAttention) -> TokenOutput:
-    """The gathered path: every block that holds a real token gets its keys gathered (`BlockKeys`) and runs
-    through SDPA, the runs of blocks without a masked key without a mask (`mask_runs`)."""
-    return blocks_token_output(job, gathered_blocks_attention)
-
-
-def trained_terms_token_attention(job: TokenAttention) -> TokenOutput:
-    """The path of position terms being trained on the CPU: the blocks through `TrainedTermsAttention`, which
-    reads each segment of their keys as a view, forward and backward."""
-    return blocks_token_output(job, trained_terms_blocks_attention)
-
-
-def blocks_token_output(
-    job: TokenAttention, attend: Callable[[TokenAttention, tuple[torch.Tensor, torch.Tensor] | None], torch.Tensor]
-) -> TokenOutput:
-    """The token queries' output (B, t, H, D) of the blocks that hold a real token (`PaddingPlan.query_blocks`)
-    run by `attend` (-> (n, b, H, D)), the blocks of padding only left as zeros."""
-    batch, padded_tokens, heads = job.token_queries.shape[0], job.plan.token_mask.shape[1], job.token_queries.shape[2]
+    """The gathered path: every block that holds a real token (`PaddingPlan.query_blocks`) gets its keys
+    gathered (`BlockKeys`) and runs through SDPA, the runs of blocks without a masked key without a mask
+    (`mask_runs`)."""
     chosen = job.plan.query_blocks  # None: every block
-    output = attend(job, chosen)
-    if chosen is not None:
-        shape = (batch, job.num_blocks, job.pattern.block_size, heads, job.token_values.shape[-1])
-        output = output.new_zeros(shape).index_put_(chosen, output)
-    output = output.reshape(batch, padded_tokens, heads, -1)[:, : job.num_tokens]
-    return TokenOutput(output, None)
-
-
-def trained_terms_blocks_attention(job: TokenAttention, chosen: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-    """The output (n, b, H, D) of every block, or of the `chosen` ones, through `TrainedTermsAttention`."""
-    allowed, position_scores = folded_mask_parts(job, chosen)
-    layout, sources = window_layout(job)
-    output = TrainedTermsAttention.apply(
-        job.padded()[0], allowed, layout, chosen_runs(job, chosen), job.scaling, *sources, *position_scores
-    )  # (n, H, b, D)
-    return output.transpose(1, 2)
-
-
-def gathered_blocks_attention(job: TokenAttention, chosen: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-    """The output (n, b, H, D) of every block, or of the `chosen` ones ((batch index, block index)), their
-    keys gathered (`BlockKeys`)."""
     blocks = BlockKeys.of(job, chosen=chosen)
     queries, keys, values, mask = blocks.queries, blocks.keys, blocks.values, blocks.mask
     output = queries.new_empty(queries.shape[0], job.pattern.block_size, queries.shape[1], values.shape[-1])
@@ -199,7 +164,30 @@ def gathered_blocks_attention(job: TokenAttention, chosen: tuple[torch.Tensor, t
         output[start:end] = fused_attention(
             queries[start:end], keys[start:end], values[start:end], mask[start:end] if masked else None, job.scaling
         ).transpose(1, 2)
-    return output
+    return blocks_token_output(job, chosen, output)
+
+
+def trained_terms_token_attention(job: TokenAttention) -> TokenOutput:
+    """The path of position terms being trained on the CPU: the blocks that hold a real token through
+    `TrainedTermsAttention`, which reads each segment of their keys as a view, forward and backward."""
+    chosen = job.plan.query_blocks  # None: every block
+    allowed, position_scores = folded_mask_parts(job, chosen)
+    layout, sources = window_layout(job)
+    output = TrainedTermsAttention.apply(
+        job.padded()[0], allowed, layout, chosen_runs(job, chosen), job.scaling, *sources, *position_scores
+    )  # (n, H, b, D)
+    return blocks_token_output(job, chosen, output.transpose(1, 2))
+
+
+def blocks_token_output(job: TokenAttention, chosen: tuple[torch.Tensor, torch.Tensor] | None, output: torch.Tensor) -> TokenOutput:
+    """The token queries' output (B, t, H, D) from the `output` (n, b, H, D) of every block, or of the `chosen`
+    ones ((batch index, block index)), the blocks of padding only left as zeros."""
+    batch, padded_tokens, heads = job.token_queries.shape[0], job.plan.token_mask.shape[1], job.token_queries.shape[2]
+    if chosen is not None:
+        shape = (batch, job.num_blocks, job.pattern.block_size, heads, job.token_values.shape[-1])
+        output = output.new_zeros(shape).index_put_(chosen, output)
+    output = output.reshape(batch, padded_tokens, heads, -1)[:, : job.num_tokens]
+    return TokenOutput(output, None)
 
 
 @dataclass(frozen=True)
