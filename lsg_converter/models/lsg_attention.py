@@ -397,7 +397,7 @@ def _blocked_attention(
             with_positions=position_terms is not None,
             with_token_weights=kernel.returns_weights,
             every_token_valid=plan.no_masked_keys and not plan.padding,
-            made_once=job.made_once,
+            made_once=functools.partial(made_once, job.plan.memo),
         )
     if dropout:
         job.kept = block_dropout(job, heads, dropout)

@@ -59,6 +59,7 @@ from .lsg_pattern import (
     TokenAttention,
     TokenOutput,
     constant,
+    made_once,
     sdpa_dense_attention,
     sequence_positions,
     shape_cached,
@@ -229,12 +230,12 @@ def key_validity(job: TokenAttention) -> RowBounds | torch.Tensor | None:
     if job.plan.no_masked_keys and (job.sparse is None or job.sparse.every_key_valid):
         return None
     if not tracing():
-        token_bounds, one_run, every_token_valid = job.made_once("flex token bounds", lambda: _token_bounds(job))
+        token_bounds, one_run, every_token_valid = made_once(job.plan.memo, "flex token bounds", lambda: _token_bounds(job))
         if one_run and job.sparse is None:
             return None if every_token_valid else RowBounds(token_bounds, None)
         if one_run:
             if job.sparse.mask_of_tokens_alone:  # the same in every layer of the pass
-                sparse_bounds, sparse_run = job.made_once("flex sparse bounds", lambda: _sparse_bounds(job))
+                sparse_bounds, sparse_run = made_once(job.plan.memo, "flex sparse bounds", lambda: _sparse_bounds(job))
             else:
                 sparse_bounds, sparse_run = _sparse_bounds(job)
             if sparse_run:
@@ -563,7 +564,7 @@ def flex_token_attention(job: TokenAttention, validity: RowBounds | torch.Tensor
         values = _laid_out([values.transpose(1, 2), sparse.values], segment_ends)
     # full tiles skip the mask_mod: only where it is the pattern's rule, within the rows' bounds, without DropKey
     if sparse is None and isinstance(validity, RowBounds) and job.kept is None:  # each row's tiles, once per forward
-        structure = job.made_once("flex row structure", lambda: row_block_structure(pattern, num_tokens, TILE, validity.tokens))
+        structure = made_once(job.plan.memo, "flex row structure", lambda: row_block_structure(pattern, num_tokens, TILE, validity.tokens))
     else:
         structure = block_structure(pattern, num_tokens, TILE, queries.device, rule_only=validity is None and job.kept is None)
     score_mod = None

@@ -241,7 +241,7 @@ class PositionTerms:
             keys' positions (`far_sparse_scores`).
 
     Compared and hashed by identity: what the layers of a forward pass make from one object of terms is
-    kept in the pass's plan under it (`TokenAttention.made_once`).
+    kept in the pass's plan under it (`made_once` with `PaddingPlan.memo`).
     """
 
     bucket: Callable[[torch.Tensor], torch.Tensor]
@@ -323,7 +323,7 @@ class RowLookup:
 def block_row_table(job: TokenAttention) -> torch.Tensor:
     """The table's score for row j of a block and a key k tokens after the block's start, k clamped into
     [-M, M + b) (M = `PositionTerms.max_distance`: beyond, every row of the block gets the same
-    score): (H, b, 2 M + b), column k + M. Made once per forward pass (`TokenAttention.made_once`)."""
+    score): (H, b, 2 M + b), column k + M. Made once per forward pass (`made_once` with `PaddingPlan.memo`)."""
     terms, block_size = job.positions, job.pattern.block_size
 
     def make() -> torch.Tensor:
@@ -331,7 +331,7 @@ def block_row_table(job: TokenAttention) -> torch.Tensor:
         rows = torch.arange(block_size, device=terms.table.device)[:, None]
         return terms.table[:, terms.bucket(offsets - rows)]  # (H, b, 2 M + b)
 
-    return job.made_once(("block row table", terms), make)
+    return made_once(job.plan.memo, ("block row table", terms), make)
 
 
 def block_table_scores(job: TokenAttention, key_offsets: torch.Tensor) -> torch.Tensor:
@@ -452,7 +452,7 @@ class PaddingPlan:
     blocks of sdpa's window-view path on the CPU (`lsg_sdpa.WindowViewPlan`) where the padding allows it (no
     sparse keys, not causal, every global key valid), else None; memo: what a path makes from the padding
     and the pass's position terms the first time a layer asks (flex_attention's row bounds, the gathered
-    blocks' masks, the window views' masks), for the next ones (`TokenAttention.made_once`)."""
+    blocks' masks, the window views' masks), for the next ones (`made_once` with `PaddingPlan.memo`)."""
 
     pattern: KeyPattern
     key_mask: torch.Tensor
@@ -520,14 +520,6 @@ class TokenAttention:
             padding = self.plan.token_mask.shape[1] - self.num_tokens
             self._padded = tuple(pad_rows(x, 0, padding) for x in tokens) if padding or is_exporting() else tokens
         return self._padded
-
-    def made_once(self, key: Hashable, make: Callable[[], Made]) -> Made:
-        """`make()`, of what every layer of this kind has the same of in the forward pass: its `plan` (the
-        masks, the real blocks), and what `key` names besides (a name, a dtype, the position terms the layers
-        share: one object, `PositionTerms`); not the sparse keys' values or DropKey, which each layer has
-        its own of. Made by the first layer of the pass that asks and shared by the next ones
-        (`PaddingPlan.memo`)."""
-        return made_once(self.plan.memo, key, make)
 
     @property
     def sparse_mask_of_padding_alone(self) -> bool:
@@ -754,7 +746,7 @@ def block_dropout(job: TokenAttention, heads: int, dropout: float) -> torch.Tens
     layer from the keys each block may attend to (made once per forward pass where no sparse mask reads the
     keys, `SparseContext.mask_of_tokens_alone`)."""
     if job.sparse_mask_of_padding_alone:
-        allowed = job.made_once("allowed keys", lambda: block_mask(job))
+        allowed = made_once(job.plan.memo, "allowed keys", lambda: block_mask(job))
     else:
         allowed = block_mask(job)
     batch, num_blocks = allowed.shape[:2]
@@ -864,7 +856,12 @@ def padding_plans_of(mask: Any) -> dict | None:
 
 
 def made_once(memo: dict | None, key: Hashable, make: Callable[[], Made]) -> Made:
-    """`memo[key]`, made by `make()` the first time it is asked for; `make()` at every call without a memo."""
+    """`memo[key]`, made by `make()` the first time it is asked for; `make()` at every call without a memo.
+
+    With a forward pass's `PaddingPlan.memo`: what every layer of the plan's kind has the same of in the pass,
+    made from the plan (the masks, the real blocks) and what `key` names besides (a name, a dtype, the
+    position terms the layers share: one object, `PositionTerms`); not the sparse keys' values or DropKey,
+    which each layer has its own of. Made by the first layer of the pass that asks, shared by the next ones."""
     if memo is None:
         return make()
     if key not in memo:
@@ -1019,7 +1016,7 @@ class BlockKeys:
         one (`TokenAttention.masks_shared_by_layers`)."""
         if job.masks_shared_by_layers:
             memo_key = ("block mask", job.positions, job.token_queries.dtype, chosen is None)
-            mask = job.made_once(memo_key, lambda: block_additive_mask(job, chosen))
+            mask = made_once(job.plan.memo, memo_key, lambda: block_additive_mask(job, chosen))
         else:
             mask = block_additive_mask(job, chosen)
         table = job_block_table(job)

@@ -157,7 +157,7 @@ def gathered_token_attention(job: TokenAttention) -> TokenOutput:
     queries, keys, values, mask = blocks.queries, blocks.keys, blocks.values, blocks.mask
     output = queries.new_empty(queries.shape[0], job.pattern.block_size, queries.shape[1], values.shape[-1])
     if job.masks_shared_by_layers:
-        runs = job.made_once(("mask runs", job.positions, chosen is None), lambda: mask_runs(mask))
+        runs = made_once(job.plan.memo, ("mask runs", job.positions, chosen is None), lambda: mask_runs(mask))
     else:
         runs = mask_runs(mask)
     for start, end, masked in runs:
@@ -251,7 +251,7 @@ def chosen_runs(
         starts = itertools.accumulate((end - start for _, start, end in found), initial=0)
         return tuple((row, start, end, at) for (row, start, end), at in zip(found, starts))
 
-    return job.made_once("chosen runs", runs)
+    return made_once(job.plan.memo, "chosen runs", runs)
 
 
 def window_views(sequence: torch.Tensor, window: KeyWindow, start: int, end: int) -> torch.Tensor:
@@ -609,7 +609,7 @@ def edge_blocks(
 def edge_mask(job: TokenAttention, edges: EdgeBlocks) -> torch.Tensor:
     """The additive mask of the `edges` over their keys, (e, 1 or H, 1 or b, K): 0 where `EdgeBlocks.allowed`,
     plus `job`'s position terms where it has (a table's, the same in every block: `view_masks`); made once
-    per forward pass (`TokenAttention.made_once`: the edges are its plan's)."""
+    per forward pass (`made_once` with `PaddingPlan.memo`: the edges are its plan's)."""
     dtype, pattern = job.token_keys.dtype, job.pattern
     if job.positions is None:
         return made_once(job.plan.memo, ("edge mask", None, dtype), lambda: additive_mask(edges.allowed, dtype))
@@ -621,7 +621,7 @@ def edge_mask(job: TokenAttention, edges: EdgeBlocks) -> torch.Tensor:
             terms.insert(0, global_terms[0].unflatten(1, (job.num_blocks, pattern.block_size))[:, edges.blocks].transpose(0, 1))
         return additive_mask(edges.allowed, dtype) + torch.cat(terms, dim=-1)
 
-    return job.made_once(("edge mask", job.positions, dtype), make)
+    return made_once(job.plan.memo, ("edge mask", job.positions, dtype), make)
 
 
 @dataclass(frozen=True)
@@ -740,7 +740,7 @@ def view_masks(job: TokenAttention, rows: int, size: int) -> tuple[torch.Tensor 
     * of the token queries over the global keys, (1, H, T, g) for the T tokens padded to whole blocks: the
       position terms.
 
-    With position terms, made once per forward pass (`TokenAttention.made_once`)."""
+    With position terms, made once per forward pass (`made_once` with `PaddingPlan.memo`)."""
     dtype, device, terms, pattern = job.token_keys.dtype, job.token_keys.device, job.positions, job.pattern
     extra = size - pattern.local_size
     if terms is None:
@@ -755,7 +755,7 @@ def view_masks(job: TokenAttention, rows: int, size: int) -> tuple[torch.Tensor 
         padded_tokens = job.plan.token_mask.shape[1]
         return local, token_global_scores(terms, pattern.num_global, padded_tokens, device).to(dtype)
 
-    return job.made_once(("view masks", terms, dtype, rows, size), make)
+    return made_once(job.plan.memo, ("view masks", terms, dtype, rows, size), make)
 
 
 @shape_cached

@@ -30,7 +30,7 @@ SPARSITY_TYPES = ("none", "norm", "pooling", "stride", "block_stride", "bos_pool
 Columns = list[torch.Tensor]  # per-token columns, (B, H, T, width) each
 Compressed = tuple[torch.Tensor, Columns, torch.Tensor]  # keys (B, H, T / f, D), columns, mask (B, 1 or H, T / f)
 # made_once(key, make): what `make()` makes from the token mask alone, made once per forward pass by the first
-# layer that asks (`TokenAttention.made_once`); by default, made at every call
+# layer that asks (`made_once` with `PaddingPlan.memo`); by default, made at every call
 MadeOnce = Callable[[Hashable, Callable[[], Any]], Any]
 
 
@@ -264,7 +264,7 @@ def sparse_context(
     (`SparseContext.every_key_valid`), except with lsh, whose empty buckets are masked. The mask of the
     compressed keys is made from `mask` alone, except with norm and lsh (`MASK_READS_KEYS`); what the
     compressors make from `mask` alone goes through `made_once` (the forward pass's memo,
-    `TokenAttention.made_once`: made by its first layer).
+    `made_once` with `PaddingPlan.memo`: made by its first layer).
     """
     compress = sparse_every_token if settings.sparsity_factor == 1 else SPARSE_COMPRESSORS[settings.sparsity_type]
     batch, heads, length, _ = keys.shape
