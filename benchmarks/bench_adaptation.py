@@ -79,7 +79,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from bench_extrapolation import play_paths
 from bench_speed import cpu_name, record_results, results_arguments
 from lsg_converter import LSGConverter, encode_spans, save_converted
-from lsg_converter.adaptation import LEARNING_RATES, TRAINABLE_PARTS, adapt_to_long_documents, blend_weights, weights_of
+from lsg_converter.adaptation import LEARNING_RATES, OBJECTIVES, TRAINABLE_PARTS, adapt_to_long_documents, blend_weights, weights_of
 from real_models import minilm_path
 
 ADAPTATION_CATEGORIES = ("histories", "roman", "romances", "problems")
@@ -301,6 +301,7 @@ def adapt(model: SentenceTransformer, args: argparse.Namespace) -> Adaptation:
     try:
         adapt_to_long_documents(model, texts, train=args.train, batch_size=args.batch_size,
                                 mini_batch_size=args.mini_batch_size, in_document_share=args.in_document_share,
+                                objective=args.objective,
                                 epochs=args.epochs, max_minutes=args.minutes,
                                 learning_rate=args.learning_rate, bf16=args.bf16, source_share=0.0, seed=args.seed)
     finally:
@@ -461,7 +462,7 @@ def machine_description(args: argparse.Namespace) -> str:
         f"{args.docs_per_play}, in-document and cut-out queries per document: {args.queries_per_document}; "
         f"adapt_to_long_documents(train={args.train!r}, "
         f"batch_size={args.batch_size}, mini_batch_size={args.mini_batch_size}, "
-        f"in_document_share={args.in_document_share:g}, epochs={args.epochs:g}, "
+        f"in_document_share={args.in_document_share:g}, objective={args.objective!r}, epochs={args.epochs:g}, "
         f"max_minutes={args.minutes:g}, learning_rate={args.learning_rate or LEARNING_RATES[args.train]:g}, bf16={args.bf16}, seed={args.seed}), then blended back by source_share = {', '.join(f'{share:g}' for share in args.source_shares)}; seed {args.seed}"
     )
 
@@ -477,6 +478,8 @@ def main() -> None:
     parser.add_argument("--mini-batch-size", type=int, help="the cached loss with this many documents at once")
     parser.add_argument("--in-document-share", type=float, default=inspect.signature(adapt_to_long_documents).parameters["in_document_share"].default,
                         help="share of the adaptation's passages left in their document (the library's default)")
+    parser.add_argument("--objective", choices=OBJECTIVES, default="documents",
+                        help="what a training passage must find: its document, or its span among every span (both models)")
     parser.add_argument("--train", choices=TRAINABLE_PARTS, default="all", help="what the adaptation trains")
     parser.add_argument("--learning-rate", type=float, help="the adaptation's (default: the library's for --train)")
     parser.add_argument("--bf16", action="store_true", help="adapt in bfloat16 mixed precision (the library's bf16=True)")

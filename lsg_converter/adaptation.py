@@ -42,6 +42,7 @@ from .positions import PRETRAINED_POSITIONS_KEY
 from .saving import check_output_folder, staged_folder
 from .sbert import MODULES_FILE
 from .sources import local_source
+from .spans import default_span_tokens, pooled_tokens, pooling_modules, special_tokens_around
 from .training_budget import LearningRatePlan, TimeBudget, TrainingProgress, planned_trainer
 
 logger = logging.get_logger(__name__)
@@ -51,6 +52,9 @@ TRAINABLE_PARTS = ("all", "positions+global", "positions", "global")
 # AdamW's learning rate for each part where none is given: the whole model moves little, the new rows more.
 LEARNING_RATES = {"all": 3e-5, "positions+global": 1e-3, "positions": 1e-3, "global": 1e-3}
 TEXT_SUFFIXES = (".txt", ".md")  # the files a folder of texts is read from
+# What a passage must find (see `adapt_to_long_documents`): its document among the batch's documents, or the span
+# of its document where it lies among every span of the batch's documents
+OBJECTIVES = ("documents", "spans")
 
 
 @dataclass(frozen=True)
@@ -65,14 +69,18 @@ class Adaptation:
     train: str  # the part trained, one of TRAINABLE_PARTS
     learning_rate: float
     source_share: float
+    objective: str = "documents"  # one of OBJECTIVES
 
 
 @dataclass(frozen=True)
 class DocumentPair:
-    """One training example: a passage and its document, the passage left in it or cut out of it."""
+    """One training example: a passage and its document, the passage left in it or cut out of it; `place`: the
+    token of the document (special tokens left out) where the passage lies (its middle token) or lay (the
+    first token after the cut)."""
 
     passage: str
     document: str
+    place: int = 0
 
 
 def texts_description(texts: str | os.PathLike | Iterable[str], count: int) -> str:
@@ -96,6 +104,39 @@ def ranking_loss(model: Any, batch_size: int, mini_batch_size: int | None) -> An
     if mini_batch_size is not None and mini_batch_size < batch_size:
         return CachedMultipleNegativesRankingLoss(model, mini_batch_size=mini_batch_size)
     return MultipleNegativesRankingLoss(model)
+
+
+class SpanRankingLoss(torch.nn.Module):
+    """The in-batch loss of the "spans" objective: each passage must find the span of its document where it lies
+    (or lay, cut out: the dataset's ``label``, the span's index) among every span of every document of the
+    batch, the other spans of its own document among them. The spans are runs of `span_tokens` tokens of one
+    pass over each document, pooled as `encode_spans` pools them (late chunking); scored by cosine times
+    `scale`, as MultipleNegativesRankingLoss scores."""
+
+    def __init__(self, model: Any, span_tokens: int, scale: float = 20.0):
+        super().__init__()
+        self.model, self.span_tokens, self.scale = model, span_tokens, scale
+        self.pooling_modes, self.after_pooling = pooling_modules(model)
+        self.special_tokens = tuple(len(ids) for ids in special_tokens_around(model.tokenizer))
+
+    def forward(self, sentence_features: Iterable[dict[str, torch.Tensor]], labels: torch.Tensor) -> torch.Tensor:
+        passages, documents = sentence_features
+        queries = self.model(passages)["sentence_embedding"]  # (B, d)
+        read = self.model(documents)
+        vectors, lengths = read["token_embeddings"], read["attention_mask"].sum(dim=1).tolist()  # (B, L, d)
+        before, after = self.special_tokens
+        spans, targets = [], []  # every document's span vectors in turn, and each passage's among them
+        for row, length in enumerate(lengths):
+            body = vectors[row, before : length - after]  # the document's own tokens
+            runs = [range(start, min(start + self.span_tokens, len(body))) for start in range(0, len(body), self.span_tokens)]
+            targets.append(len(spans) + min(int(labels[row]), len(runs) - 1))
+            spans += [pooled_tokens(body, run, self.pooling_modes) for run in runs]
+        features = {"sentence_embedding": torch.stack(spans)}
+        for module in self.after_pooling:  # Dense, Normalize: as a text's embedding
+            features = module(features)
+        span_vectors = torch.nn.functional.normalize(features["sentence_embedding"], dim=-1)
+        scores = torch.nn.functional.normalize(queries, dim=-1) @ span_vectors.T * self.scale  # (B, spans)
+        return torch.nn.functional.cross_entropy(scores, torch.tensor(targets, device=scores.device))
 
 
 def read_texts(texts: str | os.PathLike | Iterable[str]) -> list[str]:
@@ -150,12 +191,13 @@ def document_rounds(
                 cut = generator.randrange(0, len(window) - passage_tokens + 1)
                 passage = text[window[cut][0] : window[cut + passage_tokens - 1][1]]
                 if generator.random() < in_document_share:
-                    document = text[window[0][0] : window[-1][1]]
+                    document, place = text[window[0][0] : window[-1][1]], cut + passage_tokens // 2
                 else:
+                    place = cut
                     before = text[window[0][0] : window[cut][0]]
                     after = text[window[cut + passage_tokens - 1][1] : window[-1][1]] if cut + passage_tokens < len(window) else ""
                     document = before.rstrip() + " " + after.lstrip()
-                pairs.append(DocumentPair(passage.strip(), document.strip()))
+                pairs.append(DocumentPair(passage.strip(), document.strip(), place))
         made.append(pairs)
     return made
 
@@ -259,6 +301,7 @@ def adapt_to_long_documents(
     train: str = "all",
     passage_tokens: int = 64,
     in_document_share: float = 0.75,
+    objective: str = "documents",
     batch_size: int = 8,
     mini_batch_size: int | None = None,
     epochs: float = 4.0,
@@ -289,6 +332,10 @@ def adapt_to_long_documents(
         passage_tokens: length of the passage picked in each document, the query it must answer.
         in_document_share: the share of the documents whose passage is left in them (the others are
             given without it, so only its context can match): both kinds of query are learnt.
+        objective: what a passage must find, one of `OBJECTIVES`: "documents" (default), its document among
+            the documents of its step (`MultipleNegativesRankingLoss`); "spans", the span of its document where
+            it lies (or lay) among every span of the step's documents, its own document's other spans
+            among them (`SpanRankingLoss`): the spans `encode_spans` gives, of the source's window body.
         batch_size: documents per step, each the others' negatives.
         mini_batch_size: run the cached in-batch loss (CachedMultipleNegativesRankingLoss) with this many
             documents in memory at once, for a batch larger than memory allows (the same gradients, a little
@@ -323,7 +370,8 @@ def adapt_to_long_documents(
         TrainingTextsError: no texts, or too few long enough to cut documents of two blocks from (of a whole
             window's body, where it holds fewer tokens: a model adapted at its own length).
         UnsupportedModelError: `model` is no sentence-transformers model over an LSG model.
-        InvalidSettingsError: an unknown `train`, or `in_document_share` / `source_share` out of range.
+        InvalidSettingsError: an unknown `train` or `objective`, `in_document_share` / `source_share` out of
+            range, or `mini_batch_size` with the "spans" objective (which has no cached variant).
         MissingDependencyError: sentence-transformers or datasets is not installed.
         OutputExistsError: `output_path` holds a model and `overwrite` is False; its subclass
             OutputNotReplaceableError: `output_path` is a file or a folder of anything else.
@@ -354,6 +402,10 @@ def adapt_to_long_documents(
         )
     if not 0.0 <= in_document_share <= 1.0:
         raise InvalidSettingsError(f"in_document_share={in_document_share} is no share: give a number from 0 to 1.")
+    if objective not in OBJECTIVES:
+        raise InvalidSettingsError(f"objective={objective!r} is not one of {', '.join(OBJECTIVES)}: give one of them.")
+    if objective == "spans" and mini_batch_size is not None:
+        raise InvalidSettingsError("The spans objective has no cached loss: leave mini_batch_size unset, or give a smaller batch_size.")
     if not 0.0 <= source_share < 1.0:
         raise InvalidSettingsError(f"source_share={source_share} is no share: give a number from 0 (the trained weights) up to 1.")
     document_tokens = model.max_seq_length - 2  # a window's body, between its first and last token
@@ -379,8 +431,14 @@ def adapt_to_long_documents(
         )
         batch_size = min(batch_size, smallest_round)
         learning_rate = LEARNING_RATES[train] if learning_rate is None else learning_rate
-        loss = ranking_loss(model, batch_size, mini_batch_size)
-        dataset = Dataset.from_dict({"anchor": [p.passage for p in pairs], "positive": [p.document for p in pairs]})
+        columns = {"anchor": [p.passage for p in pairs], "positive": [p.document for p in pairs]}
+        if objective == "spans":
+            span_tokens = default_span_tokens(model, special_tokens_around(model.tokenizer))
+            loss = SpanRankingLoss(model, span_tokens)
+            columns["label"] = [pair.place // span_tokens for pair in pairs]  # the span that holds its place
+        else:
+            loss = ranking_loss(model, batch_size, mini_batch_size)
+        dataset = Dataset.from_dict(columns)
         with tempfile.TemporaryDirectory() as scratch:
             arguments = SentenceTransformerTrainingArguments(
                 output_dir=scratch,
@@ -413,7 +471,7 @@ def adapt_to_long_documents(
     transformer.lsg_adaptation = Adaptation(
         texts=texts_description(given_texts, len(texts)), documents=len(rounds[0]), max_tokens=model.max_seq_length,
         steps=trainer.state.global_step, batch_size=batch_size, train=train, learning_rate=learning_rate,
-        source_share=source_share,
+        source_share=source_share, objective=objective,
     )
     model.eval()
     if output_path is not None:

@@ -237,10 +237,17 @@ def _adaptation_section(adaptation: Any) -> str:
 ## Long-document adaptation
 
 {_steps(adaptation.steps).capitalize()} on {adaptation.texts}, cut into {adaptation.documents} documents of up to
-{adaptation.max_tokens:,} tokens at each reading: a passage of each document had to find it among the
-{adaptation.batch_size} documents of its step (in-batch negatives). Trained: {TRAINED_PARTS[adaptation.train]}, at a
+{adaptation.max_tokens:,} tokens at each reading: a passage of each document had to find {_adaptation_target(adaptation)}
+(in-batch negatives). Trained: {TRAINED_PARTS[adaptation.train]}, at a
 learning rate of {adaptation.learning_rate:g}{share}.
 """
+
+
+def _adaptation_target(adaptation: Any) -> str:
+    """What the adaptation's passages had to find (`lsg_converter.adaptation.OBJECTIVES`), as the card says it."""
+    if getattr(adaptation, "objective", "documents") == "spans":
+        return f"the span of it where it lies among every span of the {adaptation.batch_size} documents of its step"
+    return f"it among the {adaptation.batch_size} documents of its step"
 
 
 def card_model_name(

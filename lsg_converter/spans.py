@@ -80,9 +80,9 @@ def encode_spans(
         raise InvalidSettingsError(f"encode_spans got {len(spans)} span lists for {len(texts)} texts: give one per text.")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise InvalidSettingsError(f"batch_size={batch_size!r} is no number of texts: give a whole number of at least 1.")
-    pooling, after_pooling = _pooling_modules(model)
+    pooling, after_pooling = pooling_modules(model)
     special_tokens = special_tokens_around(model.tokenizer)
-    span_tokens = _default_span_tokens(model, special_tokens) if span_tokens is None and spans is None else span_tokens
+    span_tokens = default_span_tokens(model, special_tokens) if span_tokens is None and spans is None else span_tokens
     if spans is None and (isinstance(span_tokens, bool) or not isinstance(span_tokens, int) or span_tokens < 1):
         raise InvalidSettingsError(f"span_tokens={span_tokens!r} is no number of tokens: give a whole number of at least 1.")
     if show_progress_bar is None:
@@ -103,7 +103,7 @@ def encode_spans(
             batch_vectors = _token_vectors_of(model, [tokenized[index][0] for index in batch], special_tokens, batch_size)
             for index, vectors in zip(batch, batch_vectors):
                 offsets, runs = tokenized[index][1], token_runs[index]
-                pooled = torch.stack([_pooled(vectors, run, pooling) for run in runs]) if runs else vectors[:0]
+                pooled = torch.stack([pooled_tokens(vectors, run, pooling) for run in runs]) if runs else vectors[:0]
                 features = {"sentence_embedding": pooled}
                 for module in after_pooling:
                     features = module(features)
@@ -198,7 +198,7 @@ def _tokens_in(offsets: list[tuple[int, int]], span: tuple[int, int], text_index
     return range(inside[0], inside[-1] + 1)
 
 
-def _pooled(vectors: torch.Tensor, tokens: range, modes: tuple[str, ...]) -> torch.Tensor:
+def pooled_tokens(vectors: torch.Tensor, tokens: range, modes: tuple[str, ...]) -> torch.Tensor:
     """The vectors of `tokens` pooled by each of `modes`, joined as sentence-transformers' Pooling joins them."""
     span = vectors[tokens.start : tokens.stop]
     pieces = []
@@ -206,14 +206,14 @@ def _pooled(vectors: torch.Tensor, tokens: range, modes: tuple[str, ...]) -> tor
         if mode == "max":
             pieces.append(span.max(dim=0).values)
         elif mode == "weightedmean":  # sentence-transformers weighs the tokens by their position, from 1
-            weights = torch.arange(1, len(span) + 1, dtype=span.dtype)[:, None]
+            weights = torch.arange(1, len(span) + 1, dtype=span.dtype, device=span.device)[:, None]
             pieces.append((span * weights).sum(dim=0) / weights.sum())
         else:
             pieces.append(span.mean(dim=0))
     return torch.cat(pieces)
 
 
-def _pooling_modules(model: Any) -> tuple[tuple[str, ...], list[Any]]:
+def pooling_modules(model: Any) -> tuple[tuple[str, ...], list[Any]]:
     """The pooling modes of the model's Pooling module, and the modules after it."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
@@ -235,7 +235,7 @@ def _pooling_modules(model: Any) -> tuple[tuple[str, ...], list[Any]]:
     return modes, modules[where + 1 :]
 
 
-def _default_span_tokens(model: Any, special_tokens: tuple[list[int], list[int]]) -> int:
+def default_span_tokens(model: Any, special_tokens: tuple[list[int], list[int]]) -> int:
     """The window body of the source the model was converted from (its pretrained positions), else of the
     model; `special_tokens`: the ids the tokenizer puts before and after a text (`special_tokens_around`)."""
     config = getattr(model[0].auto_model, "config", None)

@@ -13,8 +13,9 @@ import torch.nn.functional as F
 from transformers import TrainerCallback
 
 from helpers import save_tiny_mean_embedder
-from lsg_converter import LSGConverter, model_card, save_converted
+from lsg_converter import LSGConverter, encode_spans, model_card, save_converted
 from lsg_converter.adaptation import (
+    SpanRankingLoss,
     adapt_converted_model,
     adapt_to_long_documents,
     document_rounds,
@@ -181,6 +182,73 @@ def test_the_in_document_share_leaves_the_passage_in_its_document_or_cuts_it_out
                                in_document_share=share)
 
     assert all((pair.passage in pair.document) == kept for pair in pairs)
+
+
+@pytest.mark.parametrize("share", [1.0, 0.0], ids=["in the document", "cut out"])
+def test_a_pairs_place_is_the_token_where_its_passage_lies_or_lay(minilm_path, share):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path)
+    texts = long_texts(3, 1500)
+    (pairs,) = document_rounds(texts, tokenizer, 300, 32, 64, in_document_share=share)
+
+    for pair in pairs:
+        offsets = tokenizer(pair.document, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        if share:  # the passage's middle token
+            start = pair.document.index(pair.passage)
+            assert start <= offsets[pair.place][0] < start + len(pair.passage)
+        else:  # the tokens before it are the text that came before the passage, those from it on the text after it
+            (text,) = [text for text in texts if pair.passage in text]
+            passage_start = text.index(pair.passage)
+            before = pair.document[: offsets[pair.place - 1][1]] if pair.place else ""  # a cut at the start: none
+            assert text[:passage_start].rstrip().endswith(before)
+            assert text[passage_start + len(pair.passage) :].lstrip().startswith(pair.document[offsets[pair.place][0] :])
+
+
+def span_loss_by_encode_spans(model: SentenceTransformer, pairs, span_tokens: int) -> float:
+    """The spans objective computed from `encode_spans`' span vectors and `encode`'s passage vectors: the
+    cross-entropy of each passage over every span of every document, its target the span of its place."""
+    spans = encode_spans(model, [pair.document for pair in pairs], span_tokens=span_tokens)
+    passages = model.encode([pair.passage for pair in pairs], convert_to_tensor=True)
+    every_span = torch.cat([F.normalize(text.embeddings, dim=-1) for text in spans])
+    firsts = [sum(len(text.offsets) for text in spans[:index]) for index in range(len(spans))]
+    targets = [first + min(pair.place // span_tokens, len(text.offsets) - 1) for first, pair, text in zip(firsts, pairs, spans)]
+    scores = 20 * F.normalize(passages, dim=-1) @ every_span.T
+    return F.cross_entropy(scores, torch.tensor(targets)).item()
+
+
+def test_the_span_loss_ranks_each_passage_against_every_span_that_encode_spans_gives(converted_folder):
+    model = SentenceTransformer(str(converted_folder), trust_remote_code=True)
+    (pairs,) = document_rounds(long_texts(4, 1500), model.tokenizer, model.max_seq_length - 2, 32, 64)
+    span_tokens = 98  # the tiny source's window body
+    features = [model.tokenize([getattr(pair, column) for pair in pairs]) for column in ("passage", "document")]
+    labels = torch.tensor([pair.place // span_tokens for pair in pairs])
+
+    with torch.no_grad():
+        loss = SpanRankingLoss(model.eval(), span_tokens)(features, labels).item()
+
+    assert loss == pytest.approx(span_loss_by_encode_spans(model, pairs, span_tokens), rel=1e-4)
+
+
+def test_adapting_on_spans_lowers_the_span_loss(converted_folder):
+    texts = long_texts(8, 1500)
+    model = SentenceTransformer(str(converted_folder), trust_remote_code=True)
+    (pairs,) = document_rounds(texts, model.tokenizer, model.max_seq_length - 2, 64, 32, seed=1)
+    before = span_loss_by_encode_spans(model, pairs, 98)
+
+    adapt_to_long_documents(model, texts, objective="spans", batch_size=4, epochs=2, learning_rate=1e-3, seed=0)
+
+    assert span_loss_by_encode_spans(model, pairs, 98) < 0.8 * before
+    assert model[0].auto_model.lsg_adaptation.objective == "spans"
+
+
+def test_an_unknown_objective_or_the_spans_with_a_mini_batch_size_is_refused(converted_folder, tmp_path):
+    with pytest.raises(InvalidSettingsError, match="objective='passages' is not one of documents, spans"):
+        adapt_to_long_documents(converted_folder, long_texts(4, 1500), objective="passages", output_path=tmp_path / "adapted")
+    with pytest.raises(InvalidSettingsError, match="spans objective has no cached loss"):
+        adapt_to_long_documents(converted_folder, long_texts(4, 1500), objective="spans", mini_batch_size=2)
+
+    assert not (tmp_path / "adapted").exists()
 
 
 def test_a_batch_holds_pairs_of_one_round_only():
