@@ -301,7 +301,7 @@ def adapt(model: SentenceTransformer, args: argparse.Namespace) -> Adaptation:
     try:
         adapt_to_long_documents(model, texts, train=args.train, batch_size=args.batch_size,
                                 mini_batch_size=args.mini_batch_size, in_document_share=args.in_document_share,
-                                objective=args.objective,
+                                objective=args.objective, passages_per_document=args.passages_per_document,
                                 epochs=args.epochs, max_minutes=args.minutes,
                                 learning_rate=args.learning_rate, bf16=args.bf16, source_share=0.0, seed=args.seed)
     finally:
@@ -462,7 +462,7 @@ def machine_description(args: argparse.Namespace) -> str:
         f"{args.docs_per_play}, in-document and cut-out queries per document: {args.queries_per_document}; "
         f"adapt_to_long_documents(train={args.train!r}, "
         f"batch_size={args.batch_size}, mini_batch_size={args.mini_batch_size}, "
-        f"in_document_share={args.in_document_share:g}, objective={args.objective!r}, epochs={args.epochs:g}, "
+        f"in_document_share={args.in_document_share:g}, objective={args.objective!r}, passages_per_document={args.passages_per_document}, epochs={args.epochs:g}, "
         f"max_minutes={args.minutes:g}, learning_rate={args.learning_rate or LEARNING_RATES[args.train]:g}, bf16={args.bf16}, seed={args.seed}), then blended back by source_share = {', '.join(f'{share:g}' for share in args.source_shares)}; seed {args.seed}"
     )
 
@@ -480,6 +480,8 @@ def main() -> None:
                         help="share of the adaptation's passages left in their document (the library's default)")
     parser.add_argument("--objective", choices=OBJECTIVES, default="documents",
                         help="what a training passage must find: its document, or its span among every span (both models)")
+    parser.add_argument("--passages-per-document", type=int, default=1,
+                        help="training passages picked in each document, each a query (more than one: --objective spans)")
     parser.add_argument("--train", choices=TRAINABLE_PARTS, default="all", help="what the adaptation trains")
     parser.add_argument("--learning-rate", type=float, help="the adaptation's (default: the library's for --train)")
     parser.add_argument("--bf16", action="store_true", help="adapt in bfloat16 mixed precision (the library's bf16=True)")

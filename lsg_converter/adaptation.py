@@ -70,17 +70,18 @@ class Adaptation:
     learning_rate: float
     source_share: float
     objective: str = "documents"  # one of OBJECTIVES
+    passages_per_document: int = 1
 
 
 @dataclass(frozen=True)
 class DocumentPair:
-    """One training example: a passage and its document, the passage left in it or cut out of it; `place`: the
-    token of the document (special tokens left out) where the passage lies (its middle token) or lay (the
-    first token after the cut)."""
+    """One training example: a document and its passages, left in it or cut out of it; `places`: for each
+    passage, the token of the document (special tokens left out) where it lies (its middle token) or lay
+    (the first token after its cut)."""
 
-    passage: str
+    passages: tuple[str, ...]
     document: str
-    place: int = 0
+    places: tuple[int, ...]
 
 
 def texts_description(texts: str | os.PathLike | Iterable[str], count: int) -> str:
@@ -107,11 +108,11 @@ def ranking_loss(model: Any, batch_size: int, mini_batch_size: int | None) -> An
 
 
 class SpanRankingLoss(torch.nn.Module):
-    """The in-batch loss of the "spans" objective: each passage must find the span of its document where it lies
-    (or lay, cut out: the dataset's ``label``, the span's index) among every span of every document of the
-    batch, the other spans of its own document among them. The spans are runs of `span_tokens` tokens of one
-    pass over each document, pooled as `encode_spans` pools them (late chunking); scored by cosine times
-    `scale`, as MultipleNegativesRankingLoss scores."""
+    """The in-batch loss of the "spans" objective: each passage (k per document) must find the span of its
+    document where it lies (or lay, cut out: the dataset's ``label``, the span's index) among every span of
+    every document of the batch, the other spans of its own document among them. The spans are runs of
+    `span_tokens` tokens of one pass over each document, pooled as `encode_spans` pools them (late
+    chunking); scored by cosine times `scale`, as MultipleNegativesRankingLoss scores."""
 
     def __init__(self, model: Any, span_tokens: int, scale: float = 20.0):
         super().__init__()
@@ -120,23 +121,27 @@ class SpanRankingLoss(torch.nn.Module):
         self.special_tokens = tuple(len(ids) for ids in special_tokens_around(model.tokenizer))
 
     def forward(self, sentence_features: Iterable[dict[str, torch.Tensor]], labels: torch.Tensor) -> torch.Tensor:
-        passages, documents = sentence_features
-        queries = self.model(passages)["sentence_embedding"]  # (B, d)
+        """sentence_features: k columns of passages, then the documents, B each; labels: (B, k) or (B,) for
+        k = 1, the span index of each passage's place."""
+        *passages, documents = sentence_features
+        queries = torch.cat([self.model(column)["sentence_embedding"] for column in passages])  # (k B, d)
         read = self.model(documents)
         vectors, lengths = read["token_embeddings"], read["attention_mask"].sum(dim=1).tolist()  # (B, L, d)
         before, after = self.special_tokens
-        spans, targets = [], []  # every document's span vectors in turn, and each passage's among them
-        for row, length in enumerate(lengths):
+        labels = labels.view(len(lengths), len(passages)).tolist()
+        spans, targets = [], []  # every document's span vectors in turn; each passage's among them, (B, k)
+        for row, (length, row_labels) in enumerate(zip(lengths, labels)):
             body = vectors[row, before : length - after]  # the document's own tokens
             runs = [range(start, min(start + self.span_tokens, len(body))) for start in range(0, len(body), self.span_tokens)]
-            targets.append(len(spans) + min(int(labels[row]), len(runs) - 1))
+            targets.append([len(spans) + min(label, len(runs) - 1) for label in row_labels])
             spans += [pooled_tokens(body, run, self.pooling_modes) for run in runs]
         features = {"sentence_embedding": torch.stack(spans)}
         for module in self.after_pooling:  # Dense, Normalize: as a text's embedding
             features = module(features)
         span_vectors = torch.nn.functional.normalize(features["sentence_embedding"], dim=-1)
-        scores = torch.nn.functional.normalize(queries, dim=-1) @ span_vectors.T * self.scale  # (B, spans)
-        return torch.nn.functional.cross_entropy(scores, torch.tensor(targets, device=scores.device))
+        scores = torch.nn.functional.normalize(queries, dim=-1) @ span_vectors.T * self.scale  # (k B, spans)
+        targets = torch.tensor(targets, device=scores.device).T.flatten()  # (B, k) -> (k B,), as the queries
+        return torch.nn.functional.cross_entropy(scores, targets)
 
 
 def read_texts(texts: str | os.PathLike | Iterable[str]) -> list[str]:
@@ -165,14 +170,16 @@ def document_rounds(
     *,
     rounds: int = 1,
     in_document_share: float = 0.0,
+    passages_per_document: int = 1,
     seed: int = 0,
 ) -> list[list[DocumentPair]]:
     """`rounds` rounds of training pairs, each made afresh from all of `texts`. In a round, each text is cut
     into documents of `document_tokens` tokens, the first ending at a random token (so each round cuts
-    other documents; a piece shorter than `min_tokens` or two passages is left out), and in each document a
-    passage of `passage_tokens` tokens is picked at a random place: (passage, the document's text before +
-    after it), or, for a share `in_document_share` of the documents drawn at random, (passage, the whole
-    document). The cuts follow the tokenizer's character offsets, so both are pieces of the original text."""
+    other documents; a piece shorter than `min_tokens` or than its passages and one more is left out), and
+    in each document `passages_per_document` passages of `passage_tokens` tokens are picked at random places
+    that do not overlap: (the passages, the document's text without them), or, for a share
+    `in_document_share` of the documents drawn at random, (the passages, the whole document). The cuts
+    follow the tokenizer's character offsets, so both are pieces of the original text."""
     generator = random.Random(seed)
     token_offsets = [
         tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)["offset_mapping"]
@@ -186,18 +193,24 @@ def document_rounds(
             starts = [0] + list(range(first_end, len(offsets), document_tokens))
             for start, end in zip(starts, starts[1:] + [len(offsets)]):
                 window = offsets[start:end]
-                if len(window) < max(min_tokens, 2 * passage_tokens):
+                if len(window) < max(min_tokens, (passages_per_document + 1) * passage_tokens):
                     continue
-                cut = generator.randrange(0, len(window) - passage_tokens + 1)
-                passage = text[window[cut][0] : window[cut + passage_tokens - 1][1]]
+                # the tokens outside the passages, split at random: the passages' first tokens
+                free = len(window) - passages_per_document * passage_tokens
+                lefts = sorted(generator.randrange(free + 1) for _ in range(passages_per_document))
+                cuts = [left + index * passage_tokens for index, left in enumerate(lefts)]
+                passages = tuple(text[window[cut][0] : window[cut + passage_tokens - 1][1]].strip() for cut in cuts)
                 if generator.random() < in_document_share:
-                    document, place = text[window[0][0] : window[-1][1]], cut + passage_tokens // 2
-                else:
-                    place = cut
-                    before = text[window[0][0] : window[cut][0]]
-                    after = text[window[cut + passage_tokens - 1][1] : window[-1][1]] if cut + passage_tokens < len(window) else ""
-                    document = before.rstrip() + " " + after.lstrip()
-                pairs.append(DocumentPair(passage.strip(), document.strip(), place))
+                    document, places = text[window[0][0] : window[-1][1]], [cut + passage_tokens // 2 for cut in cuts]
+                else:  # the text between the passages, joined
+                    kept, previous_end = [], window[0][0]
+                    for cut in cuts:
+                        kept.append(text[previous_end : window[cut][0]])
+                        previous_end = window[cut + passage_tokens - 1][1]
+                    kept.append(text[previous_end : window[-1][1]] if cuts[-1] + passage_tokens < len(window) else "")
+                    document = " ".join(piece for piece in (piece.strip() for piece in kept) if piece)
+                    places = [cut - index * passage_tokens for index, cut in enumerate(cuts)]
+                pairs.append(DocumentPair(passages, document.strip(), tuple(places)))
         made.append(pairs)
     return made
 
@@ -302,6 +315,7 @@ def adapt_to_long_documents(
     passage_tokens: int = 64,
     in_document_share: float = 0.75,
     objective: str = "documents",
+    passages_per_document: int = 1,
     batch_size: int = 8,
     mini_batch_size: int | None = None,
     epochs: float = 4.0,
@@ -336,6 +350,8 @@ def adapt_to_long_documents(
             the documents of its step (`MultipleNegativesRankingLoss`); "spans", the span of its document where
             it lies (or lay) among every span of the step's documents, its own document's other spans
             among them (`SpanRankingLoss`): the spans `encode_spans` gives, of the source's window body.
+        passages_per_document: passages picked in each document (at places that do not overlap; all left in
+            it or all cut out), each a query of the step: more than one with the "spans" objective only.
         batch_size: documents per step, each the others' negatives.
         mini_batch_size: run the cached in-batch loss (CachedMultipleNegativesRankingLoss) with this many
             documents in memory at once, for a batch larger than memory allows (the same gradients, a little
@@ -371,7 +387,8 @@ def adapt_to_long_documents(
             window's body, where it holds fewer tokens: a model adapted at its own length).
         UnsupportedModelError: `model` is no sentence-transformers model over an LSG model.
         InvalidSettingsError: an unknown `train` or `objective`, `in_document_share` / `source_share` out of
-            range, or `mini_batch_size` with the "spans" objective (which has no cached variant).
+            range, `mini_batch_size` with the "spans" objective (which has no cached variant), or
+            `passages_per_document` other than 1 without it.
         MissingDependencyError: sentence-transformers or datasets is not installed.
         OutputExistsError: `output_path` holds a model and `overwrite` is False; its subclass
             OutputNotReplaceableError: `output_path` is a file or a folder of anything else.
@@ -406,6 +423,10 @@ def adapt_to_long_documents(
         raise InvalidSettingsError(f"objective={objective!r} is not one of {', '.join(OBJECTIVES)}: give one of them.")
     if objective == "spans" and mini_batch_size is not None:
         raise InvalidSettingsError("The spans objective has no cached loss: leave mini_batch_size unset, or give a smaller batch_size.")
+    if isinstance(passages_per_document, bool) or not isinstance(passages_per_document, int) or passages_per_document < 1:
+        raise InvalidSettingsError(f"passages_per_document={passages_per_document!r} is no number of passages: give a whole number of at least 1.")
+    if passages_per_document > 1 and objective != "spans":
+        raise InvalidSettingsError("Several passages per document need objective='spans': give it, or one passage per document.")
     if not 0.0 <= source_share < 1.0:
         raise InvalidSettingsError(f"source_share={source_share} is no share: give a number from 0 (the trained weights) up to 1.")
     document_tokens = model.max_seq_length - 2  # a window's body, between its first and last token
@@ -413,7 +434,8 @@ def adapt_to_long_documents(
     min_tokens = min(2 * transformer.config.block_size, document_tokens)
     rounds = document_rounds(
         texts, model.tokenizer, document_tokens, passage_tokens, min_tokens,
-        rounds=max(1, math.ceil(epochs)), in_document_share=in_document_share, seed=seed,
+        rounds=max(1, math.ceil(epochs)), in_document_share=in_document_share,
+        passages_per_document=passages_per_document, seed=seed,
     )
     pairs = [pair for made in rounds for pair in made]
     smallest_round = min(len(made) for made in rounds)
@@ -431,11 +453,14 @@ def adapt_to_long_documents(
         )
         batch_size = min(batch_size, smallest_round)
         learning_rate = LEARNING_RATES[train] if learning_rate is None else learning_rate
-        columns = {"anchor": [p.passage for p in pairs], "positive": [p.document for p in pairs]}
+        # the queries first, then what they must find (the order the losses read the columns in)
+        columns = {f"passage_{index}": [pair.passages[index] for pair in pairs] for index in range(passages_per_document)}
+        columns["document"] = [pair.document for pair in pairs]
         if objective == "spans":
             span_tokens = default_span_tokens(model, special_tokens_around(model.tokenizer))
             loss = SpanRankingLoss(model, span_tokens)
-            columns["label"] = [pair.place // span_tokens for pair in pairs]  # the span that holds its place
+            # the span that holds each passage's place
+            columns["label"] = [[place // span_tokens for place in pair.places] for pair in pairs]
         else:
             loss = ranking_loss(model, batch_size, mini_batch_size)
         dataset = Dataset.from_dict(columns)
@@ -471,7 +496,7 @@ def adapt_to_long_documents(
     transformer.lsg_adaptation = Adaptation(
         texts=texts_description(given_texts, len(texts)), documents=len(rounds[0]), max_tokens=model.max_seq_length,
         steps=trainer.state.global_step, batch_size=batch_size, train=train, learning_rate=learning_rate,
-        source_share=source_share, objective=objective,
+        source_share=source_share, objective=objective, passages_per_document=passages_per_document,
     )
     model.eval()
     if output_path is not None:

@@ -237,16 +237,22 @@ def _adaptation_section(adaptation: Any) -> str:
 ## Long-document adaptation
 
 {_steps(adaptation.steps).capitalize()} on {adaptation.texts}, cut into {adaptation.documents} documents of up to
-{adaptation.max_tokens:,} tokens at each reading: a passage of each document had to find {_adaptation_target(adaptation)}
+{adaptation.max_tokens:,} tokens at each reading: {_adaptation_queries(adaptation)} had to find {_adaptation_target(adaptation)}
 (in-batch negatives). Trained: {TRAINED_PARTS[adaptation.train]}, at a
 learning rate of {adaptation.learning_rate:g}{share}.
 """
 
 
+def _adaptation_queries(adaptation: Any) -> str:
+    """Which passages of each document were the adaptation's queries, as the card says it."""
+    count = getattr(adaptation, "passages_per_document", 1)
+    return "a passage of each document" if count == 1 else f"each of {count} passages of each document"
+
+
 def _adaptation_target(adaptation: Any) -> str:
     """What the adaptation's passages had to find (`lsg_converter.adaptation.OBJECTIVES`), as the card says it."""
     if getattr(adaptation, "objective", "documents") == "spans":
-        return f"the span of it where it lies among every span of the {adaptation.batch_size} documents of its step"
+        return f"the span of its document where it lies among every span of the {adaptation.batch_size} documents of its step"
     return f"it among the {adaptation.batch_size} documents of its step"
 
 

@@ -90,7 +90,7 @@ def in_batch_loss(model: SentenceTransformer, texts: list[str]) -> float:
     each passage over all the documents, scaled cosines (MultipleNegativesRankingLoss, scale 20)."""
     (pairs,) = document_rounds(texts, model.tokenizer, model.max_seq_length - 2, 64, 32)
     with torch.no_grad():
-        passages = model.encode([pair.passage for pair in pairs], convert_to_tensor=True)
+        passages = model.encode([pair.passages[0] for pair in pairs], convert_to_tensor=True)
         documents = model.encode([pair.document for pair in pairs], convert_to_tensor=True)
     scores = 20 * F.normalize(passages, dim=-1) @ F.normalize(documents, dim=-1).T
     return F.cross_entropy(scores, torch.arange(len(pairs))).item()
@@ -171,7 +171,7 @@ def test_each_round_cuts_other_documents_and_passages_from_the_texts(minilm_path
 
     assert len(rounds) == 2
     assert {pair.document for pair in rounds[0]}.isdisjoint(pair.document for pair in rounds[1])
-    assert all(any(pair.passage in text for text in texts) for made in rounds for pair in made)
+    assert all(any(pair.passages[0] in text for text in texts) for made in rounds for pair in made)
 
 
 @pytest.mark.parametrize("share, kept", [(1.0, True), (0.0, False)])
@@ -181,72 +181,90 @@ def test_the_in_document_share_leaves_the_passage_in_its_document_or_cuts_it_out
     (pairs,) = document_rounds(long_texts(3, 1500), AutoTokenizer.from_pretrained(minilm_path), 300, 32, 64,
                                in_document_share=share)
 
-    assert all((pair.passage in pair.document) == kept for pair in pairs)
+    assert all((pair.passages[0] in pair.document) == kept for pair in pairs)
 
 
 @pytest.mark.parametrize("share", [1.0, 0.0], ids=["in the document", "cut out"])
-def test_a_pairs_place_is_the_token_where_its_passage_lies_or_lay(minilm_path, share):
+@pytest.mark.parametrize("count", [1, 3])
+def test_each_passages_place_is_the_token_where_it_lies_or_lay(minilm_path, share, count):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(minilm_path)
     texts = long_texts(3, 1500)
-    (pairs,) = document_rounds(texts, tokenizer, 300, 32, 64, in_document_share=share)
+    (pairs,) = document_rounds(texts, tokenizer, 300, 32, 64, in_document_share=share, passages_per_document=count)
 
     for pair in pairs:
         offsets = tokenizer(pair.document, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
-        if share:  # the passage's middle token
-            start = pair.document.index(pair.passage)
-            assert start <= offsets[pair.place][0] < start + len(pair.passage)
-        else:  # the tokens before it are the text that came before the passage, those from it on the text after it
-            (text,) = [text for text in texts if pair.passage in text]
-            passage_start = text.index(pair.passage)
-            before = pair.document[: offsets[pair.place - 1][1]] if pair.place else ""  # a cut at the start: none
-            assert text[:passage_start].rstrip().endswith(before)
-            assert text[passage_start + len(pair.passage) :].lstrip().startswith(pair.document[offsets[pair.place][0] :])
+        assert len(pair.passages) == len(pair.places) == count
+        for passage, place in zip(pair.passages, pair.places):
+            if share:  # the passage's middle token
+                start = pair.document.index(passage)
+                assert start <= offsets[place][0] < start + len(passage)
+            else:  # the tokens before it are the text that came before the passage, those from it on the text after it
+                (text,) = [text for text in texts if passage in text]
+                passage_start = text.index(passage)
+                before = pair.document[: offsets[place - 1][1]] if place else ""  # a cut at the start: none
+                assert text[:passage_start].rstrip().endswith(before.split()[-1] if before else "")
+                assert text[passage_start + len(passage) :].lstrip().startswith(pair.document[offsets[place][0] :].split()[0])
+                assert passage not in pair.document
 
 
 def span_loss_by_encode_spans(model: SentenceTransformer, pairs, span_tokens: int) -> float:
     """The spans objective computed from `encode_spans`' span vectors and `encode`'s passage vectors: the
     cross-entropy of each passage over every span of every document, its target the span of its place."""
     spans = encode_spans(model, [pair.document for pair in pairs], span_tokens=span_tokens)
-    passages = model.encode([pair.passage for pair in pairs], convert_to_tensor=True)
     every_span = torch.cat([F.normalize(text.embeddings, dim=-1) for text in spans])
     firsts = [sum(len(text.offsets) for text in spans[:index]) for index in range(len(spans))]
-    targets = [first + min(pair.place // span_tokens, len(text.offsets) - 1) for first, pair, text in zip(firsts, pairs, spans)]
-    scores = 20 * F.normalize(passages, dim=-1) @ every_span.T
-    return F.cross_entropy(scores, torch.tensor(targets)).item()
+    scores, targets = [], []
+    for index in range(len(pairs[0].passages)):
+        passages = model.encode([pair.passages[index] for pair in pairs], convert_to_tensor=True)
+        scores.append(20 * F.normalize(passages, dim=-1) @ every_span.T)
+        targets += [first + min(pair.places[index] // span_tokens, len(text.offsets) - 1) for first, pair, text in zip(firsts, pairs, spans)]
+    return F.cross_entropy(torch.cat(scores), torch.tensor(targets)).item()
 
 
-def test_the_span_loss_ranks_each_passage_against_every_span_that_encode_spans_gives(converted_folder):
+@pytest.mark.parametrize("count", [1, 2])
+def test_the_span_loss_ranks_each_passage_against_every_span_that_encode_spans_gives(converted_folder, count):
     model = SentenceTransformer(str(converted_folder), trust_remote_code=True)
-    (pairs,) = document_rounds(long_texts(4, 1500), model.tokenizer, model.max_seq_length - 2, 32, 64)
+    (pairs,) = document_rounds(long_texts(4, 1500), model.tokenizer, model.max_seq_length - 2, 32, 64,
+                               passages_per_document=count)  # fmt: skip
     span_tokens = 98  # the tiny source's window body
-    features = [model.tokenize([getattr(pair, column) for pair in pairs]) for column in ("passage", "document")]
-    labels = torch.tensor([pair.place // span_tokens for pair in pairs])
+    columns = [[pair.passages[index] for pair in pairs] for index in range(count)] + [[pair.document for pair in pairs]]
+    labels = torch.tensor([[place // span_tokens for place in pair.places] for pair in pairs])
 
     with torch.no_grad():
-        loss = SpanRankingLoss(model.eval(), span_tokens)(features, labels).item()
+        loss = SpanRankingLoss(model.eval(), span_tokens)([model.tokenize(texts) for texts in columns], labels).item()
 
     assert loss == pytest.approx(span_loss_by_encode_spans(model, pairs, span_tokens), rel=1e-4)
 
 
-def test_adapting_on_spans_lowers_the_span_loss(converted_folder):
+def test_adapting_on_spans_with_several_passages_per_document_lowers_the_span_loss(converted_folder):
     texts = long_texts(8, 1500)
     model = SentenceTransformer(str(converted_folder), trust_remote_code=True)
-    (pairs,) = document_rounds(texts, model.tokenizer, model.max_seq_length - 2, 64, 32, seed=1)
+    (pairs,) = document_rounds(texts, model.tokenizer, model.max_seq_length - 2, 64, 32, passages_per_document=2, seed=1)
     before = span_loss_by_encode_spans(model, pairs, 98)
 
-    adapt_to_long_documents(model, texts, objective="spans", batch_size=4, epochs=2, learning_rate=1e-3, seed=0)
+    adapt_to_long_documents(model, texts, objective="spans", passages_per_document=2, batch_size=4, epochs=2,
+                            learning_rate=1e-3, seed=0)  # fmt: skip
 
     assert span_loss_by_encode_spans(model, pairs, 98) < 0.8 * before
-    assert model[0].auto_model.lsg_adaptation.objective == "spans"
+    adaptation = model[0].auto_model.lsg_adaptation
+    assert (adaptation.objective, adaptation.passages_per_document) == ("spans", 2)
 
 
-def test_an_unknown_objective_or_the_spans_with_a_mini_batch_size_is_refused(converted_folder, tmp_path):
-    with pytest.raises(InvalidSettingsError, match="objective='passages' is not one of documents, spans"):
-        adapt_to_long_documents(converted_folder, long_texts(4, 1500), objective="passages", output_path=tmp_path / "adapted")
-    with pytest.raises(InvalidSettingsError, match="spans objective has no cached loss"):
-        adapt_to_long_documents(converted_folder, long_texts(4, 1500), objective="spans", mini_batch_size=2)
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"objective": "passages"}, "objective='passages' is not one of documents, spans"),
+        ({"objective": "spans", "mini_batch_size": 2}, "spans objective has no cached loss"),
+        ({"passages_per_document": 0}, "passages_per_document=0 is no number of passages"),
+        ({"passages_per_document": 2}, "Several passages per document need objective='spans'"),
+    ],
+    ids=["unknown objective", "spans with a mini batch", "no passage", "several passages without spans"],
+)
+def test_settings_of_the_objective_that_cannot_run_are_refused_and_nothing_is_written(converted_folder, tmp_path, settings, message):
+    with pytest.raises(InvalidSettingsError, match=message):
+        adapt_to_long_documents(converted_folder, long_texts(4, 1500), output_path=tmp_path / "adapted", **settings)
 
     assert not (tmp_path / "adapted").exists()
 
