@@ -51,6 +51,11 @@ The places, passages and keys are drawn with ``--seed``. Methods, on the same do
   global tokens, no sparse keys (so it attends as the source does), adapted by `adapt_to_long_documents` on
   the same plays with the same settings and time budget, then run on chunks of its 510 body tokens.
 
+The adaptation's objective (``--objective``, for both models): "documents", each training passage finds its
+document among the step's documents; "spans", it finds the span of its document where it lies or lay among
+every span of the step's documents (the control's documents are one span each: the same as "documents"
+there); ``--passages-per-document`` k: k passages of each document, each a query (with "spans").
+
 Scores: MRR and Acc@1 per method and query kind; for "after adaptation minus chunk mean" (and minus the
 control's chunk mean and chunk max) a 95% bootstrap interval of the MRR difference over documents (each document's reciprocal ranks averaged
 over its queries, documents resampled: documents, not queries, are the unit);

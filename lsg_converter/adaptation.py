@@ -17,6 +17,11 @@ nothing over chunking here); ``train="positions"`` keeps a text the source could
 After training, the weights move a fifth of the way back to the converted ones (``source_share=0.2``,
 WiSE-FT): short texts stay nearer the source's embedding, the long-document gain stays.
 
+``objective="spans"`` trains for late-chunked span vectors (`encode_spans`) instead: each passage must find
+the span of its document where it lies among every span of the batch's documents (`SpanRankingLoss`),
+with ``passages_per_document`` passages of each document as queries (docs/adaptation.md: measured, level
+with the source adapted at its own length and run on chunks).
+
     from lsg_converter.adaptation import adapt_to_long_documents
     model = adapt_to_long_documents("./minilm-4096", texts="./my-documents", output_path="./minilm-4096-adapted")
 """

@@ -449,6 +449,18 @@ def test_lsg_convert_adapt_on_converts_adapts_and_saves_a_sentence_transformers_
     assert not torch.allclose(adapted.encode(probe, convert_to_tensor=True), converted.encode(probe, convert_to_tensor=True))
 
 
+def test_lsg_convert_adapt_objective_spans_trains_several_passages_per_document_on_spans(source_folder, tmp_path):
+    from lsg_converter_cli import main
+
+    arguments = [str(source_folder), "--max-len", str(LENGTH), "--block-size", "16", "--save-path", str(tmp_path / "out")]
+
+    assert main([*arguments, "--adapt-on", str(texts_folder(tmp_path / "texts")), "--adapt-objective", "spans",
+                 "--adapt-passages", "2", "--adapt-batch-size", "4", "--quiet"]) == 0  # fmt: skip
+
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "each of 2 passages of each document had to find the span of its document where it lies" in card
+
+
 def test_lsg_convert_adapt_on_a_missing_folder_exits_10_before_converting(source_folder, tmp_path, capsys):
     from lsg_converter_cli import main
 

@@ -16,7 +16,7 @@ import pytest
 from helpers import closed_port_endpoint, hub_environment, python_command, run_process
 from lsg_converter._version import __version__
 from lsg_converter.models.lsg_sparse import SPARSITY_TYPES
-from lsg_converter.adaptation import TRAINABLE_PARTS, adapt_to_long_documents
+from lsg_converter.adaptation import OBJECTIVES, TRAINABLE_PARTS, adapt_to_long_documents
 from lsg_converter.positions import POSITION_TILINGS
 import lsg_converter_cli
 from lsg_converter_cli import main
@@ -85,12 +85,27 @@ def test_num_labels_below_1_exits_2_in_one_line_before_converting(labels, capsys
     )
 
 
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--adapt-passages", "3"], "--adapt-passages above 1 needs --adapt-objective spans"),
+        (["--adapt-objective", "spans", "--adapt-mini-batch-size", "2"], "--adapt-objective spans has no cached loss: leave --adapt-mini-batch-size out"),
+    ],
+    ids=["passages without spans", "spans with a mini batch"],
+)
+def test_adaptation_flags_that_cannot_run_together_exit_2_in_one_line_before_converting(flags, message, capsys):
+    assert main(["model", "--max-len", "512", "--adapt-on", "texts", *flags]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"lsg-convert: error: {message} (see lsg-convert --help)"
+
+
 def test_the_parser_offers_the_library_choices():
     assert lsg_converter_cli.SPARSITY_TYPES == SPARSITY_TYPES
     assert lsg_converter_cli.POSITION_TILINGS == POSITION_TILINGS
     assert lsg_converter_cli.ADAPTED_PARTS == TRAINABLE_PARTS
     default_share = inspect.signature(adapt_to_long_documents).parameters["source_share"].default
     assert lsg_converter_cli.ADAPTATION_SOURCE_SHARE == default_share
+    default_objective = inspect.signature(adapt_to_long_documents).parameters["objective"].default
+    assert lsg_converter_cli.ADAPTATION_OBJECTIVES == OBJECTIVES and OBJECTIVES[0] == default_objective
 
 
 @pytest.mark.parametrize(
