@@ -137,7 +137,8 @@ class SpanRankingLoss(torch.nn.Module):
         spans, targets = [], []  # every document's span vectors in turn; each passage's among them, (B, k)
         for row, (length, row_labels) in enumerate(zip(lengths, labels)):
             body = vectors[row, before : length - after]  # the document's own tokens
-            runs = [range(start, min(start + self.span_tokens, len(body))) for start in range(0, len(body), self.span_tokens)]
+            starts = range(0, len(body), self.span_tokens)
+            runs = [range(start, min(start + self.span_tokens, len(body))) for start in starts]
             targets.append([len(spans) + min(label, len(runs) - 1) for label in row_labels])
             spans += [pooled_tokens(body, run, self.pooling_modes) for run in runs]
         features = {"sentence_embedding": torch.stack(spans)}
@@ -427,9 +428,13 @@ def adapt_to_long_documents(
     if objective not in OBJECTIVES:
         raise InvalidSettingsError(f"objective={objective!r} is not one of {', '.join(OBJECTIVES)}: give one of them.")
     if objective == "spans" and mini_batch_size is not None:
-        raise InvalidSettingsError("The spans objective has no cached loss: leave mini_batch_size unset, or give a smaller batch_size.")
+        raise InvalidSettingsError(
+            "The spans objective has no cached loss: leave mini_batch_size unset, or give a smaller batch_size."
+        )
     if isinstance(passages_per_document, bool) or not isinstance(passages_per_document, int) or passages_per_document < 1:
-        raise InvalidSettingsError(f"passages_per_document={passages_per_document!r} is no number of passages: give a whole number of at least 1.")
+        raise InvalidSettingsError(
+            f"passages_per_document={passages_per_document!r} is no number of passages: give a whole number of at least 1."
+        )
     if passages_per_document > 1 and objective != "spans":
         raise InvalidSettingsError("Several passages per document need objective='spans': give it, or one passage per document.")
     if not 0.0 <= source_share < 1.0:

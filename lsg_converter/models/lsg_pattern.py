@@ -885,17 +885,16 @@ def folded_blocks(x: torch.Tensor, batch: int, chosen: tuple[torch.Tensor, torch
     return x.flatten(0, 1) if chosen is None else x[chosen]
 
 
-def block_additive_mask(job: TokenAttention, chosen: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-    """The additive mask of each block over its keys, position terms included, folded into the batch (every
-    block, or the `chosen` ones: `folded_blocks`): (n, 1 or H, 1 or b, K), 0 (or the terms) where a key may be
-    attended, finfo.min elsewhere (see `additive_mask`).
+def block_additive_mask(job: TokenAttention) -> torch.Tensor:
+    """The additive mask of each block over its keys, position terms included: (B, nb, 1 or H, 1 or b, K),
+    0 (or the terms) where a key may be attended, finfo.min elsewhere (see `additive_mask`).
 
     Without gradients, the terms are written piece by piece into the mask (one pass over it); with
     them, joined first, then masked."""
     allowed = block_mask(job) if job.kept is None else job.kept  # (B, nb, 1 or H, 1 or b, K)
-    dtype, batch = job.token_queries.dtype, job.token_keys.shape[0]
+    dtype = job.token_queries.dtype
     if job.positions is None:
-        return folded_blocks(additive_mask(allowed, dtype), batch, chosen)
+        return additive_mask(allowed, dtype)
     pieces = block_position_scores(job)
     shape = (
         max(allowed.shape[0], *(piece.shape[0] for piece in pieces)),
@@ -904,8 +903,7 @@ def block_additive_mask(job: TokenAttention, chosen: tuple[torch.Tensor, torch.T
         job.pattern.block_size,
     )
     if tracing() or (torch.is_grad_enabled() and any(piece.requires_grad for piece in pieces)):
-        mask = additive_mask(allowed, dtype, torch.cat([piece.expand(*shape, -1) for piece in pieces], dim=-1))
-        return folded_blocks(mask, batch, chosen)
+        return additive_mask(allowed, dtype, torch.cat([piece.expand(*shape, -1) for piece in pieces], dim=-1))
     mask = torch.empty(*shape, allowed.shape[-1], dtype=dtype, device=allowed.device)
     lowest = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=allowed.device)
     start = 0
@@ -913,7 +911,7 @@ def block_additive_mask(job: TokenAttention, chosen: tuple[torch.Tensor, torch.T
         end = start + piece.shape[-1]
         torch.where(allowed[..., start:end], piece.to(dtype).expand(*shape, -1), lowest, out=mask[..., start:end])
         start = end
-    return folded_blocks(mask, batch, chosen)
+    return mask
 
 
 def trained_position_terms(job: TokenAttention) -> bool:
@@ -1014,11 +1012,10 @@ class BlockKeys:
         `PaddingPlan.query_blocks` gives them). The mask is made first, so that the position terms' pieces are
         freed before the keys are gathered; once per forward pass where every layer of the kind makes the same
         one (`TokenAttention.masks_shared_by_layers`)."""
-        if job.masks_shared_by_layers:
-            memo_key = ("block mask", job.positions, job.token_queries.dtype, chosen is None)
-            mask = made_once(job.plan.memo, memo_key, lambda: block_additive_mask(job, chosen))
-        else:
-            mask = block_additive_mask(job, chosen)
+        batch = job.token_keys.shape[0]
+        memo = job.plan.memo if job.masks_shared_by_layers else None  # None: made in this call
+        memo_key = ("block mask", job.positions, job.token_queries.dtype, chosen is None)
+        mask = made_once(memo, memo_key, lambda: folded_blocks(block_additive_mask(job), batch, chosen))  # (n, ., ., K)
         table = job_block_table(job)
         # the sequences the blocks gather from, [g globals | t tokens | compressed keys], (B, N, H, D) each:
         # the layer's own where there are no sparse keys (no copy)
@@ -1033,7 +1030,7 @@ class BlockKeys:
         # reading the last token)
         if job.plan.token_mask.shape[1] == job.num_tokens:
             queries = job.padded()[0].unflatten(1, (job.num_blocks, job.pattern.block_size))  # (B, nb, b, H, D)
-            queries = folded_blocks(queries, job.token_keys.shape[0], chosen).transpose(1, 2)
+            queries = folded_blocks(queries, batch, chosen).transpose(1, 2)
         else:
             queries = gather_block_rows(job.sequence[0], table.query_rows, chosen)
         values = gather_block_rows(value_sequence, table.columns, chosen) if with_values else None
