@@ -47,7 +47,7 @@ from .positions import PRETRAINED_POSITIONS_KEY
 from .saving import check_output_folder, staged_folder
 from .sbert import MODULES_FILE
 from .sources import local_source
-from .spans import default_span_tokens, pooled_tokens, pooling_modules, special_tokens_around
+from .spans import default_span_tokens, fixed_spans, pooled_tokens, pooling_modules, special_tokens_around
 from .training_budget import LearningRatePlan, TimeBudget, TrainingProgress, planned_trainer
 
 logger = logging.get_logger(__name__)
@@ -137,8 +137,7 @@ class SpanRankingLoss(torch.nn.Module):
         spans, targets = [], []  # every document's span vectors in turn; each passage's among them, (B, k)
         for row, (length, row_labels) in enumerate(zip(lengths, labels)):
             body = vectors[row, before : length - after]  # the document's own tokens
-            starts = range(0, len(body), self.span_tokens)
-            runs = [range(start, min(start + self.span_tokens, len(body))) for start in starts]
+            runs = fixed_spans(len(body), self.span_tokens)
             targets.append([len(spans) + min(label, len(runs) - 1) for label in row_labels])
             spans += [pooled_tokens(body, run, self.pooling_modes) for run in runs]
         features = {"sentence_embedding": torch.stack(spans)}

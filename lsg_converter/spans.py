@@ -91,7 +91,7 @@ def encode_spans(
     token_runs = []  # per text, the tokens of each span: a span without tokens is refused before the model runs
     for index, (_, offsets) in enumerate(tokenized):
         if spans is None:
-            token_runs.append([range(start, min(start + span_tokens, len(offsets))) for start in range(0, len(offsets), span_tokens)])
+            token_runs.append(fixed_spans(len(offsets), span_tokens))
         else:
             token_runs.append([_tokens_in(offsets, span, index) for span in spans[index]])
     order = sorted(range(len(texts)), key=lambda index: -len(tokenized[index][0]))  # longest first, stable
@@ -196,6 +196,12 @@ def _tokens_in(offsets: list[tuple[int, int]], span: tuple[int, int], text_index
             "with start < end, within the text."
         )
     return range(inside[0], inside[-1] + 1)
+
+
+def fixed_spans(num_tokens: int, span_tokens: int) -> list[range]:
+    """The tokens of each span of a text of `num_tokens` tokens cut into runs of `span_tokens` (the last one
+    shorter)."""
+    return [range(start, min(start + span_tokens, num_tokens)) for start in range(0, num_tokens, span_tokens)]
 
 
 def pooled_tokens(vectors: torch.Tensor, tokens: range, modes: tuple[str, ...]) -> torch.Tensor:
