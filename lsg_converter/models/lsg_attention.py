@@ -74,7 +74,6 @@ from .lsg_pattern import (
     sdpa_dense_attention,
     sequence_positions,
     shape_cached,
-    trained_position_terms,
     tracing,
     weighted_values,
 )
@@ -386,6 +385,9 @@ def _blocked_attention(
         sequence=(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)),
         plan=plan,
         training=torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad),
+        terms_trained=position_terms is not None
+        and torch.is_grad_enabled()
+        and any(rows.requires_grad for _, rows, _ in position_terms.parts()),
     )
     if pattern.sparse_starts:
         job.sparse = sparse_context(
@@ -415,7 +417,12 @@ def _blocked_attention(
             kernel, global_queries, None if every_key else plan.key_mask, global_query_keys, value, causal, dropout, scaling,
             position_terms,
         )  # fmt: skip
-    tokens = run_path(choose_path(backend, job), job)
+    path, detail = choose_path(backend, job)
+    try:
+        tokens = PATH_FUNCTIONS[path](job, detail)
+    except BackendUnavailable:  # compiled flex_attention cannot take the call after all: sdpa's path runs it
+        path, detail = choose_path("sdpa", job)
+        tokens = PATH_FUNCTIONS[path](job, detail)
     if tokens.is_layer_output:
         return tokens.output.transpose(1, 2), tokens.weights
     pieces = list(tokens.output) if isinstance(tokens.output, tuple) else [tokens.output]  # (B, t_i, H, D)
@@ -535,7 +542,7 @@ def choose_path(backend: str, job: TokenAttention) -> tuple[AttentionPath, Any]:
       values of the keys' size, no position terms but a table's, the same in every block, without
       gradients; in training, a torch with the CPU flash kernel's backward); else unmasked where every key
       is seen (no padding, sparse keys, DropKey or position terms); else, on the CPU, trained terms where
-      position terms are being trained (`trained_position_terms`); else gathered.
+      position terms are being trained (`TokenAttention.terms_trained`); else gathered.
 
     Each block with its own global keys (`TokenAttention.block_global_keys`) runs sdpa's window views where
     they apply, else the gathered blocks, whatever the backend but eager.
@@ -563,14 +570,14 @@ def choose_path(backend: str, job: TokenAttention) -> tuple[AttentionPath, Any]:
         and job.kept is None
         and job.token_values.shape[-1] == queries.shape[-1]
         and (not job.training or CPU_FLASH_ATTENTION_BACKWARD is not None)
-        and (terms is None or (terms.same_in_every_block and not job.training and not trained_position_terms(job)))
+        and (terms is None or (terms.same_in_every_block and not job.training and not job.terms_trained))
     ):
         return AttentionPath.WINDOW_VIEWS, views
     if own_global_keys:
         return AttentionPath.GATHERED, None
     if unmasked:
         return AttentionPath.UNMASKED, None
-    if trained_position_terms(job) and not queries.is_cuda:
+    if job.terms_trained and not queries.is_cuda:
         return AttentionPath.TRAINED_TERMS, None
     return AttentionPath.GATHERED, None
 
@@ -584,16 +591,6 @@ PATH_FUNCTIONS: dict[AttentionPath, Callable[[TokenAttention, Any], TokenOutput]
     AttentionPath.GATHERED: lambda job, _: gathered_token_attention(job),
     AttentionPath.FLEX: flex_token_attention,
 }
-
-
-def run_path(choice: tuple[AttentionPath, Any], job: TokenAttention) -> TokenOutput:
-    """The token queries' output of `job` on the chosen path; on sdpa's where compiled flex_attention
-    cannot take the call after all (`BackendUnavailable`: its compile failed or its budget is spent)."""
-    path, detail = choice
-    try:
-        return PATH_FUNCTIONS[path](job, detail)
-    except BackendUnavailable:
-        return run_path(choose_path("sdpa", job), job)
 
 
 def _plain_attention(kernel, query, key, value, key_mask, causal, dropout, scaling, terms, num_global):

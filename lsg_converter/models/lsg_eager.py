@@ -4,7 +4,7 @@ The blocks of the sdpa backend (same keys, same DropKey draws, same position ter
 softmax (`lsg_pattern.explicit_softmax`). Their weights become what transformers returns for BERT,
 one ``(t, t)`` matrix per head:
 
-* `token_weights` spreads each block's weights over the layer's keys (`KeyPattern.key_columns`),
+* `token_weights` spreads each block's weights over the layer's keys (`lsg_pattern.block_table`),
   then each sparse key's weight over the tokens it compresses, in the proportions it takes their
   values (`SparseContext.token_weights`), so that the output is exactly these weights times the values;
 * the output is computed from them (`lsg_pattern.weighted_values`), with the global columns cut off
@@ -25,6 +25,7 @@ from .lsg_pattern import (
     TokenAttention,
     TokenOutput,
     additive_mask,
+    block_table,
     explicit_softmax,
     weighted_values,
 )
@@ -44,7 +45,9 @@ def token_weights(pattern: KeyPattern, block_weights, sparse: SparseContext | No
     batch, num_blocks, heads, rows, _ = block_weights.shape
     num_global, padded_tokens = pattern.num_global, num_blocks * rows
     num_compressed = 0 if sparse is None else sparse.token_weights.shape[2]
-    columns = pattern.key_columns(torch.arange(num_blocks, device=block_weights.device), padded_tokens, num_compressed)
+    # each block's keys in the sequence [g globals | T tokens | compressed | one column for the keys outside it]
+    table = block_table(pattern, num_blocks, padded_tokens, num_compressed, block_weights.device)
+    columns = torch.where(table.inside, table.columns, num_global + padded_tokens + num_compressed)  # (nb, K)
     index = columns[None, None, :, None, :].expand(batch, heads, -1, rows, -1)  # (B, H, nb, b, K)
     dense = block_weights.new_zeros(batch, heads, num_blocks, rows, num_global + padded_tokens + num_compressed + 1)
     dense = dense.scatter_add(-1, index, block_weights.transpose(1, 2)).flatten(2, 3)  # (B, H, T, g + T + T / f + 1)

@@ -430,8 +430,8 @@ class SparseContext:
     # True where every compressed key is known valid without reading `mask` (no token masked, none padded,
     # a compressor that leaves no key empty: `lsg_sparse.sparse_context`)
     every_key_valid: bool = False
-    # True where `mask` is made from the token mask alone, not from the keys: the same in every layer of a
-    # forward pass (`TokenAttention.sparse_mask_of_padding_alone`)
+    # True where `mask` depends on the token mask alone, not on the keys (made from it, or every key valid):
+    # the same in every layer of a forward pass
     mask_of_tokens_alone: bool = False
 
 
@@ -484,6 +484,7 @@ class TokenAttention:
     `KeyPattern.key_columns` (drawn once, by the core, see `block_dropout`), None otherwise;
     positions: the position terms, or None;
     training: whether the call needs gradients (of its queries, keys or values);
+    terms_trained: whether its position terms give the scores a gradient (a bias table or rows being trained);
     global_output: the global queries' output (B, g, H, D), made by the core before the token queries' path,
     which may write it into its own output (`TokenOutput.is_layer_output`), so that the kernel's saved
     output is the layer's output and no joined copy of it is kept; None without global tokens.
@@ -506,6 +507,7 @@ class TokenAttention:
     kept: torch.Tensor | None = None
     positions: PositionTerms | None = None
     training: bool = False
+    terms_trained: bool = False
     global_output: torch.Tensor | None = None
     block_global_keys: torch.Tensor | None = None
     _token_key_rows: torch.Tensor | None = field(default=None, init=False, repr=False)
@@ -522,24 +524,18 @@ class TokenAttention:
         return self._padded
 
     @property
-    def sparse_mask_of_padding_alone(self) -> bool:
-        """Whether the sparse keys' mask depends on the padding alone: no sparse keys, a mask made from the
-        token mask alone (`SparseContext.mask_of_tokens_alone`), or every key known valid."""
-        return self.sparse is None or self.sparse.mask_of_tokens_alone or self.sparse.every_key_valid
-
-    @property
     def masks_shared_by_layers(self) -> bool:
         """Whether the blocks' additive masks are the same in every layer of this kind in the forward pass: no
-        DropKey, the sparse keys' mask of the padding alone (`sparse_mask_of_padding_alone`), and no position
+        DropKey, the sparse keys' mask of the padding alone (`SparseContext.mask_of_tokens_alone`), and no position
         terms, or terms of a table alone that give the mask no gradient and whose sparse keys' terms do not
         depend on the keys' positions (no sparse keys, or `far_sparse_scores`). What is made from them is then
         made once per forward pass, under the terms (`made_once`)."""
-        if self.kept is not None or not self.sparse_mask_of_padding_alone:
+        if self.kept is not None or not (self.sparse is None or self.sparse.mask_of_tokens_alone):
             return False
         terms = self.positions
         return terms is None or (
             terms.same_in_every_block
-            and not trained_position_terms(self)
+            and not self.terms_trained
             and (self.sparse is None or far_sparse_scores(terms, self.pattern, self.token_keys.device, self.plan.memo) is not None)
         )
 
@@ -745,7 +741,7 @@ def block_dropout(job: TokenAttention, heads: int, dropout: float) -> torch.Tens
     """The keys DropKey leaves each block: (B, nb, H, 1 or b, K) bool (see `drop_keys`), drawn in every
     layer from the keys each block may attend to (made once per forward pass where no sparse mask reads the
     keys, `SparseContext.mask_of_tokens_alone`)."""
-    if job.sparse_mask_of_padding_alone:
+    if job.sparse is None or job.sparse.mask_of_tokens_alone:
         allowed = made_once(job.plan.memo, "allowed keys", lambda: block_mask(job))
     else:
         allowed = block_mask(job)
@@ -914,11 +910,6 @@ def block_additive_mask(job: TokenAttention) -> torch.Tensor:
     return mask
 
 
-def trained_position_terms(job: TokenAttention) -> bool:
-    """Whether `job`'s position terms give its mask a gradient (a bias table or rows being trained)."""
-    return job.positions is not None and torch.is_grad_enabled() and any(rows.requires_grad for _, rows, _ in job.positions.parts())
-
-
 def folded_mask_parts(
     job: TokenAttention, chosen: tuple[torch.Tensor, torch.Tensor] | None
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -1029,7 +1020,7 @@ class BlockKeys:
         # the queries: views of the tokens where the blocks cover them exactly, else gathered (the padding rows
         # reading the last token)
         if job.plan.token_mask.shape[1] == job.num_tokens:
-            queries = job.padded()[0].unflatten(1, (job.num_blocks, job.pattern.block_size))  # (B, nb, b, H, D)
+            queries = job.token_queries.unflatten(1, (job.num_blocks, job.pattern.block_size))  # (B, nb, b, H, D)
             queries = folded_blocks(queries, batch, chosen).transpose(1, 2)
         else:
             queries = gather_block_rows(job.sequence[0], table.query_rows, chosen)

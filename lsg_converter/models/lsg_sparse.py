@@ -51,12 +51,10 @@ def _gather_tokens(keys, columns: Columns, token_index, selected_mask) -> Compre
     """Pick tokens per head. token_index: (B or 1, H, L) positions in the token sequence; selected_mask: the
     token mask at those positions, (B, H, L) (`_selected_mask`)."""
     batch, heads = keys.shape[:2]
-    token_index = token_index.expand(batch, heads, -1)
-
-    def rows(x):  # (B, H, T, width) -> (B, H, L, width)
-        return x.gather(2, token_index.unsqueeze(-1).expand(-1, -1, -1, x.shape[-1]))
-
-    return rows(keys), [rows(column) for column in columns], selected_mask
+    index = token_index.expand(batch, heads, -1).unsqueeze(-1)  # (B, H, L, 1)
+    # (B, H, T, width) -> (B, H, L, width) each
+    gathered = [x.gather(2, index.expand(-1, -1, -1, x.shape[-1])) for x in (keys, *columns)]
+    return gathered[0], gathered[1:], selected_mask
 
 
 def _selected_mask(mask, token_index) -> torch.Tensor:
@@ -279,6 +277,7 @@ def sparse_context(
     sparse_keys, compressed, sparse_mask = compress(queries, keys, list(columns.values()), mask, settings, scaling, made_once)
     compressed = dict(zip(columns, compressed))
     positions = compressed.get("positions")
+    every_key_valid = every_token_valid and compress is not sparse_by_lsh
     return SparseContext(
         keys=sparse_keys,
         values=compressed["values"],
@@ -286,6 +285,6 @@ def sparse_context(
         positions=None if positions is None else torch.floor(positions.squeeze(-1) + 0.5).long(),
         key_rows=compressed.get("key_rows"),
         token_weights=compressed.get("token_weights"),
-        every_key_valid=every_token_valid and compress is not sparse_by_lsh,
-        mask_of_tokens_alone=compress not in MASK_READS_KEYS,
+        every_key_valid=every_key_valid,
+        mask_of_tokens_alone=every_key_valid or compress not in MASK_READS_KEYS,
     )
