@@ -54,7 +54,9 @@ The places, passages and keys are drawn with ``--seed``. Methods, on the same do
 The adaptation's objective (``--objective``, for both models): "documents", each training passage finds its
 document among the step's documents; "spans", it finds the span of its document where it lies or lay among
 every span of the step's documents (the control's documents are one span each: the same as "documents"
-there); ``--passages-per-document`` k: k passages of each document, each a query (with "spans").
+there); ``--passages-per-document`` k: k passages of each document, each a query (with "spans"); ``--short-share``
+s: the share s of the budget spent first on documents of the source's own length (its window body), the rest
+at the model's (`adapt_to_long_documents(short_share=s)`; the control has none shorter: all its budget at its length).
 
 Scores: MRR and Acc@1 per method and query kind; for "after adaptation minus chunk mean" (and minus the
 control's chunk mean and chunk max) a 95% bootstrap interval of the MRR difference over documents (each document's reciprocal ranks averaged
@@ -295,6 +297,7 @@ def convert(length: int, folder: Path, **settings) -> SentenceTransformer:
 class Adaptation:
     seconds: float
     steps: int
+    short_steps: int = 0  # of `steps`, those on documents of the source's own length (--short-share)
 
 
 def adapt(model: SentenceTransformer, args: argparse.Namespace) -> Adaptation:
@@ -307,11 +310,11 @@ def adapt(model: SentenceTransformer, args: argparse.Namespace) -> Adaptation:
         adapt_to_long_documents(model, texts, train=args.train, batch_size=args.batch_size,
                                 mini_batch_size=args.mini_batch_size, in_document_share=args.in_document_share,
                                 objective=args.objective, passages_per_document=args.passages_per_document,
-                                epochs=args.epochs, max_minutes=args.minutes,
+                                short_share=args.short_share, epochs=args.epochs, max_minutes=args.minutes,
                                 learning_rate=args.learning_rate, bf16=args.bf16, source_share=0.0, seed=args.seed)
     finally:
         counter.remove()
-    return Adaptation(time.perf_counter() - started, len(steps))
+    return Adaptation(time.perf_counter() - started, len(steps), model[0].auto_model.lsg_adaptation.short_steps)
 
 
 @dataclass
@@ -449,7 +452,9 @@ def report(result: LengthResult, args: argparse.Namespace) -> tuple[str, list[st
     else:
         lines += ["", f"Adaptation: {adaptation.seconds / 60:.1f} min wall time (budget {args.minutes:g} min), "
                   f"{adaptation.steps} optimizer steps of {args.batch_size} documents "
-                  f"({adaptation.seconds / max(adaptation.steps, 1):.0f} s per step)"]
+                  + (f"(the first {adaptation.short_steps} on documents of the source's own length, then "
+                     f"{adaptation.steps - adaptation.short_steps} at the model's)" if adaptation.short_steps else
+                     f"({adaptation.seconds / max(adaptation.steps, 1):.0f} s per step)")]
     if result.control is not None:
         control = result.control
         lines.append(f"Control's adaptation: {control.seconds / 60:.1f} min wall time, {control.steps} optimizer steps of "
@@ -467,7 +472,7 @@ def machine_description(args: argparse.Namespace) -> str:
         f"{args.docs_per_play}, in-document and cut-out queries per document: {args.queries_per_document}; "
         f"adapt_to_long_documents(train={args.train!r}, "
         f"batch_size={args.batch_size}, mini_batch_size={args.mini_batch_size}, "
-        f"in_document_share={args.in_document_share:g}, objective={args.objective!r}, passages_per_document={args.passages_per_document}, epochs={args.epochs:g}, "
+        f"in_document_share={args.in_document_share:g}, objective={args.objective!r}, passages_per_document={args.passages_per_document}, short_share={args.short_share:g}, epochs={args.epochs:g}, "
         f"max_minutes={args.minutes:g}, learning_rate={args.learning_rate or LEARNING_RATES[args.train]:g}, bf16={args.bf16}, seed={args.seed}), then blended back by source_share = {', '.join(f'{share:g}' for share in args.source_shares)}; seed {args.seed}"
     )
 
@@ -485,6 +490,8 @@ def main() -> None:
                         help="share of the adaptation's passages left in their document (the library's default)")
     parser.add_argument("--objective", choices=OBJECTIVES, default="documents",
                         help="what a training passage must find: its document, or its span among every span (both models)")
+    parser.add_argument("--short-share", type=float, default=0.0,
+                        help="share of the budget spent first on documents of the source's own length (both models; none shorter for the control)")
     parser.add_argument("--passages-per-document", type=int, default=1,
                         help="training passages picked in each document, each a query (more than one: --objective spans)")
     parser.add_argument("--train", choices=TRAINABLE_PARTS, default="all", help="what the adaptation trains")

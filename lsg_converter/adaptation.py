@@ -76,6 +76,8 @@ class Adaptation:
     source_share: float
     objective: str = "documents"  # one of OBJECTIVES
     passages_per_document: int = 1
+    short_steps: int = 0  # of `steps`, those done first on documents of the source's own length
+    short_tokens: int = 0  # the length of those documents, at most
 
 
 @dataclass(frozen=True)
@@ -321,6 +323,7 @@ def adapt_to_long_documents(
     in_document_share: float = 0.75,
     objective: str = "documents",
     passages_per_document: int = 1,
+    short_share: float = 0.0,
     batch_size: int = 8,
     mini_batch_size: int | None = None,
     epochs: float = 4.0,
@@ -357,6 +360,12 @@ def adapt_to_long_documents(
             among them (`SpanRankingLoss`): the spans `encode_spans` gives, of the source's window body.
         passages_per_document: passages picked in each document (at places that do not overlap; all left in
             it or all cut out), each a query of the step: more than one with the "spans" objective only.
+        short_share: the share of the training (of `max_minutes`, else of the epochs or `max_steps`) spent
+            first on documents of the source's own length (its window body: `encode_spans`'s spans), the
+            rest at the model's: the short steps cost about what the source's do, so the budget buys many
+            of them to learn the texts, and the long steps that follow learn what the rest of a document
+            adds. Each part has its own optimizer and warm-up. 0 (default): every step at the model's
+            length; a model adapted at its own length has no shorter documents, and trains as with 0.
         batch_size: documents per step, each the others' negatives.
         mini_batch_size: run the cached in-batch loss (CachedMultipleNegativesRankingLoss) with this many
             documents in memory at once, for a batch larger than memory allows (the same gradients, a little
@@ -391,8 +400,9 @@ def adapt_to_long_documents(
         TrainingTextsError: no texts, or too few long enough to cut documents of two blocks from (of a whole
             window's body, where it holds fewer tokens: a model adapted at its own length).
         UnsupportedModelError: `model` is no sentence-transformers model over an LSG model.
-        InvalidSettingsError: an unknown `train` or `objective`, `in_document_share` / `source_share` out of
-            range, `mini_batch_size` with the "spans" objective (which has no cached variant), or
+        InvalidSettingsError: an unknown `train` or `objective`, `in_document_share` / `source_share` /
+            `short_share` out of range (or documents of the source's length too short for its passages),
+            `mini_batch_size` with the "spans" objective (which has no cached variant), or
             `passages_per_document` other than 1 without it.
         MissingDependencyError: sentence-transformers or datasets is not installed.
         OutputExistsError: `output_path` holds a model and `overwrite` is False; its subclass
@@ -400,9 +410,7 @@ def adapt_to_long_documents(
     """
     require("sentence_transformers", "Adapting a model to long documents")
     require("datasets", "Adapting a model to long documents")
-    from datasets import Dataset
-    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainingArguments
-    from transformers import PrinterCallback
+    from sentence_transformers import SentenceTransformer
 
     given_texts, texts = texts, read_texts(texts)
     if output_path is not None:
@@ -438,80 +446,139 @@ def adapt_to_long_documents(
         raise InvalidSettingsError("Several passages per document need objective='spans': give it, or one passage per document.")
     if not 0.0 <= source_share < 1.0:
         raise InvalidSettingsError(f"source_share={source_share} is no share: give a number from 0 (the trained weights) up to 1.")
-    document_tokens = model.max_seq_length - 2  # a window's body, between its first and last token
-    # two blocks, or a whole window's body where it holds fewer (a model adapted at its own length)
-    min_tokens = min(2 * transformer.config.block_size, document_tokens)
-    rounds = document_rounds(
-        texts, model.tokenizer, document_tokens, passage_tokens, min_tokens,
-        rounds=max(1, math.ceil(epochs)), in_document_share=in_document_share,
-        passages_per_document=passages_per_document, seed=seed,
-    )
-    pairs = [pair for made in rounds for pair in made]
-    smallest_round = min(len(made) for made in rounds)
-    if smallest_round < 2:
-        what = "two blocks" if min_tokens < document_tokens else "a whole window"
-        raise TrainingTextsError(
-            f"The texts given ({counted(len(texts), 'text')}) give {counted(smallest_round, 'document')} of at "
-            f"least {min_tokens} tokens ({what}): adapting needs two or more; give longer texts."
+    if not 0.0 <= short_share < 1.0:
+        raise InvalidSettingsError(
+            f"short_share={short_share} is no share: give a number from 0 (every step at the model's length) up to 1."
         )
+    document_tokens = model.max_seq_length - 2  # a window's body, between its first and last token
+    span_tokens = default_span_tokens(model, special_tokens_around(model.tokenizer))
+    # (document tokens, share of the training, seed of the cuts): the source's own length first, where asked
+    phases = [(document_tokens, 1.0, seed)]
+    if short_share and span_tokens < document_tokens:
+        if span_tokens < (passages_per_document + 1) * passage_tokens:
+            raise InvalidSettingsError(
+                f"short_share needs documents of the source's own length ({span_tokens} tokens) to hold "
+                f"{counted(passages_per_document, 'passage')} of {passage_tokens} tokens and as many more: give a "
+                "smaller passage_tokens, or leave short_share at 0."
+            )
+        phases = [(span_tokens, short_share, seed + 1), (document_tokens, 1.0 - short_share, seed)]
+    phase_rounds = []
+    for tokens, share, cut_seed in phases:
+        # two blocks, or a whole window's body where it holds fewer (a model adapted at its own length)
+        min_tokens = min(2 * transformer.config.block_size, tokens)
+        rounds = document_rounds(
+            texts, model.tokenizer, tokens, passage_tokens, min_tokens,
+            rounds=max(1, math.ceil(epochs * share)), in_document_share=in_document_share,
+            passages_per_document=passages_per_document, seed=cut_seed,
+        )  # fmt: skip
+        smallest_round = min(len(made) for made in rounds)
+        if smallest_round < 2:
+            what = "two blocks" if min_tokens < tokens else "a whole window"
+            raise TrainingTextsError(
+                f"The texts given ({counted(len(texts), 'text')}) give {counted(smallest_round, 'document')} of at "
+                f"least {min_tokens} tokens ({what}): adapting needs two or more; give longer texts."
+            )
+        batch_size = min(batch_size, smallest_round)
+        phase_rounds.append(rounds)
+    learning_rate = LEARNING_RATES[train] if learning_rate is None else learning_rate
+    if objective == "spans":
+        loss = SpanRankingLoss(model, span_tokens)
+    else:
+        loss = ranking_loss(model, batch_size, mini_batch_size)
+    phase_max_steps = [max_steps] * len(phases)  # -1: the epochs decide
+    if max_steps > 0 and len(phases) > 1:
+        short_steps = max(1, round(max_steps * short_share))
+        phase_max_steps = [short_steps, max(1, max_steps - short_steps)]
     with trained_part(transformer, train) as trained:
         logger.info(
-            f"Adapting on {len(rounds[0])} documents of up to {model.max_seq_length} tokens from {len(texts)} texts "
-            f"({len(rounds)} times cut); "
-            f"training {train} ({sum(p.numel() for p in trained):,} values)."
+            f"Adapting on {len(phase_rounds[-1][0])} documents of up to {model.max_seq_length} tokens from {len(texts)} "
+            f"texts ({len(phase_rounds[-1])} times cut)"
+            + (f", after {len(phase_rounds[0][0])} of up to {span_tokens + 2} tokens" if len(phases) > 1 else "")
+            + f"; training {train} ({sum(p.numel() for p in trained):,} values)."
         )
-        batch_size = min(batch_size, smallest_round)
-        learning_rate = LEARNING_RATES[train] if learning_rate is None else learning_rate
-        # the queries first, then what they must find (the order the losses read the columns in)
-        columns = {f"passage_{index}": [pair.passages[index] for pair in pairs] for index in range(passages_per_document)}
-        columns["document"] = [pair.document for pair in pairs]
-        if objective == "spans":
-            span_tokens = default_span_tokens(model, special_tokens_around(model.tokenizer))
-            loss = SpanRankingLoss(model, span_tokens)
-            # the span that holds each passage's place
-            columns["label"] = [[place // span_tokens for place in pair.places] for pair in pairs]
-        else:
-            loss = ranking_loss(model, batch_size, mini_batch_size)
-        dataset = Dataset.from_dict(columns)
-        with tempfile.TemporaryDirectory() as scratch:
-            arguments = SentenceTransformerTrainingArguments(
-                output_dir=scratch,
-                num_train_epochs=epochs / len(rounds),  # the rounds are one epoch of the dataset
-                max_steps=max_steps,
-                per_device_train_batch_size=batch_size,
-                learning_rate=learning_rate,
-                weight_decay=0.0,
-                batch_sampler=round_batch_sampler([len(made) for made in rounds]),
-                dataloader_drop_last=True,
-                save_strategy="no",
-                logging_steps=max(1, len(pairs) // batch_size // 10),
-                report_to=[],
-                seed=seed,
-                bf16=bf16,
-                use_cpu=not torch.cuda.is_available(),
-                disable_tqdm=True,  # the trainer's bar and printed logs: TrainingProgress instead
+        as_given = weights_of(model) if source_share else {}
+        steps = [
+            _train(
+                model, loss, rounds, span_tokens, passages_per_document, batch_size=batch_size,
+                epochs=epochs * share, max_steps=phase_steps,
+                minutes=None if max_minutes is None else max_minutes * share, learning_rate=learning_rate, bf16=bf16,
+                seed=seed, callbacks=callbacks, clock=clock, cards_the_training=output_path is not None,
             )
-            plan = LearningRatePlan()
-            trainer = planned_trainer(plan, cards_the_training=output_path is not None)(
-                model=model, args=arguments, train_dataset=dataset, loss=loss,
-                callbacks=[TimeBudget(max_minutes, plan, clock), TrainingProgress(), *callbacks],
-            )
-            trainer.remove_callback(PrinterCallback)
-            as_given = weights_of(model) if source_share else {}
-            trainer.train()
-            # bf16: the trainer's accelerator wrapped the model's forward in autocast; it runs in float32 again
-            trainer.accelerator.unwrap_model(model, keep_fp32_wrapper=False)
+            for (_, share, _), rounds, phase_steps in zip(phases, phase_rounds, phase_max_steps)
+        ]  # fmt: skip
     blend_weights(model, as_given, source_share)
     transformer.lsg_adaptation = Adaptation(
-        texts=texts_description(given_texts, len(texts)), documents=len(rounds[0]), max_tokens=model.max_seq_length,
-        steps=trainer.state.global_step, batch_size=batch_size, train=train, learning_rate=learning_rate,
-        source_share=source_share, objective=objective, passages_per_document=passages_per_document,
+        texts=texts_description(given_texts, len(texts)), documents=len(phase_rounds[-1][0]),
+        max_tokens=model.max_seq_length, steps=sum(steps), batch_size=batch_size, train=train,
+        learning_rate=learning_rate, source_share=source_share, objective=objective,
+        passages_per_document=passages_per_document, short_steps=steps[0] if len(steps) > 1 else 0,
+        short_tokens=span_tokens + 2 if len(steps) > 1 else 0,
     )
     model.eval()
     if output_path is not None:
         with staged_folder(target, overwrite) as staging:
             model.save(str(staging))
     return model
+
+
+def _train(
+    model: Any,
+    loss: torch.nn.Module,
+    rounds: list[list[DocumentPair]],
+    span_tokens: int,
+    passages_per_document: int,
+    *,
+    batch_size: int,
+    epochs: float,
+    max_steps: int,
+    minutes: float | None,
+    learning_rate: float,
+    bf16: bool,
+    seed: int,
+    callbacks: Sequence[TrainerCallback],
+    clock: Callable[[], float],
+    cards_the_training: bool,
+) -> int:
+    """One training of `adapt_to_long_documents` on `rounds` of pairs, its own optimizer, warm-up and
+    `minutes`; returns the optimizer steps done."""
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformerTrainingArguments
+    from transformers import PrinterCallback
+
+    pairs = [pair for made in rounds for pair in made]
+    # the queries first, then what they must find (the order the losses read the columns in)
+    columns = {f"passage_{index}": [pair.passages[index] for pair in pairs] for index in range(passages_per_document)}
+    columns["document"] = [pair.document for pair in pairs]
+    if isinstance(loss, SpanRankingLoss):  # the span that holds each passage's place
+        columns["label"] = [[place // span_tokens for place in pair.places] for pair in pairs]
+    with tempfile.TemporaryDirectory() as scratch:
+        arguments = SentenceTransformerTrainingArguments(
+            output_dir=scratch,
+            num_train_epochs=epochs / len(rounds),  # the rounds are one epoch of the dataset
+            max_steps=max_steps,
+            per_device_train_batch_size=batch_size,
+            learning_rate=learning_rate,
+            weight_decay=0.0,
+            batch_sampler=round_batch_sampler([len(made) for made in rounds]),
+            dataloader_drop_last=True,
+            save_strategy="no",
+            logging_steps=max(1, len(pairs) // batch_size // 10),
+            report_to=[],
+            seed=seed,
+            bf16=bf16,
+            use_cpu=not torch.cuda.is_available(),
+            disable_tqdm=True,  # the trainer's bar and printed logs: TrainingProgress instead
+        )
+        plan = LearningRatePlan()
+        trainer = planned_trainer(plan, cards_the_training)(
+            model=model, args=arguments, train_dataset=Dataset.from_dict(columns), loss=loss,
+            callbacks=[TimeBudget(minutes, plan, clock), TrainingProgress(), *callbacks],
+        )
+        trainer.remove_callback(PrinterCallback)
+        trainer.train()
+        # bf16: the trainer's accelerator wrapped the model's forward in autocast; it runs in float32 again
+        trainer.accelerator.unwrap_model(model, keep_fp32_wrapper=False)
+    return trainer.state.global_step
 
 
 def check_can_adapt(source: str, token: str | bool | None = None, architecture: str | None = None) -> None:

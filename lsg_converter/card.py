@@ -238,9 +238,17 @@ def _adaptation_section(adaptation: Any) -> str:
 
 {_steps(adaptation.steps).capitalize()} on {adaptation.texts}, cut into {adaptation.documents} documents of up to
 {adaptation.max_tokens:,} tokens at each reading: {_adaptation_queries(adaptation)} had to find {_adaptation_target(adaptation)}
-(in-batch negatives). Trained: {TRAINED_PARTS[adaptation.train]}, at a
+(in-batch negatives){_short_steps(adaptation)}. Trained: {TRAINED_PARTS[adaptation.train]}, at a
 learning rate of {adaptation.learning_rate:g}{share}.
 """
+
+
+def _short_steps(adaptation: Any) -> str:
+    """The steps an adaptation did first on documents of the source's own length, as the card says them."""
+    count = getattr(adaptation, "short_steps", 0)
+    if not count:
+        return ""
+    return f"; the first {_steps(count)} read documents of up to {adaptation.short_tokens:,} tokens, the source's own length"
 
 
 def _adaptation_queries(adaptation: Any) -> str:

@@ -17,7 +17,7 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType, ModuleType
-from typing import Any, Iterator, NoReturn, Sequence
+from typing import Any, Callable, Iterator, NoReturn, Sequence
 
 EXAMPLES = """\
 examples:
@@ -113,14 +113,19 @@ def _number_of_labels(text: str) -> int:
     return value
 
 
-def _source_share(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"{value:g} is no share: give a number from 0 (the trained weights) up to 1")
-    return value
+def _share(zero: str) -> Callable[[str], float]:
+    """The parser of a share from 0 up to 1, whose error says what 0 means (`zero`)."""
+
+    def share(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not 0.0 <= value < 1.0:
+            raise argparse.ArgumentTypeError(f"{value:g} is no share: give a number from 0 ({zero}) up to 1")
+        return value
+
+    return share
 
 
 def _package_file(path: str) -> ModuleType:
@@ -303,6 +308,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="training passages per document, each a query of the step (default 1; more with --adapt-objective spans)",
     )
     adapt.add_argument(
+        "--adapt-short-share", dest="short_share", type=_share("every step at --max-len"), default=0.0, metavar="S",
+        help="share of the training spent first on documents of the source's own length (cheap steps that learn "
+        "your texts), the rest at --max-len (default 0)",
+    )
+    adapt.add_argument(
         "--adapt-minutes", dest="max_minutes", type=float, default=30.0, metavar="M", help="time budget (default 30)"
     )
     adapt.add_argument(
@@ -323,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="train in bfloat16 mixed precision: faster on CPUs with AVX512-BF16 or AMX and recent GPUs",
     )
     adapt.add_argument(
-        "--adapt-source-share", dest="source_share", type=_source_share, default=ADAPTATION_SOURCE_SHARE, metavar="S",
+        "--adapt-source-share", dest="source_share", type=_share("the trained weights"), default=ADAPTATION_SOURCE_SHARE, metavar="S",
         help="after training, move the weights this share of the way back to the converted ones: short texts "
         f"stay nearer the source's embedding (default {ADAPTATION_SOURCE_SHARE:g}; 0: the trained weights)",
     )

@@ -369,6 +369,56 @@ def test_a_source_share_out_of_0_to_1_is_refused_and_nothing_is_written(converte
     assert not (tmp_path / "adapted").exists()
 
 
+def test_a_short_share_out_of_0_to_1_is_refused_and_nothing_is_written(converted_folder, tmp_path):
+    with pytest.raises(InvalidSettingsError, match="short_share=1.0 is no share"):
+        adapt_to_long_documents(converted_folder, long_texts(4, 1500), short_share=1.0, output_path=tmp_path / "adapted")
+
+    assert not (tmp_path / "adapted").exists()
+
+
+def test_a_short_share_whose_documents_cannot_hold_a_passage_and_as_much_more_is_refused(converted_folder, tmp_path):
+    with pytest.raises(InvalidSettingsError, match=r"own length \(126 tokens\) to hold 1 passage of 64 tokens"):
+        adapt_to_long_documents(converted_folder, long_texts(4, 1500), short_share=0.5, output_path=tmp_path / "adapted")
+
+    assert not (tmp_path / "adapted").exists()
+
+
+class DocumentLengths(TrainerCallback):
+    """Records, at the start of each training, the longest document of its dataset in tokens."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer, self.longest = tokenizer, []
+
+    def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
+        documents = list(train_dataloader.dataset["document"])
+        self.longest.append(max(len(ids) for ids in self.tokenizer(documents)["input_ids"]))
+
+
+def test_a_short_share_trains_first_on_documents_of_the_sources_own_length_then_at_the_models(converted_folder):
+    model = SentenceTransformer(str(converted_folder), trust_remote_code=True)
+    lengths = DocumentLengths(model.tokenizer)
+
+    adapt_to_long_documents(
+        model, long_texts(6, 1500), passage_tokens=32, batch_size=2, max_steps=4, short_share=0.5, callbacks=[lengths]
+    )
+
+    adaptation = model[0].auto_model.lsg_adaptation
+    assert (adaptation.steps, adaptation.short_steps, adaptation.short_tokens) == (4, 2, 128)
+    assert lengths.longest[0] <= 128 < lengths.longest[1] <= LENGTH
+
+
+def test_a_model_adapted_at_its_own_length_trains_at_it_whatever_its_short_share(source_folder, tmp_path):
+    model, tokenizer = LSGConverter(max_sequence_length=128).convert_from_pretrained(
+        str(source_folder), block_size=64, num_global_tokens=0, sparsity_type="none"
+    )
+    model = SentenceTransformer(str(save_converted(model, tokenizer, tmp_path / "own-length")), trust_remote_code=True)
+
+    adapt_to_long_documents(model, long_texts(4, 800), passage_tokens=32, batch_size=2, max_steps=2, short_share=0.5)
+
+    adaptation = model[0].auto_model.lsg_adaptation
+    assert (adaptation.steps, adaptation.short_steps) == (2, 0)
+
+
 class TrainedWeights(TrainerCallback):
     """Keeps the model's weights as the training left them, before anything moves them back."""
 
@@ -519,3 +569,16 @@ def test_the_card_of_an_adapted_model_says_it_was_adapted_on_which_texts_and_how
     assert "no retraining" not in card
     assert "**adapted to long documents**" in card
     assert "2 training steps on 4 texts from `my-plays`" in card
+
+
+def test_the_card_of_a_model_adapted_at_the_sources_length_first_says_how_many_steps_were_short(source_folder, tmp_path):
+    converter = LSGConverter(max_sequence_length=LENGTH)
+    model, tokenizer = converter.convert_from_pretrained(str(source_folder), block_size=16)
+
+    adapt_converted_model(
+        model, tokenizer, texts_folder(tmp_path / "my-plays"), passage_tokens=32, batch_size=4, max_steps=4, short_share=0.25
+    )
+
+    card = model_card(model, save_path=tmp_path / "adapted").text
+    assert "4 training steps on 4 texts" in card
+    assert "the first 1 training step read documents of up to 128 tokens, the source's own length" in card

@@ -69,11 +69,12 @@ def test_an_unknown_flag_far_from_every_flag_gets_no_guess(capsys):
     assert capsys.readouterr().err == "lsg-convert: error: unrecognized arguments: --frobnicate (see lsg-convert --help)\n"
 
 
+@pytest.mark.parametrize("flag", ["--adapt-source-share", "--adapt-short-share"])
 @pytest.mark.parametrize("share", ["1", "-0.1", "half"])
-def test_an_adaptation_source_share_out_of_0_to_1_exits_2_before_converting(share, capsys):
-    assert main(["model", "--max-len", "512", "--adapt-on", "texts", "--adapt-source-share", share]) == 2
+def test_an_adaptation_share_out_of_0_to_1_exits_2_before_converting(flag, share, capsys):
+    assert main(["model", "--max-len", "512", "--adapt-on", "texts", flag, share]) == 2
     error = capsys.readouterr().err
-    assert error.count("\n") == 1 and "--adapt-source-share" in error, error
+    assert error.count("\n") == 1 and flag in error, error
 
 
 @pytest.mark.parametrize("labels", ["0", "-1"])
