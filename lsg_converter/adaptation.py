@@ -360,8 +360,8 @@ def adapt_to_long_documents(
             among them (`SpanRankingLoss`): the spans `encode_spans` gives, of the source's window body.
         passages_per_document: passages picked in each document (at places that do not overlap; all left in
             it or all cut out), each a query of the step: more than one with the "spans" objective only.
-        short_share: the share of the training (of `max_minutes`, else of the epochs or `max_steps`) spent
-            first on documents of the source's own length (its window body: `encode_spans`'s spans), the
+        short_share: the share of the training (of `max_minutes`, the long part getting what the short one
+            leaves; else of the epochs or `max_steps`) spent first on documents of the source's own length (its window body: `encode_spans`'s spans), the
             rest at the model's: the short steps cost about what the source's do, so the budget buys many
             of them to learn the texts, and the long steps that follow learn what the rest of a document
             adds. Each part has its own optimizer and warm-up. 0 (default): every step at the model's
@@ -497,15 +497,16 @@ def adapt_to_long_documents(
             + f"; training {train} ({sum(p.numel() for p in trained):,} values)."
         )
         as_given = weights_of(model) if source_share else {}
-        steps = [
-            _train(
-                model, loss, rounds, span_tokens, passages_per_document, batch_size=batch_size,
-                epochs=epochs * share, max_steps=phase_steps,
-                minutes=None if max_minutes is None else max_minutes * share, learning_rate=learning_rate, bf16=bf16,
-                seed=seed, callbacks=callbacks, clock=clock, cards_the_training=output_path is not None,
-            )
-            for (_, share, _), rounds, phase_steps in zip(phases, phase_rounds, phase_max_steps)
-        ]  # fmt: skip
+        started, steps = clock(), []
+        for index, ((_, share, _), rounds, phase_steps) in enumerate(zip(phases, phase_rounds, phase_max_steps)):
+            minutes = max_minutes
+            if max_minutes is not None and len(phases) > 1:  # the short part its share, the long what is left
+                minutes = max_minutes * share if index == 0 else max_minutes - (clock() - started) / 60
+            steps.append(_train(
+                model, loss, rounds, span_tokens, passages_per_document, batch_size=batch_size, epochs=epochs * share,
+                max_steps=phase_steps, minutes=minutes, learning_rate=learning_rate, bf16=bf16, seed=seed,
+                callbacks=callbacks, clock=clock, cards_the_training=output_path is not None,
+            ))  # fmt: skip
     blend_weights(model, as_given, source_share)
     transformer.lsg_adaptation = Adaptation(
         texts=texts_description(given_texts, len(texts)), documents=len(phase_rounds[-1][0]),

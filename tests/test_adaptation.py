@@ -407,6 +407,17 @@ def test_a_short_share_trains_first_on_documents_of_the_sources_own_length_then_
     assert lengths.longest[0] <= 128 < lengths.longest[1] <= LENGTH
 
 
+def test_a_budget_with_a_short_share_gives_the_short_part_its_share_and_the_long_part_what_is_left(converted_folder):
+    slow = SlowSteps(60)
+    model = adapt_to_long_documents(
+        converted_folder, long_texts(6, 1500), passage_tokens=32, batch_size=2, max_minutes=5, short_share=0.4,
+        clock=slow.clock, callbacks=[slow],
+    )
+
+    adaptation = model[0].auto_model.lsg_adaptation
+    assert (adaptation.short_steps, adaptation.steps) == (2, 5)
+
+
 def test_a_model_adapted_at_its_own_length_trains_at_it_whatever_its_short_share(source_folder, tmp_path):
     model, tokenizer = LSGConverter(max_sequence_length=128).convert_from_pretrained(
         str(source_folder), block_size=64, num_global_tokens=0, sparsity_type="none"
