@@ -58,7 +58,8 @@ def main() -> None:
     ratio = statistics.median(b / f for f, b in zip(seconds[False], seconds[True]))
     bf16_kernels = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     description = (
-        f"{date.today().isoformat()}; CPU {cpu_name()} (oneDNN bfloat16 kernels: {bf16_kernels}), {torch.get_num_threads()} "
+        f"{date.today().isoformat()}; CPU {cpu_name()} (torch's capability {torch.backends.cpu.get_cpu_capability()}, oneDNN "
+        f"bfloat16 kernels: {bf16_kernels}), {torch.get_num_threads()} "
         f"threads; torch {torch.__version__}, transformers {transformers.__version__}; all-MiniLM-L6-v2 converted "
         f"to {args.length:,} tokens with the library defaults; {args.documents} documents per step, {args.rounds} rounds"
     )

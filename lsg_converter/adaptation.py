@@ -60,6 +60,10 @@ TEXT_SUFFIXES = (".txt", ".md")  # the files a folder of texts is read from
 # What a passage must find (see `adapt_to_long_documents`): its document among the batch's documents, or the span
 # of its document where it lies among every span of the batch's documents
 OBJECTIVES = ("documents", "spans")
+# torch's vector capability (`torch.backends.cpu.get_cpu_capability`) of the x86 CPUs without AVX512, where
+# oneDNN has no bfloat16 kernels: bfloat16 matrix products run without them, far slower than float32 (measured:
+# benchmarks/RESULTS.md, "Adaptation step, float32 against bfloat16, a CPU without AVX512")
+CPU_CAPABILITIES_WITHOUT_BF16 = ("NO AVX", "AVX2")
 
 
 @dataclass(frozen=True)
@@ -378,7 +382,8 @@ def adapt_to_long_documents(
         learning_rate: AdamW's, without weight decay; None: `LEARNING_RATES` of `train` (3e-5 for "all").
         bf16: train in bfloat16 mixed precision (torch.autocast; the weights and the optimizer stay in
             float32): about a quarter less time per step on a CPU with AVX512-BF16 or AMX, measured
-            (benchmarks/RESULTS.md), so more steps in `max_minutes`; slower on a CPU without them.
+            (benchmarks/RESULTS.md), so more steps in `max_minutes`; on an x86 CPU without AVX512 many times
+            slower (said in a warning).
         source_share: after training, move every weight this share of the way back to the model as it
             was given (weight-space ensembling, WiSE-FT, Wortsman et al. 2022); 0 keeps the trained
             weights. Measured on held-out plays (benchmarks/RESULTS.md), 0.2 lifted the lowest
@@ -449,6 +454,11 @@ def adapt_to_long_documents(
     if not 0.0 <= short_share < 1.0:
         raise InvalidSettingsError(
             f"short_share={short_share} is no share: give a number from 0 (every step at the model's length) up to 1."
+        )
+    if bf16 and not torch.cuda.is_available() and torch.backends.cpu.get_cpu_capability() in CPU_CAPABILITIES_WITHOUT_BF16:
+        logger.warning(
+            f"bf16=True on a CPU without AVX512 (torch reports {torch.backends.cpu.get_cpu_capability()}): its bfloat16 "
+            "matrix products have no fast kernels here and a step takes many times longer than in float32; leave bf16 off."
         )
     document_tokens = model.max_seq_length - 2  # a window's body, between its first and last token
     span_tokens = default_span_tokens(model, special_tokens_around(model.tokenizer))

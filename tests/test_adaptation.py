@@ -117,6 +117,26 @@ def test_adapting_in_bfloat16_mixed_precision_lowers_the_loss_and_keeps_float32_
     assert {parameter.dtype for parameter in model.parameters()} == {torch.float32}
 
 
+WITHOUT_BF16_KERNELS = not torch.cuda.is_available() and torch.backends.cpu.get_cpu_capability() in ("NO AVX", "AVX2")
+
+
+@pytest.mark.skipif(not WITHOUT_BF16_KERNELS, reason="a CPU with AVX512 (or a GPU) has bfloat16 kernels")
+def test_bf16_on_a_cpu_without_avx512_is_warned_about_in_one_line(converted_folder, caplog):
+    with caplog.at_level("WARNING", logger="lsg_converter"):
+        adapt_to_long_documents(converted_folder, long_texts(4, 1500), batch_size=4, max_steps=1, bf16=True)
+
+    (warning,) = [record.getMessage() for record in caplog.records if "bf16=True" in record.getMessage()]
+    assert "without AVX512" in warning and warning.endswith("leave bf16 off.")
+
+
+@pytest.mark.skipif(WITHOUT_BF16_KERNELS, reason="a CPU without AVX512 is warned about")
+def test_bf16_where_bfloat16_has_kernels_is_not_warned_about(converted_folder, caplog):
+    with caplog.at_level("WARNING", logger="lsg_converter"):
+        adapt_to_long_documents(converted_folder, long_texts(4, 1500), batch_size=4, max_steps=1, bf16=True)
+
+    assert "bf16=True" not in caplog.text
+
+
 def test_a_model_adapted_in_bfloat16_runs_in_float32_afterwards(converted_folder, tmp_path):
     model = adapt_to_long_documents(
         converted_folder, long_texts(4, 1500), output_path=tmp_path / "adapted", batch_size=4, max_steps=1, bf16=True

@@ -27,7 +27,8 @@ In training, attention dropout is DropKey (keys hidden before the softmax, `lsg_
 which keeps the kernels fused; every backend hides the same keys for the same random state. No tensor
 of size ``t x t`` is ever built (except by the eager backend).
 
-This file travels with saved models as remote code: it imports torch and transformers only.
+This file travels with saved models as remote code: it imports torch, transformers and, of this folder,
+lsg_eager, lsg_flex, lsg_pattern, lsg_rotary, lsg_sdpa, lsg_settings, lsg_sparse and lsg_transformers only.
 """
 
 from __future__ import annotations

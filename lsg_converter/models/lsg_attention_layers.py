@@ -17,7 +17,8 @@ An architecture states it once, in its mixin's ``lsg_attention`` (see lsg_model.
 Either way the attention's LSG settings are the model's, resolved once when it is built (`LSGSettings`),
 never read from the config at a call; the backend is, at each call (`DispatchConfig`).
 
-This file travels with saved models as remote code: it imports torch and transformers only.
+This file travels with saved models as remote code: it imports torch and, of this folder, lsg_attention,
+lsg_defaults, lsg_layout, lsg_rotary, lsg_settings and lsg_transformers only.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ one ``(t, t)`` matrix per head:
   the matrix returned but kept on the output's autograd path.
 
 Everything here is O(n^2) in memory, for inspection; training and serving use sdpa or flex_attention.
-This file travels with saved models as remote code: it imports torch and lsg_pattern only.
+This file travels with saved models as remote code: it imports torch and, of this folder, lsg_pattern only.
 """
 
 from __future__ import annotations

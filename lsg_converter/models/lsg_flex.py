@@ -38,7 +38,8 @@ is written into them (`with_global_rows`). Where flex cannot run (gradients on a
 backward pass), the core runs the sdpa backend instead (`lsg_attention.choose_path`), and likewise for a
 call compiled flex cannot take (`BackendUnavailable`).
 
-This file travels with saved models as remote code: it imports torch, transformers, lsg_pattern and lsg_transformers only.
+This file travels with saved models as remote code: it imports torch, transformers and, of this folder,
+lsg_pattern and lsg_transformers only.
 """
 
 from __future__ import annotations

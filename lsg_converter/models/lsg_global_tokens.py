@@ -8,7 +8,8 @@ they leave (`DropsGlobalTokens`). What one forward pass decided is one `ForwardC
 recorder's step (lsg_recorder.RecorderSteps) and held, for the length of that pass, as the model's
 `GlobalTokens.call`, where those modules read it.
 
-This file travels with saved models as remote code: it imports torch and transformers only.
+This file travels with saved models as remote code: it imports torch, transformers and, of this folder,
+lsg_layout and lsg_transformers only.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ where the global tokens live, join and leave, and the converter reads it to find
 it lengthens and the rows the global tokens start from. `adopt` is how LSG puts its own modules in
 those places.
 
-This file travels with saved models as remote code: it imports torch only.
+This file travels with saved models as remote code: it imports torch only (nothing of this folder).
 """
 
 from __future__ import annotations

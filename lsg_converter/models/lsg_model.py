@@ -11,7 +11,9 @@
   BertForMaskedLM)``), one per head its config lists; the mixin registers them for remote-code saving.
 
 An architecture file only names its modules; the attention itself lives in `lsg_attention`.
-This file travels with saved models as remote code: it imports torch and transformers only.
+This file travels with saved models as remote code: it imports torch, transformers and, of this folder,
+lsg_attention, lsg_attention_layers, lsg_defaults, lsg_global_tokens, lsg_layout, lsg_recorder, lsg_settings
+and lsg_transformers only.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@
   backends that batch blocks (sdpa, eager).
 
 A backend file (lsg_sdpa, lsg_eager, lsg_flex) imports this module, and lsg_transformers where it reads torch's private names.
-This file travels with saved models as remote code: it imports torch only.
+This file travels with saved models as remote code: it imports torch only (nothing of this folder).
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ model is adopted into a step class with that same ``forward`` (`CarriesGlobalTok
 `CarriesAndDropsGlobalTokens` for an encoder that is its own recorder). An encoder base model reading
 a padded batch of very different lengths without gradients runs it as groups of rows (`LengthGroups`).
 
-This file travels with saved models as remote code: it imports torch and transformers only.
+This file travels with saved models as remote code: it imports torch and, of this folder, lsg_attention,
+lsg_global_tokens, lsg_pattern and lsg_transformers only.
 """
 
 from __future__ import annotations

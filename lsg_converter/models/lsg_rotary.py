@@ -10,7 +10,7 @@ the source's attention scaling, if any, is already in the keys). transformers' r
 (ModernBERT, GTE, NomicBERT, jina-embeddings-v3, EuroBERT) rotate the whole head dimension in halves
 (``rotate_half``), as this file does.
 
-This file travels with saved models as remote code: it imports torch and lsg_pattern only.
+This file travels with saved models as remote code: it imports torch and, of this folder, lsg_pattern only.
 """
 
 from __future__ import annotations

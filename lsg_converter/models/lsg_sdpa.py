@@ -35,7 +35,8 @@ CPU those blocks run through `TrainedTermsAttention` instead, which reads each s
 (`KeyPattern.key_windows`: the global tokens, each sparse window, the local window) as a view of its
 sequence, forward and backward, and keeps the softmax's weights and the layer's own keys.
 
-This file travels with saved models as remote code: it imports torch, lsg_pattern and lsg_transformers only.
+This file travels with saved models as remote code: it imports torch and, of this folder, lsg_pattern and
+lsg_transformers only.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ Hugging Face config: `LSGSettings.of` reads a config's LSG keys (the defaults of
 for the missing ones) and gives the same settings object for the same values, which builds its two key
 patterns once.
 
-This file travels with saved models as remote code: it imports lsg_defaults, lsg_pattern and lsg_sparse only.
+This file travels with saved models as remote code: it imports, of this folder, lsg_defaults, lsg_pattern and
+lsg_sparse only (not torch).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ the first query and the mask only, so
 * compressing the identity matrix gives each sparse key's share of every token's value, which the
   eager backend uses to spread a sparse key's weight over the tokens.
 
-This file travels with saved models as remote code: it imports torch and lsg_pattern only.
+This file travels with saved models as remote code: it imports torch and, of this folder, lsg_pattern only.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ once, on the 2 M + 1 distances -M..M, and hands LSG attention the bias per head 
 lookup, never the bucket function (a block's sparse keys mostly lie beyond M).
 The distance table is a gather of the bias table, so the bias gets its gradient through it.
 
-This file travels with saved models as remote code: it imports torch and transformers only.
+This file travels with saved models as remote code: it imports torch and, of this folder, lsg_pattern and
+lsg_transformers only.
 """
 
 from __future__ import annotations

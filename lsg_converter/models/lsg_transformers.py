@@ -42,7 +42,8 @@ and where a name in the table is gone from the installed releases.
 says so once (`warn_if_untested_transformers`), and an import that a release removed fails with one
 line naming both versions (`transformers_names`).
 
-This file travels with saved models as remote code: it imports torch and transformers only.
+This file travels with saved models as remote code: it imports torch and transformers only (nothing of this
+folder).
 """
 
 from __future__ import annotations
