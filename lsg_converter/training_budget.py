@@ -85,18 +85,18 @@ class TimeBudget(TrainerCallback):
         budget_steps = 1 + int(left // step_seconds) if step_seconds > 0 else state.max_steps
         if budget_steps < 1:
             logger.warning(
-                f"The first step took {_seconds(step_seconds)} s, more than max_minutes={self.minutes:g}: the "
+                f"The first step took {_seconds(step_seconds)} s, more than max_minutes={self.minutes:.3g}: the "
                 "adaptation stops after it; give more minutes or fewer documents per step (batch_size=)."
             )
         elif budget_steps < state.max_steps:
             self.plan.plan(budget_steps)
             logger.warning(
-                f"The first step took {_seconds(step_seconds)} s: max_minutes={self.minutes:g} buys {budget_steps} of "
+                f"The first step took {_seconds(step_seconds)} s: max_minutes={self.minutes:.3g} buys {budget_steps} of "
                 f"the {state.max_steps} planned steps; the learning rate warms up over {self.plan.warmup_steps} of them."
             )
         else:
             logger.info(
-                f"The first step took {_seconds(step_seconds)} s: max_minutes={self.minutes:g} holds the "
+                f"The first step took {_seconds(step_seconds)} s: max_minutes={self.minutes:.3g} holds the "
                 f"{state.max_steps} planned steps."
             )
 
@@ -106,7 +106,7 @@ class TimeBudget(TrainerCallback):
         now = self.clock()
         step_seconds = (now - self.first_step_started) / state.global_step
         if now - self.started + step_seconds > self.minutes * 60:
-            logger.info(f"The adaptation stops after {state.global_step} steps: its {self.minutes:g} minutes are up.")
+            logger.info(f"The adaptation stops after {state.global_step} steps: its {self.minutes:.3g} minutes are up.")
             control.should_training_stop = True
         return control
 
