@@ -357,12 +357,17 @@ def test_texts_shorter_than_two_blocks_are_refused_and_nothing_is_written(conver
     assert not (tmp_path / "adapted").exists()
 
 
-def test_a_model_adapted_at_its_own_length_takes_documents_of_a_whole_window(source_folder, tmp_path):
-    # the source's own 128 positions in 2 blocks of 64: a window's body (126 tokens) is under two blocks
+def own_length_model(source_folder: Path, folder: Path) -> SentenceTransformer:
+    """The source converted to its own 128 positions in 2 blocks of 64, no global tokens, no sparse keys (as
+    the fair control is): a window's body (126 tokens) is under two blocks."""
     model, tokenizer = LSGConverter(max_sequence_length=128).convert_from_pretrained(
         str(source_folder), block_size=64, num_global_tokens=0, sparsity_type="none"
     )
-    model = SentenceTransformer(str(save_converted(model, tokenizer, tmp_path / "own-length")), trust_remote_code=True)
+    return SentenceTransformer(str(save_converted(model, tokenizer, folder)), trust_remote_code=True)
+
+
+def test_a_model_adapted_at_its_own_length_takes_documents_of_a_whole_window(source_folder, tmp_path):
+    model = own_length_model(source_folder, tmp_path / "own-length")
 
     adapt_to_long_documents(model, long_texts(4, 800), passage_tokens=32, batch_size=2, max_steps=2, seed=0)
 
@@ -439,10 +444,7 @@ def test_a_budget_with_a_short_share_gives_the_short_part_its_share_and_the_long
 
 
 def test_a_model_adapted_at_its_own_length_trains_at_it_whatever_its_short_share(source_folder, tmp_path):
-    model, tokenizer = LSGConverter(max_sequence_length=128).convert_from_pretrained(
-        str(source_folder), block_size=64, num_global_tokens=0, sparsity_type="none"
-    )
-    model = SentenceTransformer(str(save_converted(model, tokenizer, tmp_path / "own-length")), trust_remote_code=True)
+    model = own_length_model(source_folder, tmp_path / "own-length")
 
     adapt_to_long_documents(model, long_texts(4, 800), passage_tokens=32, batch_size=2, max_steps=2, short_share=0.5)
 
