@@ -365,11 +365,12 @@ def adapt_to_long_documents(
         passages_per_document: passages picked in each document (at places that do not overlap; all left in
             it or all cut out), each a query of the step: more than one with the "spans" objective only.
         short_share: the share of the training (of `max_minutes`, the long part getting what the short one
-            leaves; else of the epochs or `max_steps`) spent first on documents of the source's own length (its window body: `encode_spans`'s spans), the
-            rest at the model's: the short steps cost about what the source's do, so the budget buys many
-            of them to learn the texts, and the long steps that follow learn what the rest of a document
-            adds. Each part has its own optimizer and warm-up. 0 (default): every step at the model's
-            length; a model adapted at its own length has no shorter documents, and trains as with 0.
+            leaves; else of the epochs or `max_steps`) spent first on documents of the source's own length
+            (its window body: `encode_spans`'s spans), the rest at the model's: the short steps cost about
+            what the source's do, so the budget buys many of them to learn the texts, and the long steps
+            that follow learn what the rest of a document adds (measured: docs/adaptation.md). Each part
+            has its own optimizer and warm-up. 0 (default): every step at the model's length; a model
+            adapted at its own length has no shorter documents, and trains as with 0.
         batch_size: documents per step, each the others' negatives.
         mini_batch_size: run the cached in-batch loss (CachedMultipleNegativesRankingLoss) with this many
             documents in memory at once, for a batch larger than memory allows (the same gradients, a little
