@@ -456,9 +456,10 @@ def adapt_to_long_documents(
         raise InvalidSettingsError(
             f"short_share={short_share} is no share: give a number from 0 (every step at the model's length) up to 1."
         )
-    if bf16 and not torch.cuda.is_available() and torch.backends.cpu.get_cpu_capability() in CPU_CAPABILITIES_WITHOUT_BF16:
+    capability = torch.backends.cpu.get_cpu_capability()
+    if bf16 and not torch.cuda.is_available() and capability in CPU_CAPABILITIES_WITHOUT_BF16:
         logger.warning(
-            f"bf16=True on a CPU without AVX512 (torch reports {torch.backends.cpu.get_cpu_capability()}): its bfloat16 "
+            f"bf16=True on a CPU without AVX512 (torch reports {capability}): its bfloat16 "
             "matrix products have no fast kernels here and a step takes many times longer than in float32; leave bf16 off."
         )
     document_tokens = model.max_seq_length - 2  # a window's body, between its first and last token

@@ -15,6 +15,7 @@ from transformers import TrainerCallback
 from helpers import save_tiny_mean_embedder
 from lsg_converter import LSGConverter, encode_spans, model_card, save_converted
 from lsg_converter.adaptation import (
+    CPU_CAPABILITIES_WITHOUT_BF16,
     SpanRankingLoss,
     adapt_converted_model,
     adapt_to_long_documents,
@@ -117,7 +118,7 @@ def test_adapting_in_bfloat16_mixed_precision_lowers_the_loss_and_keeps_float32_
     assert {parameter.dtype for parameter in model.parameters()} == {torch.float32}
 
 
-WITHOUT_BF16_KERNELS = not torch.cuda.is_available() and torch.backends.cpu.get_cpu_capability() in ("NO AVX", "AVX2")
+WITHOUT_BF16_KERNELS = not torch.cuda.is_available() and torch.backends.cpu.get_cpu_capability() in CPU_CAPABILITIES_WITHOUT_BF16
 
 
 @pytest.mark.skipif(not WITHOUT_BF16_KERNELS, reason="a CPU with AVX512 (or a GPU) has bfloat16 kernels")
