@@ -396,7 +396,7 @@ def _blocked_attention(
             plan.token_mask,
             settings,
             scaling,
-            key_rows=job.token_key_rows,
+            key_rows=None if position_terms is None else job.token_key_rows,
             with_positions=position_terms is not None,
             with_token_weights=kernel.returns_weights,
             every_token_valid=plan.no_masked_keys and not plan.padding,

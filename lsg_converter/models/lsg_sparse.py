@@ -65,22 +65,18 @@ def _selected_mask(mask, token_index) -> torch.Tensor:
 def sparse_by_norm(
     queries, keys, columns: Columns, mask, settings, scaling, made_once: MadeOnce = made_every_time
 ) -> Compressed:
-    """In each chunk, keep the chunk / f keys of largest L2 norm (padding has norm 0)."""
+    """In each chunk, keep the chunk / f keys of largest L2 norm (padding has norm 0), in the order topk gives."""
     chunk = _selection_chunk(settings)
-    kept = chunk // settings.sparsity_factor
-    batch, heads, length, _ = keys.shape
+    batch, heads = keys.shape[:2]
+    chunk_mask = mask.view(batch, 1, -1, chunk)  # (B, 1, T / chunk, chunk)
     with torch.no_grad():
-        key_norms = keys.norm(dim=-1) * mask[:, None, :]  # (B, H, T)
-        key_norms = key_norms.view(batch, heads, length // chunk, chunk)
-        local_index = key_norms.topk(kept, dim=-1, sorted=False).indices  # (B, H, T / chunk, kept)
-        token_index = (local_index + chunk_starts(length, chunk, keys.device)).flatten(2)  # (B, H, T / f)
-    return _gather_tokens(keys, columns, token_index, _selected_mask(mask, token_index))
-
-
-@shape_cached
-def chunk_starts(length: int, chunk: int, device: torch.device) -> torch.Tensor:
-    """(1, 1, T / chunk, 1): the first token of each chunk; made once per shape."""
-    return torch.arange(0, length, chunk, device=device).view(1, 1, -1, 1)
+        key_norms = keys.norm(dim=-1).unflatten(2, (-1, chunk)) * chunk_mask  # (B, H, T / chunk, chunk)
+        kept = key_norms.topk(chunk // settings.sparsity_factor, dim=-1, sorted=False).indices  # (B, H, T / chunk, k)
+    kept_mask = chunk_mask.expand(-1, heads, -1, -1).gather(3, kept).flatten(2)  # (B, H, T / f)
+    # (B, H, T, width) -> (B, H, T / chunk, chunk, width) -> the kept rows, (B, H, T / f, width) each
+    chunks = [x.unflatten(2, (-1, chunk)) for x in (keys, *columns)]
+    selected = [x.gather(3, kept[..., None].expand(*kept.shape, x.shape[-1])).flatten(2, 3) for x in chunks]
+    return selected[0], selected[1:], kept_mask
 
 
 def sparse_by_pooling(
