@@ -46,7 +46,7 @@ from torch import nn
 from transformers import AttentionInterface
 from transformers.utils import logging
 
-from .lsg_eager import EagerBackend, eager_token_attention
+from .lsg_eager import EagerBackend, eager_token_attention, explicit_softmax, weighted_values
 from .lsg_flex import (
     FLEX_ATTENTION_AVAILABLE,
     FLEX_FORWARD_ONLY_DEVICES,
@@ -66,7 +66,6 @@ from .lsg_pattern import (
     causal_mask,
     dense_position_scores,
     drop_keys,
-    explicit_softmax,
     give_padding_plans,
     is_exporting,
     made_once,
@@ -76,7 +75,6 @@ from .lsg_pattern import (
     sequence_positions,
     shape_cached,
     tracing,
-    weighted_values,
 )
 from .lsg_sdpa import (
     SdpaBackend,

@@ -1,13 +1,13 @@
 """The ``eager`` backend of LSG attention: explicit weights, as ``output_attentions=True`` returns them.
 
 The blocks of the sdpa backend (same keys, same DropKey draws, same position terms) with an explicit
-softmax (`lsg_pattern.explicit_softmax`). Their weights become what transformers returns for BERT,
+softmax (`explicit_softmax`). Their weights become what transformers returns for BERT,
 one ``(t, t)`` matrix per head:
 
 * `token_weights` spreads each block's weights over the layer's keys (`lsg_pattern.block_table`),
   then each sparse key's weight over the tokens it compresses, in the proportions it takes their
   values (`SparseContext.token_weights`), so that the output is exactly these weights times the values;
-* the output is computed from them (`lsg_pattern.weighted_values`), with the global columns cut off
+* the output is computed from them (`weighted_values`), with the global columns cut off
   the matrix returned but kept on the output's autograd path.
 
 Everything here is O(n^2) in memory, for inspection; training and serving use sdpa or flex_attention.
@@ -26,9 +26,27 @@ from .lsg_pattern import (
     TokenOutput,
     additive_mask,
     block_table,
-    explicit_softmax,
-    weighted_values,
 )
+
+
+def explicit_softmax(scores: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The softmax of every explicit LSG attention: in float32 at least (half precision inputs too), as
+    transformers' eager attention runs it, then cast to `dtype`."""
+    return scores.softmax(dim=-1, dtype=torch.promote_types(dtype, torch.float32)).to(dtype)
+
+
+def weighted_values(
+    weights: torch.Tensor, value: torch.Tensor, num_global: int, global_rows: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """weights (B, H, q, g + k) over value (B, H, g + k, D), whose first `global_rows` rows (0 or g) are
+    the global queries': the output (B, H, q, D) and the token block of the weights, (B, H, q -
+    global_rows, k), rebuilt into the matrix the output is computed from, so that it lies on the
+    autograd path (``attentions[i].retain_grad()`` gets a gradient)."""
+    token_block = weights[:, :, global_rows:, num_global:]
+    if num_global:
+        token_rows = torch.cat([weights[:, :, global_rows:, :num_global], token_block], dim=-1)
+        weights = torch.cat([weights[:, :, :global_rows], token_rows], dim=2)
+    return weights @ value, token_block
 
 
 def token_weights(pattern: KeyPattern, block_weights, sparse: SparseContext | None, num_tokens: int) -> torch.Tensor:

@@ -556,7 +556,7 @@ class TokenOutput:
     """What a backend returns: output (B, t, H, D), or a tuple of pieces (B, t_i, H, D) in token order that
     the core joins with the global queries' output in one copy; weights (B, H, t, t), the token queries' weights
     over the tokens (the global columns left out, on the output's autograd path, see
-    `weighted_values`), or None where the backend does not compute them;
+    `lsg_eager.weighted_values`), or None where the backend does not compute them;
     is_layer_output: the output is the whole layer's, (B, g + t, H, D): the global queries' rows first
     (`TokenAttention.global_output`), the rows of blocks of padding only zero; the core joins nothing."""
 
@@ -656,29 +656,9 @@ def sdpa_dense_attention(query, key, value, allowed, scaling, scores) -> tuple[t
     return fused_attention(query, key, value, additive_mask(allowed, query.dtype, scores), scaling), None
 
 
-def weighted_values(
-    weights: torch.Tensor, value: torch.Tensor, num_global: int, global_rows: int = 0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """weights (B, H, q, g + k) over value (B, H, g + k, D), whose first `global_rows` rows (0 or g) are
-    the global queries': the output (B, H, q, D) and the token block of the weights, (B, H, q -
-    global_rows, k), rebuilt into the matrix the output is computed from, so that it lies on the
-    autograd path (``attentions[i].retain_grad()`` gets a gradient)."""
-    token_block = weights[:, :, global_rows:, num_global:]
-    if num_global:
-        token_rows = torch.cat([weights[:, :, global_rows:, :num_global], token_block], dim=-1)
-        weights = torch.cat([weights[:, :, :global_rows], token_rows], dim=2)
-    return weights @ value, token_block
-
-
 def causal_mask(num_queries: int, num_keys: int, device: torch.device) -> torch.Tensor:
     """(q, k) bool: query i (the last q of k positions) sees keys up to its own position."""
     return torch.arange(num_keys, device=device) <= torch.arange(num_keys - num_queries, num_keys, device=device)[:, None]
-
-
-def explicit_softmax(scores: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The softmax of every explicit LSG attention: in float32 at least (half precision inputs too), as
-    transformers' eager attention runs it, then cast to `dtype`."""
-    return scores.softmax(dim=-1, dtype=torch.promote_types(dtype, torch.float32)).to(dtype)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -985,12 +965,15 @@ class BlockKeys:
     queries: (n, H, b, D); keys, values: (n, H, K, D) in the order of `KeyPattern.key_columns` (values
     None where not asked for), gathered in one copy each with `block_table`; mask: (n, 1 or H, 1 or b,
     K), additive (DropKey and position terms applied). n = B * nb, or the number of blocks chosen.
+    memo: the forward pass's memo (`PaddingPlan.memo`) where every layer of the kind has this mask
+    (`TokenAttention.masks_shared_by_layers`), so what a path makes from it is made once too; else None.
     """
 
     queries: torch.Tensor
     keys: torch.Tensor
     values: torch.Tensor | None
     mask: torch.Tensor
+    memo: dict | None
 
     @classmethod
     def of(
@@ -1025,7 +1008,7 @@ class BlockKeys:
         else:
             queries = gather_block_rows(job.sequence[0], table.query_rows, chosen)
         values = gather_block_rows(value_sequence, table.columns, chosen) if with_values else None
-        return cls(queries=queries, keys=keys, values=values, mask=mask)
+        return cls(queries=queries, keys=keys, values=values, mask=mask, memo=memo)
 
 
 def job_block_table(job: TokenAttention) -> BlockTable:

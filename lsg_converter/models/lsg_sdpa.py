@@ -157,10 +157,8 @@ def gathered_token_attention(job: TokenAttention) -> TokenOutput:
     blocks = BlockKeys.of(job, chosen=chosen)
     queries, keys, values, mask = blocks.queries, blocks.keys, blocks.values, blocks.mask
     output = queries.new_empty(queries.shape[0], job.pattern.block_size, queries.shape[1], values.shape[-1])
-    if job.masks_shared_by_layers:
-        runs = made_once(job.plan.memo, ("mask runs", job.positions, chosen is None), lambda: mask_runs(mask))
-    else:
-        runs = mask_runs(mask)
+    memo_key = ("mask runs", job.positions, chosen is None)
+    runs = mask_runs(mask) if blocks.memo is None else made_once(blocks.memo, memo_key, lambda: mask_runs(mask))
     for start, end, masked in runs:
         output[start:end] = fused_attention(
             queries[start:end], keys[start:end], values[start:end], mask[start:end] if masked else None, job.scaling
