@@ -66,6 +66,7 @@ from .lsg_pattern import (
     causal_mask,
     dense_position_scores,
     drop_keys,
+    far_sparse_scores,
     give_padding_plans,
     is_exporting,
     made_once,
@@ -545,49 +546,62 @@ def choose_path(backend: str, job: TokenAttention) -> tuple[AttentionPath, Any]:
 
     Each block with its own global keys (`TokenAttention.block_global_keys`) runs sdpa's window views where
     they apply, else the gathered blocks, whatever the backend but eager.
+
+    The gathered and eager paths get the forward pass's memo (`PaddingPlan.memo`) where every layer of the
+    kind makes the same masks of its blocks, so that they are made once per pass: no DropKey, the sparse
+    keys' mask of the padding alone (`SparseContext.mask_of_tokens_alone`), and no position terms, or terms
+    of a table alone that give the mask no gradient and whose sparse keys' terms do not depend on the keys'
+    positions (no sparse keys, or `far_sparse_scores`). Else None: each call makes its own.
     """
-    if backend == "eager":
-        return AttentionPath.EAGER, None
-    own_global_keys = job.block_global_keys is not None
-    queries = job.token_queries
-    # every key may be seen and nothing else changes the scores: masks of the input's shape alone (not while
-    # exporting, whose one graph serves every length)
-    unmasked = not is_exporting() and job.plan.no_masked_keys and job.sparse is None and job.kept is None and job.positions is None
-    if backend == DEFAULT_BACKEND:
-        flex = prefers_flex_attention(queries.device.type, queries.dtype, job.num_tokens, unmasked)
-        backend = "flex_attention" if flex else "sdpa"
-    if backend == "flex_attention" and not own_global_keys:
-        if not (job.training and queries.device.type in FLEX_FORWARD_ONLY_DEVICES):
-            return AttentionPath.FLEX, key_validity(job)
-        logger.warning_once(
-            f"flex_attention has no backward pass on {queries.device.type}: LSG runs its sdpa backend while "
-            "gradients are needed (same results)."
+    queries, terms, sparse = job.token_queries, job.positions, job.sparse
+    if backend != "eager":
+        own_global_keys = job.block_global_keys is not None
+        # every key may be seen and nothing else changes the scores: masks of the input's shape alone (not while
+        # exporting, whose one graph serves every length)
+        unmasked = not is_exporting() and job.plan.no_masked_keys and sparse is None and job.kept is None and terms is None
+        if backend == DEFAULT_BACKEND:
+            flex = prefers_flex_attention(queries.device.type, queries.dtype, job.num_tokens, unmasked)
+            backend = "flex_attention" if flex else "sdpa"
+        if backend == "flex_attention" and not own_global_keys:
+            if not (job.training and queries.device.type in FLEX_FORWARD_ONLY_DEVICES):
+                return AttentionPath.FLEX, key_validity(job)
+            logger.warning_once(
+                f"flex_attention has no backward pass on {queries.device.type}: LSG runs its sdpa backend while "
+                "gradients are needed (same results)."
+            )
+        views = job.plan.window_views
+        if (
+            views is not None
+            and job.kept is None
+            and job.token_values.shape[-1] == queries.shape[-1]
+            and (not job.training or CPU_FLASH_ATTENTION_BACKWARD is not None)
+            and (terms is None or (terms.same_in_every_block and not job.training and not job.terms_trained))
+        ):
+            return AttentionPath.WINDOW_VIEWS, views
+        if unmasked and not own_global_keys:
+            return AttentionPath.UNMASKED, None
+        if job.terms_trained and not queries.is_cuda and not own_global_keys:
+            return AttentionPath.TRAINED_TERMS, None
+    shared = (
+        job.kept is None
+        and (sparse is None or sparse.mask_of_tokens_alone)
+        and (
+            terms is None
+            or terms.same_in_every_block
+            and not job.terms_trained
+            and (sparse is None or far_sparse_scores(terms, job.pattern, queries.device, job.plan.memo) is not None)
         )
-    views, terms = job.plan.window_views, job.positions
-    if (
-        views is not None
-        and job.kept is None
-        and job.token_values.shape[-1] == queries.shape[-1]
-        and (not job.training or CPU_FLASH_ATTENTION_BACKWARD is not None)
-        and (terms is None or (terms.same_in_every_block and not job.training and not job.terms_trained))
-    ):
-        return AttentionPath.WINDOW_VIEWS, views
-    if own_global_keys:
-        return AttentionPath.GATHERED, None
-    if unmasked:
-        return AttentionPath.UNMASKED, None
-    if job.terms_trained and not queries.is_cuda:
-        return AttentionPath.TRAINED_TERMS, None
-    return AttentionPath.GATHERED, None
+    )
+    return (AttentionPath.EAGER if backend == "eager" else AttentionPath.GATHERED), (job.plan.memo if shared else None)
 
 
 # Each path's function: (job, what `choose_path` gave with the path) -> the token queries' output
 PATH_FUNCTIONS: dict[AttentionPath, Callable[[TokenAttention, Any], TokenOutput]] = {
-    AttentionPath.EAGER: lambda job, _: eager_token_attention(job),
+    AttentionPath.EAGER: eager_token_attention,
     AttentionPath.WINDOW_VIEWS: window_view_token_attention,
     AttentionPath.UNMASKED: lambda job, _: unmasked_attention(job),
     AttentionPath.TRAINED_TERMS: lambda job, _: trained_terms_token_attention(job),
-    AttentionPath.GATHERED: lambda job, _: gathered_token_attention(job),
+    AttentionPath.GATHERED: gathered_token_attention,
     AttentionPath.FLEX: flex_token_attention,
 }
 

@@ -75,10 +75,11 @@ def token_weights(pattern: KeyPattern, block_weights, sparse: SparseContext | No
     return torch.cat([global_part, token_part[..., :num_tokens]], dim=-1)[:, :, :num_tokens]
 
 
-def eager_token_attention(job: TokenAttention) -> TokenOutput:
+def eager_token_attention(job: TokenAttention, memo: dict | None) -> TokenOutput:
     """The eager path: the blocks of the sdpa backend with explicit weights, spread over a (t, t) matrix per
-    head, returned as the token queries' weights."""
-    blocks = BlockKeys.of(job, with_values=False)
+    head, returned as the token queries' weights; their mask made once under `memo` (as in
+    `lsg_sdpa.gathered_token_attention`)."""
+    blocks = BlockKeys.of(job, memo, with_values=False)
     scores = blocks.queries @ blocks.keys.transpose(-1, -2) * job.scaling  # (B * nb, H, b, K)
     block_weights = explicit_softmax(scores + blocks.mask, scores.dtype)
     block_weights = block_weights.unflatten(0, (job.token_keys.shape[0], job.num_blocks))  # (B, nb, H, b, K)

@@ -524,22 +524,6 @@ class TokenAttention:
         return self._padded
 
     @property
-    def masks_shared_by_layers(self) -> bool:
-        """Whether the blocks' additive masks are the same in every layer of this kind in the forward pass: no
-        DropKey, the sparse keys' mask of the padding alone (`SparseContext.mask_of_tokens_alone`), and no position
-        terms, or terms of a table alone that give the mask no gradient and whose sparse keys' terms do not
-        depend on the keys' positions (no sparse keys, or `far_sparse_scores`). What is made from them is then
-        made once per forward pass, under the terms (`made_once`)."""
-        if self.kept is not None or not (self.sparse is None or self.sparse.mask_of_tokens_alone):
-            return False
-        terms = self.positions
-        return terms is None or (
-            terms.same_in_every_block
-            and not self.terms_trained
-            and (self.sparse is None or far_sparse_scores(terms, self.pattern, self.token_keys.device, self.plan.memo) is not None)
-        )
-
-    @property
     def token_key_rows(self) -> torch.Tensor | None:
         """The tokens' `PositionTerms.key_rows` (the global rows left out), padded at the end like the
         tokens: (B, H, T, R), or None. Made once, where a sequence of the tokens' rows is needed (the
@@ -965,8 +949,8 @@ class BlockKeys:
     queries: (n, H, b, D); keys, values: (n, H, K, D) in the order of `KeyPattern.key_columns` (values
     None where not asked for), gathered in one copy each with `block_table`; mask: (n, 1 or H, 1 or b,
     K), additive (DropKey and position terms applied). n = B * nb, or the number of blocks chosen.
-    memo: the forward pass's memo (`PaddingPlan.memo`) where every layer of the kind has this mask
-    (`TokenAttention.masks_shared_by_layers`), so what a path makes from it is made once too; else None.
+    memo: the forward pass's memo (`PaddingPlan.memo`) where every layer of the kind has this mask (as
+    `lsg_attention.choose_path` gives it), so what a path makes from it is made once too; else None.
     """
 
     queries: torch.Tensor
@@ -979,17 +963,18 @@ class BlockKeys:
     def of(
         cls,
         job: TokenAttention,
+        memo: dict | None,
         with_values: bool = True,
         chosen: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> BlockKeys:
         """The blocks of `job`: every block, or the `chosen` ones ((batch index, block index), as
         `PaddingPlan.query_blocks` gives them). The mask is made first, so that the position terms' pieces are
-        freed before the keys are gathered; once per forward pass where every layer of the kind makes the same
-        one (`TokenAttention.masks_shared_by_layers`)."""
+        freed before the keys are gathered; once per forward pass under `memo`, where every layer of the kind
+        makes the same one (the memo `lsg_attention.choose_path` gives the path), else (None) in this call."""
         batch = job.token_keys.shape[0]
-        memo = job.plan.memo if job.masks_shared_by_layers else None  # None: made in this call
+        make_mask = lambda: folded_blocks(block_additive_mask(job), batch, chosen)  # noqa: E731  (n, ., ., K)
         memo_key = ("block mask", job.positions, job.token_queries.dtype, chosen is None)
-        mask = made_once(memo, memo_key, lambda: folded_blocks(block_additive_mask(job), batch, chosen))  # (n, ., ., K)
+        mask = make_mask() if memo is None else made_once(memo, memo_key, make_mask)
         table = job_block_table(job)
         # the sequences the blocks gather from, [g globals | t tokens | compressed keys], (B, N, H, D) each:
         # the layer's own where there are no sparse keys (no copy)

@@ -149,12 +149,13 @@ def window_view_forward(job: TokenAttention, plan: WindowViewPlan, exact: bool) 
     return output, lses
 
 
-def gathered_token_attention(job: TokenAttention) -> TokenOutput:
+def gathered_token_attention(job: TokenAttention, memo: dict | None) -> TokenOutput:
     """The gathered path: every block that holds a real token (`PaddingPlan.query_blocks`) gets its keys
     gathered (`BlockKeys`) and runs through SDPA, the runs of blocks without a masked key without a mask
-    (`mask_runs`)."""
+    (`mask_runs`); their mask and runs made once under `memo`, the forward pass's where every layer of the
+    kind has the same (`lsg_attention.choose_path`), else (None) in this call."""
     chosen = job.plan.query_blocks  # None: every block
-    blocks = BlockKeys.of(job, chosen=chosen)
+    blocks = BlockKeys.of(job, memo, chosen=chosen)
     queries, keys, values, mask = blocks.queries, blocks.keys, blocks.values, blocks.mask
     output = queries.new_empty(queries.shape[0], job.pattern.block_size, queries.shape[1], values.shape[-1])
     memo_key = ("mask runs", job.positions, chosen is None)
