@@ -587,9 +587,11 @@ def choose_path(backend: str, job: TokenAttention) -> tuple[AttentionPath, Any]:
         and (sparse is None or sparse.mask_of_tokens_alone)
         and (
             terms is None
-            or terms.same_in_every_block
-            and not job.terms_trained
-            and (sparse is None or far_sparse_scores(terms, job.pattern, queries.device, job.plan.memo) is not None)
+            or (
+                terms.same_in_every_block
+                and not job.terms_trained
+                and (sparse is None or far_sparse_scores(terms, job.pattern, queries.device, job.plan.memo) is not None)
+            )
         )
     )
     return (AttentionPath.EAGER if backend == "eager" else AttentionPath.GATHERED), (job.plan.memo if shared else None)
