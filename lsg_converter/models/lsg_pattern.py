@@ -949,15 +949,12 @@ class BlockKeys:
     queries: (n, H, b, D); keys, values: (n, H, K, D) in the order of `KeyPattern.key_columns` (values
     None where not asked for), gathered in one copy each with `block_table`; mask: (n, 1 or H, 1 or b,
     K), additive (DropKey and position terms applied). n = B * nb, or the number of blocks chosen.
-    memo: the forward pass's memo (`PaddingPlan.memo`) where every layer of the kind has this mask (as
-    `lsg_attention.choose_path` gives it), so what a path makes from it is made once too; else None.
     """
 
     queries: torch.Tensor
     keys: torch.Tensor
     values: torch.Tensor | None
     mask: torch.Tensor
-    memo: dict | None
 
     @classmethod
     def of(
@@ -993,7 +990,7 @@ class BlockKeys:
         else:
             queries = gather_block_rows(job.sequence[0], table.query_rows, chosen)
         values = gather_block_rows(value_sequence, table.columns, chosen) if with_values else None
-        return cls(queries=queries, keys=keys, values=values, mask=mask, memo=memo)
+        return cls(queries=queries, keys=keys, values=values, mask=mask)
 
 
 def job_block_table(job: TokenAttention) -> BlockTable:

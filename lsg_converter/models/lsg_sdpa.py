@@ -159,7 +159,7 @@ def gathered_token_attention(job: TokenAttention, memo: dict | None) -> TokenOut
     queries, keys, values, mask = blocks.queries, blocks.keys, blocks.values, blocks.mask
     output = queries.new_empty(queries.shape[0], job.pattern.block_size, queries.shape[1], values.shape[-1])
     memo_key = ("mask runs", job.positions, chosen is None)
-    runs = mask_runs(mask) if blocks.memo is None else made_once(blocks.memo, memo_key, lambda: mask_runs(mask))
+    runs = mask_runs(mask) if memo is None else made_once(memo, memo_key, lambda: mask_runs(mask))
     for start, end, masked in runs:
         output[start:end] = fused_attention(
             queries[start:end], keys[start:end], values[start:end], mask[start:end] if masked else None, job.scaling
