@@ -56,7 +56,8 @@ document among the step's documents; "spans", it finds the span of its document 
 every span of the step's documents (the control's documents are one span each: the same as "documents"
 there); ``--passages-per-document`` k: k passages of each document, each a query (with "spans"); ``--short-share``
 s: the share s of the budget spent first on documents of the source's own length (its window body), the rest
-at the model's (`adapt_to_long_documents(short_share=s)`; the control has none shorter: all its budget at its length).
+at the model's (`adapt_to_long_documents(short_share=s)`; the control has none shorter: all its budget at its length);
+``--negatives same-text``: each step's documents cut from one play as far as it holds them (both models).
 
 Scores: MRR and Acc@1 per method and query kind; for "after adaptation minus chunk mean" (and minus the
 control's chunk mean and chunk max) a 95% bootstrap interval of the MRR difference over documents (each document's reciprocal ranks averaged
@@ -86,7 +87,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from bench_extrapolation import play_paths
 from bench_speed import cpu_name, record_results, results_arguments
 from lsg_converter import LSGConverter, encode_spans, save_converted
-from lsg_converter.adaptation import LEARNING_RATES, OBJECTIVES, TRAINABLE_PARTS, adapt_to_long_documents, blend_weights, weights_of
+from lsg_converter.adaptation import LEARNING_RATES, NEGATIVES, OBJECTIVES, TRAINABLE_PARTS, adapt_to_long_documents, blend_weights, weights_of
 from real_models import minilm_path
 
 ADAPTATION_CATEGORIES = ("histories", "roman", "romances", "problems")
@@ -310,7 +311,7 @@ def adapt(model: SentenceTransformer, args: argparse.Namespace) -> Adaptation:
         adapt_to_long_documents(model, texts, train=args.train, batch_size=args.batch_size,
                                 mini_batch_size=args.mini_batch_size, in_document_share=args.in_document_share,
                                 objective=args.objective, passages_per_document=args.passages_per_document,
-                                short_share=args.short_share, epochs=args.epochs, max_minutes=args.minutes,
+                                negatives=args.negatives, short_share=args.short_share, epochs=args.epochs, max_minutes=args.minutes,
                                 learning_rate=args.learning_rate, bf16=args.bf16, source_share=0.0, seed=args.seed)
     finally:
         counter.remove()
@@ -472,7 +473,7 @@ def machine_description(args: argparse.Namespace) -> str:
         f"{args.docs_per_play}, in-document and cut-out queries per document: {args.queries_per_document}; "
         f"adapt_to_long_documents(train={args.train!r}, "
         f"batch_size={args.batch_size}, mini_batch_size={args.mini_batch_size}, "
-        f"in_document_share={args.in_document_share:g}, objective={args.objective!r}, passages_per_document={args.passages_per_document}, short_share={args.short_share:g}, epochs={args.epochs:g}, "
+        f"in_document_share={args.in_document_share:g}, objective={args.objective!r}, passages_per_document={args.passages_per_document}, negatives={args.negatives!r}, short_share={args.short_share:g}, epochs={args.epochs:g}, "
         f"max_minutes={args.minutes:g}, learning_rate={args.learning_rate or LEARNING_RATES[args.train]:g}, bf16={args.bf16}, seed={args.seed}), then blended back by source_share = {', '.join(f'{share:g}' for share in args.source_shares)}; seed {args.seed}"
     )
 
@@ -490,6 +491,8 @@ def main() -> None:
                         help="share of the adaptation's passages left in their document (the library's default)")
     parser.add_argument("--objective", choices=OBJECTIVES, default="documents",
                         help="what a training passage must find: its document, or its span among every span (both models)")
+    parser.add_argument("--negatives", choices=NEGATIVES, default="any",
+                        help="where a step's documents come from: any play, or one play as far as it holds them (both models)")
     parser.add_argument("--short-share", type=float, default=0.0,
                         help="share of the budget spent first on documents of the source's own length (both models; none shorter for the control)")
     parser.add_argument("--passages-per-document", type=int, default=1,

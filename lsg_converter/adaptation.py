@@ -60,6 +60,8 @@ TEXT_SUFFIXES = (".txt", ".md")  # the files a folder of texts is read from
 # What a passage must find (see `adapt_to_long_documents`): its document among the batch's documents, or the span
 # of its document where it lies among every span of the batch's documents
 OBJECTIVES = ("documents", "spans")
+# Where a step's negatives come from (see `adapt_to_long_documents`): documents of any text, or of the same text
+NEGATIVES = ("any", "same-text")
 # torch's vector capability (`torch.backends.cpu.get_cpu_capability`) of the x86 CPUs without AVX512, where
 # oneDNN has no bfloat16 kernels: bfloat16 matrix products run without them, far slower than float32 (measured:
 # benchmarks/RESULTS.md, "Adaptation step, float32 against bfloat16, a CPU without AVX512")
@@ -82,17 +84,19 @@ class Adaptation:
     passages_per_document: int = 1
     short_steps: int = 0  # of `steps`, those done first on documents of the source's own length
     short_tokens: int = 0  # the length of those documents, at most
+    negatives: str = "any"  # one of NEGATIVES
 
 
 @dataclass(frozen=True)
 class DocumentPair:
     """One training example: a document and its passages, left in it or cut out of it; `places`: for each
     passage, the token of the document (special tokens left out) where it lies (its middle token) or lay
-    (the first token after its cut)."""
+    (the first token after its cut); `text`: the index of the text it was cut from."""
 
     passages: tuple[str, ...]
     document: str
     places: tuple[int, ...]
+    text: int = 0
 
 
 def texts_description(texts: str | os.PathLike | Iterable[str], count: int) -> str:
@@ -199,7 +203,7 @@ def document_rounds(
     made = []
     for _ in range(rounds):
         pairs = []
-        for text, offsets in zip(texts, token_offsets):  # offsets: each token's (start, end) characters
+        for text_index, (text, offsets) in enumerate(zip(texts, token_offsets)):  # offsets: each token's (start, end) characters
             first_end = generator.randrange(1, document_tokens + 1)
             starts = [0] + list(range(first_end, len(offsets), document_tokens))
             for start, end in zip(starts, starts[1:] + [len(offsets)]):
@@ -221,7 +225,7 @@ def document_rounds(
                     kept.append(text[previous_end : window[-1][1]] if cuts[-1] + passage_tokens < len(window) else "")
                     document = " ".join(piece for piece in (piece.strip() for piece in kept) if piece)
                     places = [cut - index * passage_tokens for index, cut in enumerate(cuts)]
-                pairs.append(DocumentPair(passages, document.strip(), tuple(places)))
+                pairs.append(DocumentPair(passages, document.strip(), tuple(places), text_index))
         made.append(pairs)
     return made
 
@@ -231,11 +235,13 @@ def counted(number: int, noun: str) -> str:
     return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
-def round_batch_sampler(round_sizes: Sequence[int]) -> type:
+def round_batch_sampler(round_sizes: Sequence[int], row_texts: Sequence[int] | None = None) -> type:
     """A sentence-transformers batch sampler class for a dataset made of rounds, `round_sizes[r]` rows
     each, one after the other (every round holds each document once): each round is shuffled and cut
     into batches on its own (its last, short batch dropped with drop_last), so a batch never holds two
-    pairs of one document, each other's in-batch negatives."""
+    pairs of one document, each other's in-batch negatives. `row_texts`, the text each row was cut from:
+    each round's rows then come text by text (the texts in a random order, each one's rows shuffled), so a
+    batch holds documents of one text, or of two where one text's rows run out."""
     from sentence_transformers.base.sampler import DefaultBatchSampler
 
     class RoundBatchSampler(DefaultBatchSampler):
@@ -244,6 +250,9 @@ def round_batch_sampler(round_sizes: Sequence[int]) -> type:
             start = 0
             for size in round_sizes:
                 order = (start + torch.randperm(size, generator=generator)).tolist()
+                if row_texts is not None:  # a stable sort by the texts' drawn ranks keeps each text's rows shuffled
+                    text_rank = torch.randperm(max(row_texts) + 1, generator=generator).tolist()
+                    order.sort(key=lambda row: text_rank[row_texts[row]])
                 start += size
                 for first in range(0, size, self.batch_size):
                     batch = order[first : first + self.batch_size]
@@ -327,6 +336,7 @@ def adapt_to_long_documents(
     in_document_share: float = 0.75,
     objective: str = "documents",
     passages_per_document: int = 1,
+    negatives: str = "any",
     short_share: float = 0.0,
     batch_size: int = 8,
     mini_batch_size: int | None = None,
@@ -364,6 +374,9 @@ def adapt_to_long_documents(
             among them (`SpanRankingLoss`): the spans `encode_spans` gives, of the source's window body.
         passages_per_document: passages picked in each document (at places that do not overlap; all left in
             it or all cut out), each a query of the step: more than one with the "spans" objective only.
+        negatives: where the documents of a step come from, one of `NEGATIVES`: "any" (default), drawn at random
+            from every text; "same-text", from one text as far as it holds them (hard negatives: documents
+            that share their names and setting, told apart by what else they hold).
         short_share: the share of the training (of `max_minutes`, the long part getting what the short one
             leaves; else of the epochs or `max_steps`) spent first on documents of the source's own length
             (its window body: `encode_spans`'s spans), the rest at the model's: the short steps cost about
@@ -406,7 +419,7 @@ def adapt_to_long_documents(
         TrainingTextsError: no texts, or too few long enough to cut documents of two blocks from (of a whole
             window's body, where it holds fewer tokens: a model adapted at its own length).
         UnsupportedModelError: `model` is no sentence-transformers model over an LSG model.
-        InvalidSettingsError: an unknown `train` or `objective`, `in_document_share` / `source_share` /
+        InvalidSettingsError: an unknown `train`, `objective` or `negatives`, `in_document_share` / `source_share` /
             `short_share` out of range (or documents of the source's length too short for its passages),
             `mini_batch_size` with the "spans" objective (which has no cached variant), or
             `passages_per_document` other than 1 without it.
@@ -440,6 +453,8 @@ def adapt_to_long_documents(
         raise InvalidSettingsError(f"in_document_share={in_document_share} is no share: give a number from 0 to 1.")
     if objective not in OBJECTIVES:
         raise InvalidSettingsError(f"objective={objective!r} is not one of {', '.join(OBJECTIVES)}: give one of them.")
+    if negatives not in NEGATIVES:
+        raise InvalidSettingsError(f"negatives={negatives!r} is not one of {', '.join(NEGATIVES)}: give one of them.")
     if objective == "spans" and mini_batch_size is not None:
         raise InvalidSettingsError(
             "The spans objective has no cached loss: leave mini_batch_size unset, or give a smaller batch_size."
@@ -515,7 +530,8 @@ def adapt_to_long_documents(
             if max_minutes is not None and len(phases) > 1:  # the short part its share, the long what is left
                 minutes = max_minutes * share if index == 0 else max_minutes - (clock() - started) / 60
             steps.append(_train(
-                model, loss, rounds, span_tokens, passages_per_document, batch_size=batch_size, epochs=epochs * share,
+                model, loss, rounds, span_tokens, passages_per_document, same_text=negatives == "same-text",
+                batch_size=batch_size, epochs=epochs * share,
                 max_steps=phase_steps, minutes=minutes, learning_rate=learning_rate, bf16=bf16, seed=seed,
                 callbacks=callbacks, clock=clock, cards_the_training=output_path is not None,
             ))  # fmt: skip
@@ -525,7 +541,7 @@ def adapt_to_long_documents(
         max_tokens=model.max_seq_length, steps=sum(steps), batch_size=batch_size, train=train,
         learning_rate=learning_rate, source_share=source_share, objective=objective,
         passages_per_document=passages_per_document, short_steps=steps[0] if len(steps) > 1 else 0,
-        short_tokens=span_tokens + 2 if len(steps) > 1 else 0,
+        short_tokens=span_tokens + 2 if len(steps) > 1 else 0, negatives=negatives,
     )
     model.eval()
     if output_path is not None:
@@ -541,6 +557,7 @@ def _train(
     span_tokens: int,
     passages_per_document: int,
     *,
+    same_text: bool,
     batch_size: int,
     epochs: float,
     max_steps: int,
@@ -553,7 +570,8 @@ def _train(
     cards_the_training: bool,
 ) -> int:
     """One training of `adapt_to_long_documents` on `rounds` of pairs, its own optimizer, warm-up and
-    `minutes`; returns the optimizer steps done."""
+    `minutes` (`same_text`: each step's documents cut from one text as far as it holds them); returns the
+    optimizer steps done."""
     from datasets import Dataset
     from sentence_transformers import SentenceTransformerTrainingArguments
     from transformers import PrinterCallback
@@ -572,7 +590,9 @@ def _train(
             per_device_train_batch_size=batch_size,
             learning_rate=learning_rate,
             weight_decay=0.0,
-            batch_sampler=round_batch_sampler([len(made) for made in rounds]),
+            batch_sampler=round_batch_sampler(
+                [len(made) for made in rounds], [pair.text for pair in pairs] if same_text else None
+            ),
             dataloader_drop_last=True,
             save_strategy="no",
             logging_steps=max(1, len(pairs) // batch_size // 10),

@@ -259,9 +259,12 @@ def _adaptation_queries(adaptation: Any) -> str:
 
 def _adaptation_target(adaptation: Any) -> str:
     """What the adaptation's passages had to find (`lsg_converter.adaptation.OBJECTIVES`), as the card says it."""
+    documents = f"{adaptation.batch_size} documents of its step"
+    if getattr(adaptation, "negatives", "any") == "same-text":
+        documents += ", cut from one text as far as it held them"
     if getattr(adaptation, "objective", "documents") == "spans":
-        return f"the span of its document where it lies among every span of the {adaptation.batch_size} documents of its step"
-    return f"it among the {adaptation.batch_size} documents of its step"
+        return f"the span of its document where it lies among every span of the {documents}"
+    return f"it among the {documents}"
 
 
 def card_model_name(

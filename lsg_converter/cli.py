@@ -86,7 +86,7 @@ def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace, interrup
                 model, tokenizer, args.texts, train=args.train, max_minutes=args.max_minutes, epochs=args.epochs,
                 batch_size=args.batch_size, mini_batch_size=args.mini_batch_size, bf16=args.bf16,
                 source_share=args.source_share, objective=args.objective, passages_per_document=args.passages_per_document,
-                short_share=args.short_share, seed=args.seed,
+                negatives=args.negatives, short_share=args.short_share, seed=args.seed,
             )
         if args.dtype:
             model = model.to(getattr(torch, args.dtype))

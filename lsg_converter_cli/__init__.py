@@ -52,6 +52,7 @@ POSITION_TILINGS = ("body", "table")
 ADAPTED_PARTS = ("all", "positions+global", "positions", "global")  # lsg_converter.adaptation.TRAINABLE_PARTS
 ADAPTATION_SOURCE_SHARE = 0.2  # lsg_converter.adaptation.adapt_to_long_documents's default source_share
 ADAPTATION_OBJECTIVES = ("documents", "spans")  # lsg_converter.adaptation.OBJECTIVES, the first the default
+ADAPTATION_NEGATIVES = ("any", "same-text")  # lsg_converter.adaptation.NEGATIVES, the first the default
 
 
 class _Parser(argparse.ArgumentParser):
@@ -306,6 +307,14 @@ def build_parser() -> argparse.ArgumentParser:
     adapt.add_argument(
         "--adapt-passages", dest="passages_per_document", type=_positive_int, default=1, metavar="K",
         help="training passages per document, each a query of the step (default 1; more with --adapt-objective spans)",
+    )
+    adapt.add_argument(
+        "--adapt-negatives",
+        dest="negatives",
+        choices=ADAPTATION_NEGATIVES,
+        default=ADAPTATION_NEGATIVES[0],
+        help="where a step's documents come from: any of your texts (default), or one text as far as it holds them "
+        "(hard negatives: documents told apart by what the rest of each holds)",
     )
     adapt.add_argument(
         "--adapt-short-share", dest="short_share", type=_share("every step at --max-len"), default=0.0, metavar="S",

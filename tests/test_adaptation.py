@@ -195,6 +195,16 @@ def test_each_round_cuts_other_documents_and_passages_from_the_texts(minilm_path
     assert all(any(pair.passages[0] in text for text in texts) for made in rounds for pair in made)
 
 
+def test_each_pair_names_the_text_it_was_cut_from(minilm_path):
+    from transformers import AutoTokenizer
+
+    texts = long_texts(3, 1500)
+    (pairs,) = document_rounds(texts, AutoTokenizer.from_pretrained(minilm_path), 300, 32, 64, in_document_share=1.0)
+
+    assert {pair.text for pair in pairs} == {0, 1, 2}
+    assert all(pair.document in texts[pair.text] for pair in pairs)
+
+
 @pytest.mark.parametrize("share, kept", [(1.0, True), (0.0, False)])
 def test_the_in_document_share_leaves_the_passage_in_its_document_or_cuts_it_out(minilm_path, share, kept):
     from transformers import AutoTokenizer
@@ -277,11 +287,12 @@ def test_adapting_on_spans_with_several_passages_per_document_lowers_the_span_lo
     "settings, message",
     [
         ({"objective": "passages"}, "objective='passages' is not one of documents, spans"),
+        ({"negatives": "same-play"}, "negatives='same-play' is not one of any, same-text"),
         ({"objective": "spans", "mini_batch_size": 2}, "spans objective has no cached loss"),
         ({"passages_per_document": 0}, "passages_per_document=0 is no number of passages"),
         ({"passages_per_document": 2}, "Several passages per document need objective='spans'"),
     ],
-    ids=["unknown objective", "spans with a mini batch", "no passage", "several passages without spans"],
+    ids=["unknown objective", "unknown negatives", "spans with a mini batch", "no passage", "several passages without spans"],
 )
 def test_settings_of_the_objective_that_cannot_run_are_refused_and_nothing_is_written(converted_folder, tmp_path, settings, message):
     with pytest.raises(InvalidSettingsError, match=message):
@@ -301,6 +312,20 @@ def test_a_batch_holds_pairs_of_one_round_only():
     assert len(batches) == len(sampler) == 1 + 2 + 2
     assert all(any(set(batch) <= set(made) for made in rounds) for batch in batches)
     assert len({index for batch in batches for index in batch}) == 15
+
+
+def test_same_text_batches_hold_the_documents_of_one_text_each_round():
+    """Two rounds of 3 texts, 4 documents of each: with batches of 4 every batch is one text's documents,
+    and each round's batches are its own rows, its 3 texts."""
+    row_texts = [row // 4 % 3 for row in range(24)]
+    sampler = round_batch_sampler([12, 12], row_texts)(list(range(24)), batch_size=4, drop_last=True)
+
+    batches = list(sampler)
+
+    assert len(batches) == 6
+    assert all(len({row_texts[row] for row in batch}) == 1 for batch in batches)
+    assert [{row_texts[batch[0]] for batch in half} for half in (batches[:3], batches[3:])] == [{0, 1, 2}] * 2
+    assert all(set(batch) <= set(range(12)) for batch in batches[:3])
 
 
 def test_training_the_new_positions_keeps_the_embedding_of_a_text_the_source_could_read(source_folder, tmp_path):
@@ -543,6 +568,18 @@ def test_lsg_convert_adapt_objective_spans_trains_several_passages_per_document_
 
     card = (tmp_path / "out" / "README.md").read_text()
     assert "each of 2 passages of each document had to find the span of its document where it lies" in card
+
+
+def test_lsg_convert_adapt_negatives_same_text_draws_each_steps_documents_from_one_text(source_folder, tmp_path):
+    from lsg_converter_cli import main
+
+    arguments = [str(source_folder), "--max-len", str(LENGTH), "--block-size", "16", "--save-path", str(tmp_path / "out")]
+
+    assert main([*arguments, "--adapt-on", str(texts_folder(tmp_path / "texts")), "--adapt-negatives", "same-text",
+                 "--adapt-batch-size", "2", "--adapt-epochs", "1", "--quiet"]) == 0  # fmt: skip
+
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "among the 2 documents of its step, cut from one text as far as it held them" in card
 
 
 def test_lsg_convert_adapt_on_a_missing_folder_exits_10_before_converting(source_folder, tmp_path, capsys):

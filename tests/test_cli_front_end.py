@@ -16,7 +16,7 @@ import pytest
 from helpers import closed_port_endpoint, hub_environment, python_command, run_process
 from lsg_converter._version import __version__
 from lsg_converter.models.lsg_sparse import SPARSITY_TYPES
-from lsg_converter.adaptation import OBJECTIVES, TRAINABLE_PARTS, adapt_to_long_documents
+from lsg_converter.adaptation import NEGATIVES, OBJECTIVES, TRAINABLE_PARTS, adapt_to_long_documents
 from lsg_converter.positions import POSITION_TILINGS
 import lsg_converter_cli
 from lsg_converter_cli import main
@@ -107,6 +107,8 @@ def test_the_parser_offers_the_library_choices():
     assert lsg_converter_cli.ADAPTATION_SOURCE_SHARE == default_share
     default_objective = inspect.signature(adapt_to_long_documents).parameters["objective"].default
     assert lsg_converter_cli.ADAPTATION_OBJECTIVES == OBJECTIVES and OBJECTIVES[0] == default_objective
+    default_negatives = inspect.signature(adapt_to_long_documents).parameters["negatives"].default
+    assert lsg_converter_cli.ADAPTATION_NEGATIVES == NEGATIVES and NEGATIVES[0] == default_negatives
 
 
 @pytest.mark.parametrize(
