@@ -4,7 +4,7 @@ The blocks of the sdpa backend (same keys, same DropKey draws, same position ter
 softmax (`explicit_softmax`). Their weights become what transformers returns for BERT,
 one ``(t, t)`` matrix per head:
 
-* `token_weights` spreads each block's weights over the layer's keys (`lsg_pattern.block_table`),
+* `token_weights` spreads each block's weights over the layer's keys (the blocks' `lsg_pattern.BlockTable`),
   then each sparse key's weight over the tokens it compresses, in the proportions it takes their
   values (`SparseContext.token_weights`), so that the output is exactly these weights times the values;
 * the output is computed from them (`weighted_values`), with the global columns cut off
@@ -18,15 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .lsg_pattern import (
-    BlockKeys,
-    KeyPattern,
-    SparseContext,
-    TokenAttention,
-    TokenOutput,
-    additive_mask,
-    block_table,
-)
+from .lsg_pattern import BlockKeys, BlockTable, SparseContext, TokenAttention, TokenOutput, additive_mask
 
 
 def explicit_softmax(scores: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -49,11 +41,14 @@ def weighted_values(
     return weights @ value, token_block
 
 
-def token_weights(pattern: KeyPattern, block_weights, sparse: SparseContext | None, num_tokens: int) -> torch.Tensor:
+def token_weights(
+    table: BlockTable, block_weights, sparse: SparseContext | None, num_global: int, num_tokens: int
+) -> torch.Tensor:
     """Each token query's weights over the layer's keys, from its block's weights: (B, H, t, g + t).
 
-    block_weights: (B, nb, H, b, K) over each block's keys (`KeyPattern.key_columns`); sparse: the
-    sparse context with ``token_weights`` (B, H, T / f, T), each sparse key's weight on every token.
+    table: where each block's keys lie in [g globals | t tokens | compressed keys]; block_weights: (B, nb,
+    H, b, K) over each block's keys (`KeyPattern.key_columns`); sparse: the sparse context with
+    ``token_weights`` (B, H, T / f, T), each sparse key's weight on every token.
     A sparse key's weight is spread over the tokens by those proportions, and the tokens' value
     through it is what the query receives: a norm, stride or block_stride key gives its whole weight
     to the token it selected, a pooling key 1/f to each token of its window, a bos_pooling key its
@@ -61,18 +56,18 @@ def token_weights(pattern: KeyPattern, block_weights, sparse: SparseContext | No
     local and as a sparse key gets both weights.
     """
     batch, num_blocks, heads, rows, _ = block_weights.shape
-    num_global, padded_tokens = pattern.num_global, num_blocks * rows
     num_compressed = 0 if sparse is None else sparse.token_weights.shape[2]
-    # each block's keys in the sequence [g globals | T tokens | compressed | one column for the keys outside it]
-    table = block_table(pattern, num_blocks, padded_tokens, num_compressed, block_weights.device)
-    columns = torch.where(table.inside, table.columns, num_global + padded_tokens + num_compressed)  # (nb, K)
+    # each block's keys in the sequence [g globals | t tokens | compressed | one column for the keys outside it]
+    outside = num_global + num_tokens + num_compressed
+    columns = torch.where(table.inside, table.columns, outside)  # (nb, K)
     index = columns[None, None, :, None, :].expand(batch, heads, -1, rows, -1)  # (B, H, nb, b, K)
-    dense = block_weights.new_zeros(batch, heads, num_blocks, rows, num_global + padded_tokens + num_compressed + 1)
-    dense = dense.scatter_add(-1, index, block_weights.transpose(1, 2)).flatten(2, 3)  # (B, H, T, g + T + T / f + 1)
-    global_part, token_part, compressed_part, _ = dense.split([num_global, padded_tokens, num_compressed, 1], dim=-1)
+    dense = block_weights.new_zeros(batch, heads, num_blocks, rows, outside + 1)
+    dense = dense.scatter_add(-1, index, block_weights.transpose(1, 2)).flatten(2, 3)  # (B, H, T, g + t + T / f + 1)
+    dense = dense[:, :, :num_tokens]  # the token queries' rows
+    global_part, token_part, compressed_part, _ = dense.split([num_global, num_tokens, num_compressed, 1], dim=-1)
     if num_compressed:
-        token_part = token_part + compressed_part @ sparse.token_weights  # (B, H, T, T)
-    return torch.cat([global_part, token_part[..., :num_tokens]], dim=-1)[:, :, :num_tokens]
+        token_part = token_part + compressed_part @ sparse.token_weights[..., :num_tokens]  # (B, H, t, t)
+    return torch.cat([global_part, token_part], dim=-1)
 
 
 def eager_token_attention(job: TokenAttention, memo: dict | None) -> TokenOutput:
@@ -83,7 +78,7 @@ def eager_token_attention(job: TokenAttention, memo: dict | None) -> TokenOutput
     scores = blocks.queries @ blocks.keys.transpose(-1, -2) * job.scaling  # (B * nb, H, b, K)
     block_weights = explicit_softmax(scores + blocks.mask, scores.dtype)
     block_weights = block_weights.unflatten(0, (job.token_keys.shape[0], job.num_blocks))  # (B, nb, H, b, K)
-    weights = token_weights(job.pattern, block_weights, job.sparse, job.num_tokens)  # (B, H, t, g + t)
+    weights = token_weights(blocks.table, block_weights, job.sparse, job.pattern.num_global, job.num_tokens)
     if job.plan.real_rows is not None:  # the queries of blocks of padding only weigh nothing, as sdpa leaves them
         weights = torch.where(job.plan.real_rows[:, None, :, None], weights, 0)
     output, token_block = weighted_values(weights, job.sequence[2].transpose(1, 2), job.pattern.num_global)  # (B, H, g + t, D)

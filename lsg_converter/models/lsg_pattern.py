@@ -949,12 +949,14 @@ class BlockKeys:
     queries: (n, H, b, D); keys, values: (n, H, K, D) in the order of `KeyPattern.key_columns` (values
     None where not asked for), gathered in one copy each with `block_table`; mask: (n, 1 or H, 1 or b,
     K), additive (DropKey and position terms applied). n = B * nb, or the number of blocks chosen.
+    table: the `BlockTable` they were gathered with.
     """
 
     queries: torch.Tensor
     keys: torch.Tensor
     values: torch.Tensor | None
     mask: torch.Tensor
+    table: BlockTable
 
     @classmethod
     def of(
@@ -990,7 +992,7 @@ class BlockKeys:
         else:
             queries = gather_block_rows(job.sequence[0], table.query_rows, chosen)
         values = gather_block_rows(value_sequence, table.columns, chosen) if with_values else None
-        return cls(queries=queries, keys=keys, values=values, mask=mask)
+        return cls(queries=queries, keys=keys, values=values, mask=mask, table=table)
 
 
 def job_block_table(job: TokenAttention) -> BlockTable:
