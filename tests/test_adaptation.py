@@ -558,28 +558,24 @@ def test_lsg_convert_adapt_on_converts_adapts_and_saves_a_sentence_transformers_
     assert not torch.allclose(adapted.encode(probe, convert_to_tensor=True), converted.encode(probe, convert_to_tensor=True))
 
 
-def test_lsg_convert_adapt_objective_spans_trains_several_passages_per_document_on_spans(source_folder, tmp_path):
+@pytest.mark.parametrize(
+    "options, said",
+    [
+        (["--adapt-objective", "spans", "--adapt-passages", "2", "--adapt-batch-size", "4"],
+         "each of 2 passages of each document had to find the span of its document where it lies"),
+        (["--adapt-negatives", "same-text", "--adapt-batch-size", "2", "--adapt-epochs", "1"],
+         "among the 2 documents of its step, cut from one text as far as it held them"),
+    ],
+    ids=["spans objective, several passages", "negatives of the same text"],
+)  # fmt: skip
+def test_lsg_convert_adapts_with_the_objective_options_given_and_the_card_says_them(source_folder, tmp_path, options, said):
     from lsg_converter_cli import main
 
     arguments = [str(source_folder), "--max-len", str(LENGTH), "--block-size", "16", "--save-path", str(tmp_path / "out")]
 
-    assert main([*arguments, "--adapt-on", str(texts_folder(tmp_path / "texts")), "--adapt-objective", "spans",
-                 "--adapt-passages", "2", "--adapt-batch-size", "4", "--quiet"]) == 0  # fmt: skip
+    assert main([*arguments, "--adapt-on", str(texts_folder(tmp_path / "texts")), *options, "--quiet"]) == 0
 
-    card = (tmp_path / "out" / "README.md").read_text()
-    assert "each of 2 passages of each document had to find the span of its document where it lies" in card
-
-
-def test_lsg_convert_adapt_negatives_same_text_draws_each_steps_documents_from_one_text(source_folder, tmp_path):
-    from lsg_converter_cli import main
-
-    arguments = [str(source_folder), "--max-len", str(LENGTH), "--block-size", "16", "--save-path", str(tmp_path / "out")]
-
-    assert main([*arguments, "--adapt-on", str(texts_folder(tmp_path / "texts")), "--adapt-negatives", "same-text",
-                 "--adapt-batch-size", "2", "--adapt-epochs", "1", "--quiet"]) == 0  # fmt: skip
-
-    card = (tmp_path / "out" / "README.md").read_text()
-    assert "among the 2 documents of its step, cut from one text as far as it held them" in card
+    assert said in (tmp_path / "out" / "README.md").read_text()
 
 
 def test_lsg_convert_adapt_on_a_missing_folder_exits_10_before_converting(source_folder, tmp_path, capsys):
