@@ -376,7 +376,7 @@ def adapt_to_long_documents(
             it or all cut out), each a query of the step: more than one with the "spans" objective only.
         negatives: where the documents of a step come from, one of `NEGATIVES`: "any" (default), drawn at random
             from every text; "same-text", from one text as far as it holds them (hard negatives: documents
-            that share their names and setting, told apart by what else they hold).
+            that share their names and setting, told apart by what else they hold; measured: docs/adaptation.md).
         short_share: the share of the training (of `max_minutes`, the long part getting what the short one
             leaves; else of the epochs or `max_steps`) spent first on documents of the source's own length
             (its window body: `encode_spans`'s spans), the rest at the model's: the short steps cost about
