@@ -203,7 +203,8 @@ def document_rounds(
     made = []
     for _ in range(rounds):
         pairs = []
-        for text_index, (text, offsets) in enumerate(zip(texts, token_offsets)):  # offsets: each token's (start, end) characters
+        # offsets: each token's (start, end) characters
+        for text_index, (text, offsets) in enumerate(zip(texts, token_offsets)):
             first_end = generator.randrange(1, document_tokens + 1)
             starts = [0] + list(range(first_end, len(offsets), document_tokens))
             for start, end in zip(starts, starts[1:] + [len(offsets)]):
