@@ -57,7 +57,11 @@ every span of the step's documents (the control's documents are one span each: t
 there); ``--passages-per-document`` k: k passages of each document, each a query (with "spans"); ``--short-share``
 s: the share s of the budget spent first on documents of the source's own length (its window body), the rest
 at the model's (`adapt_to_long_documents(short_share=s)`; the control has none shorter: all its budget at its length);
-``--negatives same-text``: each step's documents cut from one play as far as it holds them (both models).
+``--negatives same-text``: each step's documents cut from one play as far as it holds them (both models);
+``--long-batch-size`` n: the long model's documents per step at its own length (`adapt_to_long_documents(long_batch_size=n)`;
+the control keeps ``--batch-size``, its steps being of its own length).
+``--save-ranks FILE``: every method's per-document reciprocal ranks (JSON), so that runs can be compared
+document by document (intervals across runs with the same ``--seed``: the same queries).
 
 Scores: MRR and Acc@1 per method and query kind; for "after adaptation minus chunk mean" (and minus the
 control's chunk mean and chunk max) a 95% bootstrap interval of the MRR difference over documents (each document's reciprocal ranks averaged
@@ -70,6 +74,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import random
 import sys
 import tempfile
@@ -301,14 +306,14 @@ class Adaptation:
     short_steps: int = 0  # of `steps`, those on documents of the source's own length (--short-share)
 
 
-def adapt(model: SentenceTransformer, args: argparse.Namespace) -> Adaptation:
+def adapt(model: SentenceTransformer, args: argparse.Namespace, long_batch_size: int | None = None) -> Adaptation:
     """Adapt `model` in place on the adaptation plays, counting the optimizer's steps."""
     texts = [path.read_text(encoding="utf-8") for path in plays_of(ADAPTATION_CATEGORIES)]
     steps = []
     counter = register_optimizer_step_post_hook(lambda *_: steps.append(1))
     started = time.perf_counter()
     try:
-        adapt_to_long_documents(model, texts, train=args.train, batch_size=args.batch_size,
+        adapt_to_long_documents(model, texts, train=args.train, batch_size=args.batch_size, long_batch_size=long_batch_size,
                                 mini_batch_size=args.mini_batch_size, in_document_share=args.in_document_share,
                                 objective=args.objective, passages_per_document=args.passages_per_document,
                                 negatives=args.negatives, short_share=args.short_share, epochs=args.epochs, max_minutes=args.minutes,
@@ -366,7 +371,7 @@ def run_length(length: int, source: SentenceTransformer, args: argparse.Namespac
             model.load_state_dict(SentenceTransformer(str(args.adapted / f"minilm-{length}-adapted"), trust_remote_code=True).state_dict())
             adaptation = None
         else:
-            adaptation = adapt(model, args)
+            adaptation = adapt(model, args, args.long_batch_size)
             print(f"adapted in {adaptation.seconds:.0f} s, {adaptation.steps} steps", flush=True)
             if args.save_adapted:
                 model.save(str(args.save_adapted / f"minilm-{length}-adapted"))
@@ -451,10 +456,12 @@ def report(result: LengthResult, args: argparse.Namespace) -> tuple[str, list[st
     if adaptation is None:
         lines += ["", f"Adaptation: the weights an earlier run saved, loaded from {args.adapted} (its time and steps are that run's)"]
     else:
+        long_batch = args.long_batch_size or args.batch_size
         lines += ["", f"Adaptation: {adaptation.seconds / 60:.1f} min wall time (budget {args.minutes:g} min), "
-                  f"{adaptation.steps} optimizer steps of {args.batch_size} documents "
-                  + (f"(the first {adaptation.short_steps} on documents of the source's own length, then "
-                     f"{adaptation.steps - adaptation.short_steps} at the model's)" if adaptation.short_steps else
+                  + (f"{adaptation.steps} optimizer steps: the first {adaptation.short_steps} of {args.batch_size} documents of "
+                     f"the source's own length, then {adaptation.steps - adaptation.short_steps} of {long_batch} at the model's"
+                     if adaptation.short_steps else
+                     f"{adaptation.steps} optimizer steps of {long_batch} documents "
                      f"({adaptation.seconds / max(adaptation.steps, 1):.0f} s per step)")]
     if result.control is not None:
         control = result.control
@@ -472,7 +479,7 @@ def machine_description(args: argparse.Namespace) -> str:
         f"{len(plays_of(EVALUATION_CATEGORIES))} others ({', '.join(EVALUATION_CATEGORIES)}), documents per play: at most "
         f"{args.docs_per_play}, in-document and cut-out queries per document: {args.queries_per_document}; "
         f"adapt_to_long_documents(train={args.train!r}, "
-        f"batch_size={args.batch_size}, mini_batch_size={args.mini_batch_size}, "
+        f"batch_size={args.batch_size}, long_batch_size={args.long_batch_size} (the long model's), mini_batch_size={args.mini_batch_size}, "
         f"in_document_share={args.in_document_share:g}, objective={args.objective!r}, passages_per_document={args.passages_per_document}, negatives={args.negatives!r}, short_share={args.short_share:g}, epochs={args.epochs:g}, "
         f"max_minutes={args.minutes:g}, learning_rate={args.learning_rate or LEARNING_RATES[args.train]:g}, bf16={args.bf16}, seed={args.seed}), then blended back by source_share = {', '.join(f'{share:g}' for share in args.source_shares)}; seed {args.seed}"
     )
@@ -486,6 +493,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=float, default=4.0,
                         help="adaptation epochs at most, each cutting the plays afresh (one is ~28 steps at 4,096: the budget stops it first)")
     parser.add_argument("--batch-size", type=int, default=8, help="adaptation documents per step")
+    parser.add_argument("--long-batch-size", type=int,
+                        help="the long model's documents per step at its own length (default: --batch-size; not the control's)")
     parser.add_argument("--mini-batch-size", type=int, help="the cached loss with this many documents at once")
     parser.add_argument("--in-document-share", type=float, default=inspect.signature(adapt_to_long_documents).parameters["in_document_share"].default,
                         help="share of the adaptation's passages left in their document (the library's default)")
@@ -512,6 +521,8 @@ def main() -> None:
     parser.add_argument("--no-control", dest="control", action="store_false",
                         help="leave out the control (the source adapted the same way at its own length), which doubles "
                         "the adaptation time")
+    parser.add_argument("--save-ranks", type=Path, metavar="FILE",
+                        help="write every method's per-document reciprocal ranks, by length and query kind, as JSON")
     parser.add_argument("--seed", type=int, default=0)
     results_arguments(parser)
     args = parser.parse_args()
@@ -522,14 +533,19 @@ def main() -> None:
         sys.exit("bench_adaptation: every short text must stay under 128 tokens")
     description = machine_description(args)
     print(description, flush=True)
-    started, sections, checks = time.perf_counter(), [], []
+    started, sections, checks, saved_ranks = time.perf_counter(), [], [], {}
     for length in args.lengths:
-        section, length_checks = report(run_length(length, source, args), args)
+        result = run_length(length, source, args)
+        section, length_checks = report(result, args)
+        saved_ranks[str(length)] = {f"{method} | {kind}": (1.0 / result.ranks[method, kind].float()).tolist()
+                                    for method in result.methods for kind in QUERY_KINDS}
         sections.append(section)
         checks += [f"{check} ({length:,} tokens)" for check in length_checks]
     text = "\n\n".join(sections) + "\n\n**Targets**\n\n" + "\n".join(checks)
     text += f"\n\nTotal wall time: {(time.perf_counter() - started) / 60:.0f} min"
     print("\n" + text)
+    if args.save_ranks:
+        args.save_ranks.write_text(json.dumps({"description": description, "reciprocal ranks": saved_ranks}, indent=1))
     if args.results:
         record_results(args.results_file, args.results, description, text)
 

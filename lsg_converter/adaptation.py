@@ -85,6 +85,7 @@ class Adaptation:
     short_steps: int = 0  # of `steps`, those done first on documents of the source's own length
     short_tokens: int = 0  # the length of those documents, at most
     negatives: str = "any"  # one of NEGATIVES
+    short_batch_size: int = 0  # documents per step of the `short_steps` (`batch_size`: of the others)
 
 
 @dataclass(frozen=True)
@@ -340,6 +341,7 @@ def adapt_to_long_documents(
     negatives: str = "any",
     short_share: float = 0.0,
     batch_size: int = 8,
+    long_batch_size: int | None = None,
     mini_batch_size: int | None = None,
     epochs: float = 4.0,
     max_steps: int = -1,
@@ -386,6 +388,10 @@ def adapt_to_long_documents(
             has its own optimizer and warm-up. 0 (default): every step at the model's length; a model
             adapted at its own length has no shorter documents, and trains as with 0.
         batch_size: documents per step, each the others' negatives.
+        long_batch_size: documents per step at the model's length (None: `batch_size`, which is then the short
+            part's, with `short_share`): a step of long documents costs about what as many steps of the source's
+            length cost as the documents are longer, so fewer documents a step buy more long steps in the same
+            minutes (measured: docs/adaptation.md).
         mini_batch_size: run the cached in-batch loss (CachedMultipleNegativesRankingLoss) with this many
             documents in memory at once, for a batch larger than memory allows (the same gradients, a little
             more time); None: the plain loss.
@@ -423,7 +429,7 @@ def adapt_to_long_documents(
         InvalidSettingsError: an unknown `train`, `objective` or `negatives`, `in_document_share` / `source_share` /
             `short_share` out of range (or documents of the source's length too short for its passages),
             `mini_batch_size` with the "spans" objective (which has no cached variant), or
-            `passages_per_document` other than 1 without it.
+            `passages_per_document` other than 1 without it, a `long_batch_size` below 1.
         MissingDependencyError: sentence-transformers or datasets is not installed.
         OutputExistsError: `output_path` holds a model and `overwrite` is False; its subclass
             OutputNotReplaceableError: `output_path` is a file or a folder of anything else.
@@ -466,6 +472,12 @@ def adapt_to_long_documents(
         )
     if passages_per_document > 1 and objective != "spans":
         raise InvalidSettingsError("Several passages per document need objective='spans': give it, or one passage per document.")
+    if long_batch_size is not None and (
+        isinstance(long_batch_size, bool) or not isinstance(long_batch_size, int) or long_batch_size < 1
+    ):
+        raise InvalidSettingsError(
+            f"long_batch_size={long_batch_size!r} is no number of documents: give a whole number of at least 1, or None."
+        )
     if not 0.0 <= source_share < 1.0:
         raise InvalidSettingsError(f"source_share={source_share} is no share: give a number from 0 (the trained weights) up to 1.")
     if not 0.0 <= short_share < 1.0:
@@ -480,8 +492,10 @@ def adapt_to_long_documents(
         )
     document_tokens = model.max_seq_length - 2  # a window's body, between its first and last token
     span_tokens = default_span_tokens(model, special_tokens_around(model.tokenizer))
-    # (document tokens, share of the training, seed of the cuts): the source's own length first, where asked
-    phases = [(document_tokens, 1.0, seed)]
+    long_batch_size = batch_size if long_batch_size is None else long_batch_size
+    # (document tokens, share of the training, seed of the cuts, documents per step): the source's own length
+    # first, where asked
+    phases = [(document_tokens, 1.0, seed, long_batch_size)]
     if short_share and span_tokens < document_tokens:
         if span_tokens < (passages_per_document + 1) * passage_tokens:
             raise InvalidSettingsError(
@@ -489,9 +503,9 @@ def adapt_to_long_documents(
                 f"{counted(passages_per_document, 'passage')} of {passage_tokens} tokens and as many more: give a "
                 "smaller passage_tokens, or leave short_share at 0."
             )
-        phases = [(span_tokens, short_share, seed + 1), (document_tokens, 1.0 - short_share, seed)]
-    phase_rounds = []
-    for tokens, share, cut_seed in phases:
+        phases = [(span_tokens, short_share, seed + 1, batch_size), (document_tokens, 1.0 - short_share, seed, long_batch_size)]
+    phase_rounds, batch_sizes = [], []
+    for tokens, share, cut_seed, phase_batch_size in phases:
         # two blocks, or a whole window's body where it holds fewer (a model adapted at its own length)
         min_tokens = min(2 * transformer.config.block_size, tokens)
         rounds = document_rounds(
@@ -506,13 +520,13 @@ def adapt_to_long_documents(
                 f"The texts given ({counted(len(texts), 'text')}) give {counted(smallest_round, 'document')} of at "
                 f"least {min_tokens} tokens ({what}): adapting needs two or more; give longer texts."
             )
-        batch_size = min(batch_size, smallest_round)
+        batch_sizes.append(min(phase_batch_size, smallest_round))
         phase_rounds.append(rounds)
     learning_rate = LEARNING_RATES[train] if learning_rate is None else learning_rate
     if objective == "spans":
         loss = SpanRankingLoss(model, span_tokens)
     else:
-        loss = ranking_loss(model, batch_size, mini_batch_size)
+        loss = ranking_loss(model, max(batch_sizes), mini_batch_size)
     phase_max_steps = [max_steps] * len(phases)  # -1: the epochs decide
     if max_steps > 0 and len(phases) > 1:
         short_steps = max(1, round(max_steps * short_share))
@@ -526,23 +540,26 @@ def adapt_to_long_documents(
         )
         as_given = weights_of(model) if source_share else {}
         started, steps = clock(), []
-        for index, ((_, share, _), rounds, phase_steps) in enumerate(zip(phases, phase_rounds, phase_max_steps)):
+        for index, ((_, share, _, _), rounds, phase_batch_size, phase_steps) in enumerate(
+            zip(phases, phase_rounds, batch_sizes, phase_max_steps)
+        ):
             minutes = max_minutes
             if max_minutes is not None and len(phases) > 1:  # the short part its share, the long what is left
                 minutes = max_minutes * share if index == 0 else max_minutes - (clock() - started) / 60
             steps.append(_train(
                 model, loss, rounds, span_tokens, passages_per_document, same_text=negatives == "same-text",
-                batch_size=batch_size, epochs=epochs * share,
+                batch_size=phase_batch_size, epochs=epochs * share,
                 max_steps=phase_steps, minutes=minutes, learning_rate=learning_rate, bf16=bf16, seed=seed,
                 callbacks=callbacks, clock=clock, cards_the_training=output_path is not None,
             ))  # fmt: skip
     blend_weights(model, as_given, source_share)
     transformer.lsg_adaptation = Adaptation(
         texts=texts_description(given_texts, len(texts)), documents=len(phase_rounds[-1][0]),
-        max_tokens=model.max_seq_length, steps=sum(steps), batch_size=batch_size, train=train,
+        max_tokens=model.max_seq_length, steps=sum(steps), batch_size=batch_sizes[-1], train=train,
         learning_rate=learning_rate, source_share=source_share, objective=objective,
         passages_per_document=passages_per_document, short_steps=steps[0] if len(steps) > 1 else 0,
         short_tokens=span_tokens + 2 if len(steps) > 1 else 0, negatives=negatives,
+        short_batch_size=batch_sizes[0] if len(steps) > 1 else 0,
     )
     model.eval()
     if output_path is not None:

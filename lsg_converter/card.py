@@ -248,7 +248,12 @@ def _short_steps(adaptation: Any) -> str:
     count = getattr(adaptation, "short_steps", 0)
     if not count:
         return ""
-    return f"; the first {_steps(count)} read documents of up to {adaptation.short_tokens:,} tokens, the source's own length"
+    short_batch_size = getattr(adaptation, "short_batch_size", 0)
+    per_step = f", {short_batch_size} a step" if short_batch_size and short_batch_size != adaptation.batch_size else ""
+    return (
+        f"; the first {_steps(count)} read documents of up to {adaptation.short_tokens:,} tokens, the source's own "
+        f"length{per_step}"
+    )
 
 
 def _adaptation_queries(adaptation: Any) -> str:

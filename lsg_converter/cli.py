@@ -84,7 +84,8 @@ def _convert(parser: argparse.ArgumentParser, args: argparse.Namespace, interrup
             _advance(progress, "adapt")
             adapt_converted_model(
                 model, tokenizer, args.texts, train=args.train, max_minutes=args.max_minutes, epochs=args.epochs,
-                batch_size=args.batch_size, mini_batch_size=args.mini_batch_size, bf16=args.bf16,
+                batch_size=args.batch_size, long_batch_size=args.long_batch_size, mini_batch_size=args.mini_batch_size,
+                bf16=args.bf16,
                 source_share=args.source_share, objective=args.objective, passages_per_document=args.passages_per_document,
                 negatives=args.negatives, short_share=args.short_share, seed=args.seed,
             )

@@ -333,6 +333,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="documents per step, each the others' negatives (default 8)",
     )
     adapt.add_argument(
+        "--adapt-long-batch-size", dest="long_batch_size", type=_positive_int, metavar="N",
+        help="documents per step at --max-len, where --adapt-batch-size is then the short part's (default: "
+        "--adapt-batch-size): fewer buy more long steps in the same minutes",
+    )
+    adapt.add_argument(
         "--adapt-mini-batch-size", dest="mini_batch_size", type=_positive_int, metavar="N",
         help="hold only N documents of a step in memory at once (the cached in-batch loss: the same gradients, "
         "a little more time), for a long --max-len or a large --adapt-batch-size (default: the whole step)",

@@ -291,8 +291,10 @@ def test_adapting_on_spans_with_several_passages_per_document_lowers_the_span_lo
         ({"objective": "spans", "mini_batch_size": 2}, "spans objective has no cached loss"),
         ({"passages_per_document": 0}, "passages_per_document=0 is no number of passages"),
         ({"passages_per_document": 2}, "Several passages per document need objective='spans'"),
+        ({"long_batch_size": 0}, "long_batch_size=0 is no number of documents"),
     ],
-    ids=["unknown objective", "unknown negatives", "spans with a mini batch", "no passage", "several passages without spans"],
+    ids=["unknown objective", "unknown negatives", "spans with a mini batch", "no passage", "several passages without spans",
+         "no long document a step"],
 )
 def test_settings_of_the_objective_that_cannot_run_are_refused_and_nothing_is_written(converted_folder, tmp_path, settings, message):
     with pytest.raises(InvalidSettingsError, match=message):
@@ -458,6 +460,40 @@ def test_a_short_share_trains_first_on_documents_of_the_sources_own_length_then_
     assert lengths.longest[0] <= 128 < lengths.longest[1] <= LENGTH
 
 
+class StepDocuments(TrainerCallback):
+    """Records, at the start of each training, how many documents its steps read."""
+
+    def __init__(self) -> None:
+        self.documents: list[int] = []
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.documents.append(args.per_device_train_batch_size)
+
+
+def test_a_long_batch_size_gives_the_steps_at_the_models_length_their_own_number_of_documents(converted_folder):
+    model = SentenceTransformer(str(converted_folder), trust_remote_code=True)
+    steps = StepDocuments()
+
+    adapt_to_long_documents(
+        model, long_texts(6, 1500), passage_tokens=32, batch_size=4, long_batch_size=2, max_steps=4, short_share=0.5,
+        callbacks=[steps],
+    )
+
+    adaptation = model[0].auto_model.lsg_adaptation
+    assert steps.documents == [4, 2]
+    assert (adaptation.short_batch_size, adaptation.batch_size) == (4, 2)
+
+
+def test_a_long_batch_size_without_a_short_share_gives_every_step_its_number_of_documents(converted_folder):
+    model = SentenceTransformer(str(converted_folder), trust_remote_code=True)
+    steps = StepDocuments()
+
+    adapt_to_long_documents(model, long_texts(6, 1500), batch_size=4, long_batch_size=2, max_steps=1, callbacks=[steps])
+
+    assert steps.documents == [2]
+    assert (model[0].auto_model.lsg_adaptation.short_batch_size, model[0].auto_model.lsg_adaptation.batch_size) == (0, 2)
+
+
 def test_a_budget_with_a_short_share_gives_the_short_part_its_share_and_the_long_part_what_is_left(converted_folder):
     slow = SlowSteps(60)
     model = adapt_to_long_documents(
@@ -565,8 +601,9 @@ def test_lsg_convert_adapt_on_converts_adapts_and_saves_a_sentence_transformers_
          "each of 2 passages of each document had to find the span of its document where it lies"),
         (["--adapt-negatives", "same-text", "--adapt-batch-size", "2", "--adapt-epochs", "1"],
          "among the 2 documents of its step, cut from one text as far as it held them"),
+        (["--adapt-batch-size", "4", "--adapt-long-batch-size", "2", "--adapt-epochs", "1"], "it among the 2 documents of its step"),
     ],
-    ids=["spans objective, several passages", "negatives of the same text"],
+    ids=["spans objective, several passages", "negatives of the same text", "fewer documents a long step"],
 )  # fmt: skip
 def test_lsg_convert_adapts_with_the_objective_options_given_and_the_card_says_them(source_folder, tmp_path, options, said):
     from lsg_converter_cli import main
@@ -649,3 +686,17 @@ def test_the_card_of_a_model_adapted_at_the_sources_length_first_says_how_many_s
     card = model_card(model, save_path=tmp_path / "adapted").text
     assert "4 training steps on 4 texts" in card
     assert "the first 1 training step read documents of up to 128 tokens, the source's own length" in card
+
+
+def test_the_card_of_a_model_adapted_with_fewer_documents_a_long_step_says_both_numbers(source_folder, tmp_path):
+    converter = LSGConverter(max_sequence_length=LENGTH)
+    model, tokenizer = converter.convert_from_pretrained(str(source_folder), block_size=16)
+
+    adapt_converted_model(
+        model, tokenizer, texts_folder(tmp_path / "my-plays"), passage_tokens=32, batch_size=4, long_batch_size=2,
+        max_steps=4, short_share=0.25,
+    )
+
+    card = model_card(model, save_path=tmp_path / "adapted").text
+    assert "it among the 2 documents of its step" in card
+    assert "documents of up to 128 tokens, the source's own length, 4 a step" in card
