@@ -258,7 +258,7 @@ def test_adaptation_report_states_the_adapted_model_against_the_fair_control():
     ranks = {(method, kind): first if method.startswith(bench.AFTER) else second for method in methods for kind in bench.QUERY_KINDS}
     control = bench.Adaptation(seconds=60.0, steps=4)
     result = bench.LengthResult(1024, documents, methods, ranks, {}, bench.Adaptation(60.0, 2), 90.0, control)
-    args = argparse.Namespace(source_shares=[0.0], seed=0, adapted=None, minutes=1.0, batch_size=8)
+    args = argparse.Namespace(source_shares=[0.0], seed=0, adapted=None, minutes=1.0, batch_size=8, long_batch_size=None)
 
     text, checks = bench.report(result, args)
 
