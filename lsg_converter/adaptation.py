@@ -389,9 +389,9 @@ def adapt_to_long_documents(
             adapted at its own length has no shorter documents, and trains as with 0.
         batch_size: documents per step, each the others' negatives.
         long_batch_size: documents per step at the model's length (None: `batch_size`, which is then the short
-            part's, with `short_share`): a step of long documents costs about what as many steps of the source's
-            length cost as the documents are longer, so fewer documents a step buy more long steps in the same
-            minutes (measured: docs/adaptation.md).
+            part's, with `short_share`). Fewer fit the long part in less memory (the spans objective has no
+            cached loss) and buy more long steps in the same minutes, but lowered retrieval of cut-out passages
+            (measured: docs/adaptation.md).
         mini_batch_size: run the cached in-batch loss (CachedMultipleNegativesRankingLoss) with this many
             documents in memory at once, for a batch larger than memory allows (the same gradients, a little
             more time); None: the plain loss.
