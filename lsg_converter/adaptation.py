@@ -42,7 +42,7 @@ import torch
 from transformers import TrainerCallback
 from transformers.utils import logging
 
-from .errors import InvalidSettingsError, TrainingTextsError, UnsupportedModelError, require
+from .errors import InvalidSettingsError, TrainingTextsError, UnsupportedModelError, is_count, require
 from .positions import PRETRAINED_POSITIONS_KEY
 from .saving import check_output_folder, staged_folder
 from .sbert import MODULES_FILE
@@ -466,15 +466,13 @@ def adapt_to_long_documents(
         raise InvalidSettingsError(
             "The spans objective has no cached loss: leave mini_batch_size unset, or give a smaller batch_size."
         )
-    if isinstance(passages_per_document, bool) or not isinstance(passages_per_document, int) or passages_per_document < 1:
+    if not is_count(passages_per_document):
         raise InvalidSettingsError(
             f"passages_per_document={passages_per_document!r} is no number of passages: give a whole number of at least 1."
         )
     if passages_per_document > 1 and objective != "spans":
         raise InvalidSettingsError("Several passages per document need objective='spans': give it, or one passage per document.")
-    if long_batch_size is not None and (
-        isinstance(long_batch_size, bool) or not isinstance(long_batch_size, int) or long_batch_size < 1
-    ):
+    if long_batch_size is not None and not is_count(long_batch_size):
         raise InvalidSettingsError(
             f"long_batch_size={long_batch_size!r} is no number of documents: give a whole number of at least 1, or None."
         )

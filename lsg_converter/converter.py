@@ -12,7 +12,7 @@ from transformers.utils import logging
 
 from .architectures import find_architecture, max_length_of
 from .checkpoint import tensor_names, weight_files
-from .errors import InvalidSettingsError, UnknownSettingError
+from .errors import InvalidSettingsError, UnknownSettingError, is_count
 from .global_tokens import fill_global_tokens
 from .head_choice import choose_head
 from .loading import drop_source_lengths, kept_weights, load_model, load_tokenizer, new_weights, report_loading
@@ -99,7 +99,7 @@ class LSGConverter:
                     f"LSGConverter() got {name}={value!r}, an LSG setting: pass it to convert_from_pretrained() instead."
                 )
             raise unknown_setting_error("LSGConverter()", name, value, valid, "no argument of LSGConverter()")
-        if isinstance(max_sequence_length, bool) or not isinstance(max_sequence_length, int) or max_sequence_length < 1:
+        if not is_count(max_sequence_length):
             raise InvalidSettingsError(
                 f"max_sequence_length={max_sequence_length!r} is not a positive integer: use a whole number of tokens."
             )

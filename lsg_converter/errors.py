@@ -22,6 +22,11 @@ def listed(names: Iterable[str], shown: int = 8) -> str:
     return ", ".join(names[:shown]) + more
 
 
+def is_count(value: object) -> bool:
+    """Whether `value` is a whole number of at least 1 (a bool is not, though Python counts it an int)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 class LSGError(Exception):
     """Base class of every error lsg_converter raises on purpose."""
 

@@ -13,7 +13,7 @@ import transformers
 from transformers import PretrainedConfig
 
 from .architectures import Architecture
-from .errors import InvalidSettingsError, UnknownSettingError
+from .errors import InvalidSettingsError, UnknownSettingError, is_count
 from .models.lsg_defaults import CONVERSION_DEFAULTS
 from .models.lsg_model import POOLER_KEY, is_reference_config, validate_lsg_settings
 from .models.lsg_pattern import uses_sparse_keys
@@ -104,7 +104,7 @@ def resolve_settings(
     a decoder cannot run), if `max_length` is below the positions the source reads, or if num_labels is
     no positive whole number."""
     labels = lsg_kwargs.get("num_labels")
-    if labels is not None and (isinstance(labels, bool) or not isinstance(labels, int) or labels < 1):
+    if labels is not None and not is_count(labels):
         raise InvalidSettingsError(
             f"num_labels={labels!r} is no number of labels: use a whole number of at least 1."
         )

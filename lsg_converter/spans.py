@@ -18,7 +18,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers.utils import logging
 
-from .errors import InvalidSettingsError, UnsupportedModelError, require
+from .errors import InvalidSettingsError, UnsupportedModelError, is_count, require
 
 logger = logging.get_logger(__name__)
 
@@ -78,12 +78,12 @@ def encode_spans(
         raise InvalidSettingsError("encode_spans got span_tokens= and spans=: give one of them.")
     if spans is not None and len(spans) != len(texts):
         raise InvalidSettingsError(f"encode_spans got {len(spans)} span lists for {len(texts)} texts: give one per text.")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+    if not is_count(batch_size):
         raise InvalidSettingsError(f"batch_size={batch_size!r} is no number of texts: give a whole number of at least 1.")
     pooling, after_pooling = pooling_modules(model)
     special_tokens = special_tokens_around(model.tokenizer)
     span_tokens = default_span_tokens(model, special_tokens) if span_tokens is None and spans is None else span_tokens
-    if spans is None and (isinstance(span_tokens, bool) or not isinstance(span_tokens, int) or span_tokens < 1):
+    if spans is None and not is_count(span_tokens):
         raise InvalidSettingsError(f"span_tokens={span_tokens!r} is no number of tokens: give a whole number of at least 1.")
     if show_progress_bar is None:
         show_progress_bar = logging.get_logger("sentence_transformers").getEffectiveLevel() <= logging.INFO

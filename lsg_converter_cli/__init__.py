@@ -103,7 +103,7 @@ def _whole_number(text: str) -> int:
 def _positive_int(text: str) -> int:
     value = _whole_number(text)
     if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive number of tokens")
+        raise argparse.ArgumentTypeError(f"{value} is not a positive whole number")
     return value
 
 
