@@ -62,6 +62,10 @@ at the model's (`adapt_to_long_documents(short_share=s)`; the control has none s
 the control keeps ``--batch-size``, its steps being of its own length).
 ``--save-ranks FILE``: every method's per-document reciprocal ranks (JSON), so that runs can be compared
 document by document (intervals across runs with the same ``--seed``: the same queries).
+``--control-ranks FILE``: the control's ranks read from an earlier run's ``--save-ranks`` file instead of
+adapting it again (half the time), where only the long model's settings changed (``--long-batch-size``, or
+an objective the same as the control's on one-span documents: "documents", "spans" and "document-spans" are
+one objective there); the run refuses a file whose source ranks differ from its own (other documents or queries).
 
 Scores: MRR and Acc@1 per method and query kind; for "after adaptation minus chunk mean" (and minus the
 control's chunk mean and chunk max) a 95% bootstrap interval of the MRR difference over documents (each document's reciprocal ranks averaged
@@ -332,7 +336,7 @@ class LengthResult:
     fidelity: dict[str, tuple[float, float]]  # method -> (mean, min) cosine
     adaptation: Adaptation | None  # None: the adapted weights were loaded (--adapted)
     seconds: float
-    control: Adaptation | None = None  # the control's adaptation; None: no control
+    control: Adaptation | None = None  # the control's adaptation; None: no control, or its ranks read (--control-ranks)
 
 
 def after_method(share: float) -> str:
@@ -350,6 +354,10 @@ def run_length(length: int, source: SentenceTransformer, args: argparse.Namespac
     for task in task_list:
         for method, r in source_ranks(source, task).items():
             task_ranks.setdefault((method, task.kind), []).append(r)
+    saved_control = {}  # the control's ranks read from --control-ranks, checked against the source's before adapting
+    if args.control_ranks:
+        source_chunk_max = {(CHUNK_MAX, kind): per_document(task_ranks[CHUNK_MAX, kind], len(documents)) for kind in QUERY_KINDS}
+        saved_control = saved_control_ranks(args.control_ranks, length, source_chunk_max)
     reference = encode(source, list(SHORT_TEXTS))
     fidelities = {}
 
@@ -381,14 +389,30 @@ def run_length(length: int, source: SentenceTransformer, args: argparse.Namespac
             blend_weights(model, converted, share)
             evaluate(model, after_method(share))
         control = None
-        if args.control:
+        if args.control and not args.control_ranks:
             control = adapted_control(task_ranks, task_list, args, Path(scratch))
             print(f"control adapted in {control.seconds:.0f} s, {control.steps} steps", flush=True)
     methods = [TRUNCATED, CHUNK_MEAN, CHUNK_MAX, BEFORE, BEFORE + LATE]
     methods += [name for share in args.source_shares for name in (after_method(share), after_method(share) + LATE)]
-    methods += list(CONTROL.values()) if control else []
-    ranks = {key: per_document(value, len(documents)) for key, value in task_ranks.items()}
+    ranks = {key: per_document(value, len(documents)) for key, value in task_ranks.items()} | saved_control
+    methods += list(CONTROL.values()) if control or saved_control else []
     return LengthResult(length, len(documents), methods, ranks, fidelities, adaptation, time.perf_counter() - started, control)
+
+
+def saved_control_ranks(path: Path, length: int, ranks: dict[tuple[str, str], torch.Tensor]) -> dict[tuple[str, str], torch.Tensor]:
+    """The control's ranks at `length` from an earlier run's --save-ranks file, (documents, queries) each; exits
+    where the file's source ranks are not this run's `ranks` (other documents or queries)."""
+    saved = json.loads(path.read_text())["reciprocal ranks"].get(str(length), {})
+    for kind in QUERY_KINDS:
+        source = saved.get(f"{CHUNK_MAX} | {kind}")
+        if source is None or not torch.equal(torch.tensor(source), 1.0 / ranks[CHUNK_MAX, kind].float()):
+            sys.exit(f"bench_adaptation: {path} holds no ranks of these {length:,}-token documents and queries: give the "
+                     "--save-ranks file of a run with the same --lengths, --seed, --docs-per-play and --queries-per-document")
+        missing = [control for control in CONTROL.values() if f"{control} | {kind}" not in saved]
+        if missing:
+            sys.exit(f"bench_adaptation: {path} holds no ranks of the control (run without --no-control)")
+    return {(control, kind): (1.0 / torch.tensor(saved[f"{control} | {kind}"])).round().long()
+            for control in CONTROL.values() for kind in QUERY_KINDS}
 
 
 def adapted_control(task_ranks: dict, task_list: list[Task], args: argparse.Namespace, scratch: Path) -> Adaptation:
@@ -427,7 +451,7 @@ def report(result: LengthResult, args: argparse.Namespace) -> tuple[str, list[st
                 met = differences.mean().item() >= TARGET_GAIN and low > 0
                 checks.append(f"- {'met' if met else 'NOT met'}: {method}, {kind}, minus chunk mean MRR "
                               f"{differences.mean().item():+.3f} >= +{TARGET_GAIN} with the interval above zero ([{low:+.3f}, {high:+.3f}])")
-    if result.control is not None:
+    if CONTROL[CHUNK_MAX] in result.methods:
         lines += ["", "After adaptation minus the control (the source adapted the same way at its own length, on "
                   "chunks), MRR, 95% bootstrap interval over documents\n", "| method | against | query kind | difference | "
                   "95% interval |", "|---|---|---|---|---|"]
@@ -463,7 +487,9 @@ def report(result: LengthResult, args: argparse.Namespace) -> tuple[str, list[st
                      if adaptation.short_steps else
                      f"{adaptation.steps} optimizer steps of {long_batch} documents "
                      f"({adaptation.seconds / max(adaptation.steps, 1):.0f} s per step)")]
-    if result.control is not None:
+    if args.control_ranks:
+        lines.append(f"Control: its ranks read from an earlier run's file, {args.control_ranks.name} (its adaptation: that run's)")
+    elif result.control is not None:
         control = result.control
         lines.append(f"Control's adaptation: {control.seconds / 60:.1f} min wall time, {control.steps} optimizer steps of "
                      f"{args.batch_size} documents")
@@ -523,6 +549,9 @@ def main() -> None:
                         "the adaptation time")
     parser.add_argument("--save-ranks", type=Path, metavar="FILE",
                         help="write every method's per-document reciprocal ranks, by length and query kind, as JSON")
+    parser.add_argument("--control-ranks", type=Path, metavar="FILE",
+                        help="read the control's ranks from an earlier run's --save-ranks FILE (same lengths, seed and "
+                        "queries; only the long model's settings changed) instead of adapting it again")
     parser.add_argument("--seed", type=int, default=0)
     results_arguments(parser)
     args = parser.parse_args()

@@ -258,7 +258,8 @@ def test_adaptation_report_states_the_adapted_model_against_the_fair_control():
     ranks = {(method, kind): first if method.startswith(bench.AFTER) else second for method in methods for kind in bench.QUERY_KINDS}
     control = bench.Adaptation(seconds=60.0, steps=4)
     result = bench.LengthResult(1024, documents, methods, ranks, {}, bench.Adaptation(60.0, 2), 90.0, control)
-    args = argparse.Namespace(source_shares=[0.0], seed=0, adapted=None, minutes=1.0, batch_size=8, long_batch_size=None)
+    args = argparse.Namespace(source_shares=[0.0], seed=0, adapted=None, minutes=1.0, batch_size=8, long_batch_size=None,
+                              control_ranks=None)
 
     text, checks = bench.report(result, args)
 
@@ -267,3 +268,37 @@ def test_adaptation_report_states_the_adapted_model_against_the_fair_control():
     assert "Control's adaptation: 1.0 min wall time, 4 optimizer steps of 8 documents" in text
     assert any(check.startswith("- met: LSG, after adaptation above the control, chunk max on cut-out") for check in checks)
     assert any(check.startswith("- met: LSG, after adaptation at most 0.02 below the control, chunk max in-document") for check in checks)
+
+
+def saved_ranks_file(path: Path, bench, ranks: dict) -> Path:
+    """`ranks` written as bench_adaptation's --save-ranks writes them, at 1,024 tokens."""
+    import json
+
+    saved = {f"{method} | {kind}": (1.0 / value.float()).tolist() for (method, kind), value in ranks.items()}
+    path.write_text(json.dumps({"description": "", "reciprocal ranks": {"1024": saved}}))
+    return path
+
+
+def test_adaptation_benchmark_reads_the_controls_ranks_of_an_earlier_run_with_the_same_queries(tmp_path):
+    bench = import_benchmark("bench_adaptation")
+    generator = torch.Generator().manual_seed(0)
+    ranks = {(method, kind): torch.randint(1, 7, (6, 2), generator=generator)
+             for method in (bench.CHUNK_MAX, *bench.CONTROL.values()) for kind in bench.QUERY_KINDS}  # fmt: skip
+    path = saved_ranks_file(tmp_path / "ranks.json", bench, ranks)
+    this_run = {key: value for key, value in ranks.items() if key[0] == bench.CHUNK_MAX}
+
+    read = bench.saved_control_ranks(path, 1024, this_run)
+
+    assert read.keys() == {key for key in ranks if key[0] in bench.CONTROL.values()}
+    assert all(torch.equal(read[key], ranks[key]) for key in read)
+
+
+def test_adaptation_benchmark_refuses_a_controls_ranks_file_of_other_queries(tmp_path):
+    bench = import_benchmark("bench_adaptation")
+    ranks = {(method, kind): torch.ones(6, 2, dtype=torch.long) for method in (bench.CHUNK_MAX, *bench.CONTROL.values())
+             for kind in bench.QUERY_KINDS}  # fmt: skip
+    path = saved_ranks_file(tmp_path / "ranks.json", bench, ranks)
+    other_run = {(bench.CHUNK_MAX, kind): torch.full((6, 2), 2) for kind in bench.QUERY_KINDS}
+
+    with pytest.raises(SystemExit, match="holds no ranks of these 1,024-token documents and queries"):
+        bench.saved_control_ranks(path, 1024, other_run)
