@@ -63,9 +63,9 @@ the control keeps ``--batch-size``, its steps being of its own length).
 ``--save-ranks FILE``: every method's per-document reciprocal ranks (JSON), so that runs can be compared
 document by document (intervals across runs with the same ``--seed``: the same queries).
 ``--control-ranks FILE``: the control's ranks read from an earlier run's ``--save-ranks`` file instead of
-adapting it again (half the time), where only the long model's settings changed (``--long-batch-size``, or
-an objective the same as the control's on one-span documents: "documents", "spans" and "document-spans" are
-one objective there); the run refuses a file whose source ranks differ from its own (other documents or queries).
+adapting it again (half the time), where only the long model's settings changed (``--long-batch-size``,
+``--short-share``, a span objective whose control, on one-span documents, is the same); the run refuses a file
+whose source ranks differ from its own (other documents or queries).
 
 Scores: MRR and Acc@1 per method and query kind; for "after adaptation minus chunk mean" (and minus the
 control's chunk mean and chunk max) a 95% bootstrap interval of the MRR difference over documents (each document's reciprocal ranks averaged

@@ -57,11 +57,9 @@ TRAINABLE_PARTS = ("all", "positions+global", "positions", "global")
 # AdamW's learning rate for each part where none is given: the whole model moves little, the new rows more.
 LEARNING_RATES = {"all": 3e-5, "positions+global": 1e-3, "positions": 1e-3, "global": 1e-3}
 TEXT_SUFFIXES = (".txt", ".md")  # the files a folder of texts is read from
-# What a passage must find (see `adapt_to_long_documents`): its document among the batch's documents; the span
-# of its document where it lies among every span of the batch's documents; that span among the spans of the
-# batch's other documents
-OBJECTIVES = ("documents", "spans", "document-spans")
-SPAN_OBJECTIVES = ("spans", "document-spans")  # those trained on late-chunked span vectors (`SpanRankingLoss`)
+# What a passage must find (see `adapt_to_long_documents`): its document among the batch's documents, or the span
+# of its document where it lies among every span of the batch's documents
+OBJECTIVES = ("documents", "spans")
 # Where a step's negatives come from (see `adapt_to_long_documents`): documents of any text, or of the same text
 NEGATIVES = ("any", "same-text")
 # torch's vector capability (`torch.backends.cpu.get_cpu_capability`) of the x86 CPUs without AVX512, where
@@ -126,18 +124,15 @@ def ranking_loss(model: Any, batch_size: int, mini_batch_size: int | None) -> An
 
 
 class SpanRankingLoss(torch.nn.Module):
-    """The in-batch loss of the span objectives: each passage (k per document) must find the span of its
+    """The in-batch loss of the "spans" objective: each passage (k per document) must find the span of its
     document where it lies (or lay, cut out: the dataset's ``label``, the span's index) among every span of
-    every document of the batch, the other spans of its own document among them unless
-    `own_document_negatives` is False ("document-spans": the passage's document, found through that span,
-    as retrieval that ranks documents by their best span finds it). The spans are runs of `span_tokens`
-    tokens of one pass over each document, pooled as `encode_spans` pools them (late chunking); scored by
-    cosine times `scale`, as MultipleNegativesRankingLoss scores."""
+    every document of the batch, the other spans of its own document among them. The spans are runs of
+    `span_tokens` tokens of one pass over each document, pooled as `encode_spans` pools them (late
+    chunking); scored by cosine times `scale`, as MultipleNegativesRankingLoss scores."""
 
-    def __init__(self, model: Any, span_tokens: int, scale: float = 20.0, own_document_negatives: bool = True):
+    def __init__(self, model: Any, span_tokens: int, scale: float = 20.0):
         super().__init__()
         self.model, self.span_tokens, self.scale = model, span_tokens, scale
-        self.own_document_negatives = own_document_negatives
         self.pooling_modes, self.after_pooling = pooling_modules(model)
         self.special_tokens = tuple(len(ids) for ids in special_tokens_around(model.tokenizer))
 
@@ -151,24 +146,17 @@ class SpanRankingLoss(torch.nn.Module):
         before, after = self.special_tokens
         labels = labels.view(len(lengths), len(passages)).tolist()
         spans, targets = [], []  # every document's span vectors in turn; each passage's among them, (B, k)
-        owners = []  # the document (row) of each span
         for row, (length, row_labels) in enumerate(zip(lengths, labels)):
             body = vectors[row, before : length - after]  # the document's own tokens
             runs = fixed_spans(len(body), self.span_tokens)
             targets.append([len(spans) + min(label, len(runs) - 1) for label in row_labels])
             spans += [pooled_tokens(body, run, self.pooling_modes) for run in runs]
-            owners += [row] * len(runs)
         features = {"sentence_embedding": torch.stack(spans)}
         for module in self.after_pooling:  # Dense, Normalize: as a text's embedding
             features = module(features)
         span_vectors = torch.nn.functional.normalize(features["sentence_embedding"], dim=-1)
         scores = torch.nn.functional.normalize(queries, dim=-1) @ span_vectors.T * self.scale  # (k B, spans)
         targets = torch.tensor(targets, device=scores.device).T.flatten()  # (B, k) -> (k B,), as the queries
-        if not self.own_document_negatives:  # each passage's own document's spans but its target left out
-            query_documents = torch.arange(len(lengths), device=scores.device).repeat(len(passages))  # (k B,)
-            own = torch.tensor(owners, device=scores.device)[None, :] == query_documents[:, None]  # (k B, spans)
-            own[torch.arange(len(targets), device=scores.device), targets] = False
-            scores = scores.masked_fill(own, float("-inf"))
         return torch.nn.functional.cross_entropy(scores, targets)
 
 
@@ -386,11 +374,9 @@ def adapt_to_long_documents(
         objective: what a passage must find, one of `OBJECTIVES`: "documents" (default), its document among
             the documents of its step (`MultipleNegativesRankingLoss`); "spans", the span of its document where
             it lies (or lay) among every span of the step's documents, its own document's other spans
-            among them (`SpanRankingLoss`): the spans `encode_spans` gives, of the source's window body;
-            "document-spans", that span among the spans of the step's other documents only (its document,
-            found through its span, as retrieval that ranks documents by their best span finds it).
+            among them (`SpanRankingLoss`): the spans `encode_spans` gives, of the source's window body.
         passages_per_document: passages picked in each document (at places that do not overlap; all left in
-            it or all cut out), each a query of the step: more than one with a span objective only.
+            it or all cut out), each a query of the step: more than one with the "spans" objective only.
         negatives: where the documents of a step come from, one of `NEGATIVES`: "any" (default), drawn at random
             from every text; "same-text", from one text as far as it holds them (hard negatives: documents
             that share their names and setting, told apart by what else they hold; measured: docs/adaptation.md).
@@ -442,8 +428,8 @@ def adapt_to_long_documents(
         UnsupportedModelError: `model` is no sentence-transformers model over an LSG model.
         InvalidSettingsError: an unknown `train`, `objective` or `negatives`, `in_document_share` / `source_share` /
             `short_share` out of range (or documents of the source's length too short for its passages),
-            `mini_batch_size` with a span objective (which has no cached variant), or
-            `passages_per_document` other than 1 without one, a `long_batch_size` below 1.
+            `mini_batch_size` with the "spans" objective (which has no cached variant), or
+            `passages_per_document` other than 1 without it, a `long_batch_size` below 1.
         MissingDependencyError: sentence-transformers or datasets is not installed.
         OutputExistsError: `output_path` holds a model and `overwrite` is False; its subclass
             OutputNotReplaceableError: `output_path` is a file or a folder of anything else.
@@ -476,19 +462,16 @@ def adapt_to_long_documents(
         raise InvalidSettingsError(f"objective={objective!r} is not one of {', '.join(OBJECTIVES)}: give one of them.")
     if negatives not in NEGATIVES:
         raise InvalidSettingsError(f"negatives={negatives!r} is not one of {', '.join(NEGATIVES)}: give one of them.")
-    if objective in SPAN_OBJECTIVES and mini_batch_size is not None:
+    if objective == "spans" and mini_batch_size is not None:
         raise InvalidSettingsError(
-            f"The {objective} objective has no cached loss: leave mini_batch_size unset, or give a smaller batch_size."
+            "The spans objective has no cached loss: leave mini_batch_size unset, or give a smaller batch_size."
         )
     if not is_count(passages_per_document):
         raise InvalidSettingsError(
             f"passages_per_document={passages_per_document!r} is no number of passages: give a whole number of at least 1."
         )
-    if passages_per_document > 1 and objective not in SPAN_OBJECTIVES:
-        raise InvalidSettingsError(
-            "Several passages per document need a span objective ('spans' or 'document-spans'): give one, or one "
-            "passage per document."
-        )
+    if passages_per_document > 1 and objective != "spans":
+        raise InvalidSettingsError("Several passages per document need objective='spans': give it, or one passage per document.")
     if long_batch_size is not None and not is_count(long_batch_size):
         raise InvalidSettingsError(
             f"long_batch_size={long_batch_size!r} is no number of documents: give a whole number of at least 1, or None."
@@ -538,8 +521,8 @@ def adapt_to_long_documents(
         batch_sizes.append(min(phase_batch_size, smallest_round))
         phase_rounds.append(rounds)
     learning_rate = LEARNING_RATES[train] if learning_rate is None else learning_rate
-    if objective in SPAN_OBJECTIVES:
-        loss = SpanRankingLoss(model, span_tokens, own_document_negatives=objective == "spans")
+    if objective == "spans":
+        loss = SpanRankingLoss(model, span_tokens)
     else:
         loss = ranking_loss(model, max(batch_sizes), mini_batch_size)
     phase_max_steps = [max_steps] * len(phases)  # -1: the epochs decide

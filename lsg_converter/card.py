@@ -267,11 +267,8 @@ def _adaptation_target(adaptation: Any) -> str:
     documents = f"{adaptation.batch_size} documents of its step"
     if getattr(adaptation, "negatives", "any") == "same-text":
         documents += ", cut from one text as far as it held them"
-    objective = getattr(adaptation, "objective", "documents")
-    if objective == "spans":
+    if getattr(adaptation, "objective", "documents") == "spans":
         return f"the span of its document where it lies among every span of the {documents}"
-    if objective == "document-spans":
-        return f"the span of its document where it lies among the spans of the other {documents}"
     return f"it among the {documents}"
 
 

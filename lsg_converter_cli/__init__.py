@@ -51,8 +51,7 @@ SPARSITY_TYPES = ("none", "norm", "pooling", "stride", "block_stride", "bos_pool
 POSITION_TILINGS = ("body", "table")
 ADAPTED_PARTS = ("all", "positions+global", "positions", "global")  # lsg_converter.adaptation.TRAINABLE_PARTS
 ADAPTATION_SOURCE_SHARE = 0.2  # lsg_converter.adaptation.adapt_to_long_documents's default source_share
-ADAPTATION_OBJECTIVES = ("documents", "spans", "document-spans")  # lsg_converter.adaptation.OBJECTIVES, the first the default
-SPAN_OBJECTIVES = ADAPTATION_OBJECTIVES[1:]  # lsg_converter.adaptation.SPAN_OBJECTIVES
+ADAPTATION_OBJECTIVES = ("documents", "spans")  # lsg_converter.adaptation.OBJECTIVES, the first the default
 ADAPTATION_NEGATIVES = ("any", "same-text")  # lsg_converter.adaptation.NEGATIVES, the first the default
 
 
@@ -302,13 +301,12 @@ def build_parser() -> argparse.ArgumentParser:
         dest="objective",
         choices=ADAPTATION_OBJECTIVES,
         default=ADAPTATION_OBJECTIVES[0],
-        help="what a training passage finds: its document among the step's (default); the span of its document "
-        "where it lies among every span of the step's documents (spans: for late-chunked span vectors, encode_spans); "
-        "that span among the spans of the step's other documents (document-spans)",
+        help="what a training passage finds: its document among the step's (default), or the span of its document "
+        "where it lies among every span of the step's documents (for late-chunked span vectors, encode_spans)",
     )
     adapt.add_argument(
         "--adapt-passages", dest="passages_per_document", type=_positive_int, default=1, metavar="K",
-        help="training passages per document, each a query of the step (default 1; more with a span objective)",
+        help="training passages per document, each a query of the step (default 1; more with --adapt-objective spans)",
     )
     adapt.add_argument(
         "--adapt-negatives",
@@ -425,10 +423,10 @@ def main(argv: Sequence[str] | None = None, late_interrupts_ignored: bool = Fals
                     if args.source == INFO_COMMAND and not Path(INFO_COMMAND).exists():
                         parser.error(f"{INFO_COMMAND} needs the model to describe: {PROG} {INFO_COMMAND} MODEL")
                     parser.error("the following arguments are required: --max-len")
-                if args.objective not in SPAN_OBJECTIVES and args.passages_per_document > 1:
-                    parser.error("--adapt-passages above 1 needs --adapt-objective spans or document-spans")
-                if args.objective in SPAN_OBJECTIVES and args.mini_batch_size is not None:
-                    parser.error(f"--adapt-objective {args.objective} has no cached loss: leave --adapt-mini-batch-size out")
+                if args.objective != "spans" and args.passages_per_document > 1:
+                    parser.error("--adapt-passages above 1 needs --adapt-objective spans")
+                if args.objective == "spans" and args.mini_batch_size is not None:
+                    parser.error("--adapt-objective spans has no cached loss: leave --adapt-mini-batch-size out")
             except SystemExit as done:  # --help, --version, or a command-line mistake already reported on one line
                 return int(done.code or 0)
             debug = args.debug

@@ -240,24 +240,18 @@ def test_each_passages_place_is_the_token_where_it_lies_or_lay(minilm_path, shar
                 assert passage not in pair.document
 
 
-def span_loss_by_encode_spans(model: SentenceTransformer, pairs, span_tokens: int, own_document_negatives: bool = True) -> float:
-    """The span objectives computed from `encode_spans`' span vectors and `encode`'s passage vectors: the
-    cross-entropy of each passage over every span of every document (or, without `own_document_negatives`,
-    over its target and the other documents' spans), its target the span of its place."""
+def span_loss_by_encode_spans(model: SentenceTransformer, pairs, span_tokens: int) -> float:
+    """The spans objective computed from `encode_spans`' span vectors and `encode`'s passage vectors: the
+    cross-entropy of each passage over every span of every document, its target the span of its place."""
     spans = encode_spans(model, [pair.document for pair in pairs], span_tokens=span_tokens)
     every_span = torch.cat([F.normalize(text.embeddings, dim=-1) for text in spans])
     firsts = [sum(len(text.offsets) for text in spans[:index]) for index in range(len(spans))]
-    owners = torch.tensor([document for document, text in enumerate(spans) for _ in text.offsets])
-    losses = []
+    scores, targets = [], []
     for index in range(len(pairs[0].passages)):
         passages = model.encode([pair.passages[index] for pair in pairs], convert_to_tensor=True)
-        scores = 20 * F.normalize(passages, dim=-1) @ every_span.T
-        for document, (first, pair, text) in enumerate(zip(firsts, pairs, spans)):
-            target = first + min(pair.places[index] // span_tokens, len(text.offsets) - 1)
-            kept = torch.ones(len(owners), dtype=torch.bool) if own_document_negatives else owners != document
-            kept[target] = True
-            losses.append(F.cross_entropy(scores[document, kept], kept[:target].sum()))
-    return torch.stack(losses).mean().item()
+        scores.append(20 * F.normalize(passages, dim=-1) @ every_span.T)
+        targets += [first + min(pair.places[index] // span_tokens, len(text.offsets) - 1) for first, pair, text in zip(firsts, pairs, spans)]
+    return F.cross_entropy(torch.cat(scores), torch.tensor(targets)).item()
 
 
 @pytest.mark.parametrize("count", [1, 2])
@@ -273,22 +267,6 @@ def test_the_span_loss_ranks_each_passage_against_every_span_that_encode_spans_g
         loss = SpanRankingLoss(model.eval(), span_tokens)([model.tokenize(texts) for texts in columns], labels).item()
 
     assert loss == pytest.approx(span_loss_by_encode_spans(model, pairs, span_tokens), rel=1e-4)
-
-
-def test_the_document_spans_loss_leaves_each_passages_own_other_spans_out_of_its_negatives(converted_folder):
-    model = SentenceTransformer(str(converted_folder), trust_remote_code=True)
-    (pairs,) = document_rounds(long_texts(4, 1500), model.tokenizer, model.max_seq_length - 2, 32, 64, passages_per_document=2)
-    span_tokens = 98  # the tiny source's window body
-    columns = [[pair.passages[index] for pair in pairs] for index in range(2)] + [[pair.document for pair in pairs]]
-    labels = torch.tensor([[place // span_tokens for place in pair.places] for pair in pairs])
-    loss = SpanRankingLoss(model.eval(), span_tokens, own_document_negatives=False)
-
-    with torch.no_grad():
-        value = loss([model.tokenize(texts) for texts in columns], labels).item()
-
-    expected = span_loss_by_encode_spans(model, pairs, span_tokens, own_document_negatives=False)
-    assert value == pytest.approx(expected, rel=1e-4)
-    assert expected < span_loss_by_encode_spans(model, pairs, span_tokens)  # fewer negatives: a different loss
 
 
 def test_adapting_on_spans_with_several_passages_per_document_lowers_the_span_loss(converted_folder):
@@ -308,15 +286,14 @@ def test_adapting_on_spans_with_several_passages_per_document_lowers_the_span_lo
 @pytest.mark.parametrize(
     "settings, message",
     [
-        ({"objective": "passages"}, "objective='passages' is not one of documents, spans, document-spans"),
+        ({"objective": "passages"}, "objective='passages' is not one of documents, spans"),
         ({"negatives": "same-play"}, "negatives='same-play' is not one of any, same-text"),
         ({"objective": "spans", "mini_batch_size": 2}, "spans objective has no cached loss"),
-        ({"objective": "document-spans", "mini_batch_size": 2}, "document-spans objective has no cached loss"),
         ({"passages_per_document": 0}, "passages_per_document=0 is no number of passages"),
-        ({"passages_per_document": 2}, "Several passages per document need a span objective"),
+        ({"passages_per_document": 2}, "Several passages per document need objective='spans'"),
         ({"long_batch_size": 0}, "long_batch_size=0 is no number of documents"),
     ],
-    ids=["unknown objective", "unknown negatives", "spans with a mini batch", "document spans with a mini batch", "no passage", "several passages without spans",
+    ids=["unknown objective", "unknown negatives", "spans with a mini batch", "no passage", "several passages without spans",
          "no long document a step"],
 )
 def test_settings_of_the_objective_that_cannot_run_are_refused_and_nothing_is_written(converted_folder, tmp_path, settings, message):
@@ -622,13 +599,11 @@ def test_lsg_convert_adapt_on_converts_adapts_and_saves_a_sentence_transformers_
     [
         (["--adapt-objective", "spans", "--adapt-passages", "2", "--adapt-batch-size", "4"],
          "each of 2 passages of each document had to find the span of its document where it lies"),
-        (["--adapt-objective", "document-spans", "--adapt-batch-size", "2", "--adapt-epochs", "1"],
-         "had to find the span of its document where it lies among the spans of the other 2 documents of its step"),
         (["--adapt-negatives", "same-text", "--adapt-batch-size", "2", "--adapt-epochs", "1"],
          "among the 2 documents of its step, cut from one text as far as it held them"),
         (["--adapt-batch-size", "4", "--adapt-long-batch-size", "2", "--adapt-epochs", "1"], "it among the 2 documents of its step"),
     ],
-    ids=["spans objective, several passages", "document-spans objective", "negatives of the same text", "fewer documents a long step"],
+    ids=["spans objective, several passages", "negatives of the same text", "fewer documents a long step"],
 )  # fmt: skip
 def test_lsg_convert_adapts_with_the_objective_options_given_and_the_card_says_them(source_folder, tmp_path, options, said):
     from lsg_converter_cli import main

@@ -89,7 +89,7 @@ def test_num_labels_below_1_exits_2_in_one_line_before_converting(labels, capsys
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--adapt-passages", "3"], "--adapt-passages above 1 needs --adapt-objective spans or document-spans"),
+        (["--adapt-passages", "3"], "--adapt-passages above 1 needs --adapt-objective spans"),
         (["--adapt-objective", "spans", "--adapt-mini-batch-size", "2"], "--adapt-objective spans has no cached loss: leave --adapt-mini-batch-size out"),
     ],
     ids=["passages without spans", "spans with a mini batch"],
