@@ -399,20 +399,24 @@ def run_length(length: int, source: SentenceTransformer, args: argparse.Namespac
     return LengthResult(length, len(documents), methods, ranks, fidelities, adaptation, time.perf_counter() - started, control)
 
 
+def reciprocal_ranks(ranks: dict[tuple[str, str], torch.Tensor]) -> dict[str, list]:
+    """`ranks` ((method, kind) -> (documents, queries)) as --save-ranks writes them for one length: "method | kind"
+    -> each document's reciprocal ranks; `saved_control_ranks` reads them back."""
+    return {f"{method} | {kind}": (1.0 / value.float()).tolist() for (method, kind), value in ranks.items()}
+
+
 def saved_control_ranks(path: Path, length: int, ranks: dict[tuple[str, str], torch.Tensor]) -> dict[tuple[str, str], torch.Tensor]:
     """The control's ranks at `length` from an earlier run's --save-ranks file, (documents, queries) each; exits
     where the file's source ranks are not this run's `ranks` (other documents or queries)."""
     saved = json.loads(path.read_text())["reciprocal ranks"].get(str(length), {})
-    for kind in QUERY_KINDS:
-        source = saved.get(f"{CHUNK_MAX} | {kind}")
-        if source is None or not torch.equal(torch.tensor(source), 1.0 / ranks[CHUNK_MAX, kind].float()):
-            sys.exit(f"bench_adaptation: {path} holds no ranks of these {length:,}-token documents and queries: give the "
-                     "--save-ranks file of a run with the same --lengths, --seed, --docs-per-play and --queries-per-document")
-        missing = [control for control in CONTROL.values() if f"{control} | {kind}" not in saved]
-        if missing:
-            sys.exit(f"bench_adaptation: {path} holds no ranks of the control (run without --no-control)")
-    return {(control, kind): (1.0 / torch.tensor(saved[f"{control} | {kind}"])).round().long()
-            for control in CONTROL.values() for kind in QUERY_KINDS}
+    source = {key: saved[key] for key in reciprocal_ranks(ranks) if key in saved}
+    if source != reciprocal_ranks(ranks):
+        sys.exit(f"bench_adaptation: {path} holds no ranks of these {length:,}-token documents and queries: give the "
+                 "--save-ranks file of a run with the same --lengths, --seed, --docs-per-play and --queries-per-document")
+    wanted = [(control, kind) for control in CONTROL.values() for kind in QUERY_KINDS]
+    if any(f"{control} | {kind}" not in saved for control, kind in wanted):
+        sys.exit(f"bench_adaptation: {path} holds no ranks of the control (run without --no-control)")
+    return {(control, kind): (1.0 / torch.tensor(saved[f"{control} | {kind}"])).round().long() for control, kind in wanted}
 
 
 def adapted_control(task_ranks: dict, task_list: list[Task], args: argparse.Namespace, scratch: Path) -> Adaptation:
@@ -566,8 +570,8 @@ def main() -> None:
     for length in args.lengths:
         result = run_length(length, source, args)
         section, length_checks = report(result, args)
-        saved_ranks[str(length)] = {f"{method} | {kind}": (1.0 / result.ranks[method, kind].float()).tolist()
-                                    for method in result.methods for kind in QUERY_KINDS}
+        saved_ranks[str(length)] = reciprocal_ranks({(method, kind): result.ranks[method, kind]
+                                                     for method in result.methods for kind in QUERY_KINDS})
         sections.append(section)
         checks += [f"{check} ({length:,} tokens)" for check in length_checks]
     text = "\n\n".join(sections) + "\n\n**Targets**\n\n" + "\n".join(checks)

@@ -274,8 +274,7 @@ def saved_ranks_file(path: Path, bench, ranks: dict) -> Path:
     """`ranks` written as bench_adaptation's --save-ranks writes them, at 1,024 tokens."""
     import json
 
-    saved = {f"{method} | {kind}": (1.0 / value.float()).tolist() for (method, kind), value in ranks.items()}
-    path.write_text(json.dumps({"description": "", "reciprocal ranks": {"1024": saved}}))
+    path.write_text(json.dumps({"description": "", "reciprocal ranks": {"1024": bench.reciprocal_ranks(ranks)}}))
     return path
 
 
