@@ -125,7 +125,7 @@ def flex_kernel_variants(length: int, device: torch.device, dtype: torch.dtype, 
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     from lsg_converter.models.lsg_flex import TILE, KeyLayout, RowBounds, _with_mask_mod, block_structure, lsg_mask_mod
-    from lsg_converter.models.lsg_flex import row_block_structure
+    from lsg_converter.models.lsg_flex import tile_structure
     from lsg_converter.models.lsg_settings import LSGSettings
 
     pattern = LSGSettings.of(LSGBertConfig(**LSG_SETTINGS[DEFAULTS])).pattern()
@@ -164,7 +164,7 @@ def flex_kernel_variants(length: int, device: torch.device, dtype: torch.dtype, 
             sequence, sequence, _with_mask_mod(structure, lsg_mask_mod(pattern, layout, padded_row))),
         "LSG, padded, the row's own tiles (as the backend runs it)": (
             sequence, sequence,
-            _with_mask_mod(row_block_structure(pattern, length, TILE, padded_row.tokens), lsg_mask_mod(pattern, layout, padded_row))),
+            _with_mask_mod(tile_structure(pattern, length, TILE, device, True, padded_row.tokens), lsg_mask_mod(pattern, layout, padded_row))),
         "LSG, each key's validity read (a hole in a row's mask, as the backend runs it)": (
             sequence, sequence, _with_mask_mod(structure, lsg_mask_mod(pattern, layout, sequence_valid))),
         "create_block_mask, tokens only, local rule": (queries, tokens, plain),

@@ -27,7 +27,7 @@ from lsg_converter.models.lsg_flex import (
     RowBounds,
     block_structure,
     lsg_mask_mod,
-    row_block_structure,
+    tile_structure,
 )
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -312,7 +312,7 @@ def test_a_padded_batch_reads_no_tile_of_its_padding_and_full_tiles_where_every_
     real_block = real_block & (block_of[None] >= token_bounds[:, :1] // block) & (block_of[None] * block < token_bounds[:, 1:])
     holds_real_block = real_block.unflatten(1, (tiles, tile)).any(dim=2)  # (B, query tiles)
 
-    structure = row_block_structure(pattern, num_tokens, tile, token_bounds)
+    structure = tile_structure(pattern, num_tokens, tile, torch.device("cpu"), True, token_bounds)
     def per_row(counts, indices):  # (B, 1, nq), (B, 1, nq, nk) -> (B, nq, nk) bool
         return torch.stack([tile_lists_as_dense(counts[row : row + 1], indices[row : row + 1]) for row in range(len(counts))])
 
@@ -336,8 +336,9 @@ def test_blocks_aligned_with_the_tiles_read_full_tiles_only():
 
 def test_a_row_padded_at_a_block_edge_reads_full_tiles_of_its_tokens_only():
     pattern = KeyPattern.of(lsg_config(sparsity_type="none", block_size=16, num_global_tokens=0), False)
+    bounds = torch.tensor([[0, 256], [0, 128]])  # row 1: 8 blocks of padding
 
-    structure = row_block_structure(pattern, 256, 16, torch.tensor([[0, 256], [0, 128]]))  # row 1: 8 blocks of padding
+    structure = tile_structure(pattern, 256, 16, torch.device("cpu"), True, bounds)
 
     assert int(structure.kv_num_blocks.sum()) == 0  # no tile evaluates the mask_mod
     assert structure.full_kv_num_blocks[1, 0].tolist() == [2] + [3] * 6 + [2] + [0] * 8
@@ -454,7 +455,7 @@ def test_global_rows_written_into_a_kernels_saved_output_give_their_gradient_to_
     global_output = torch.randn(2, 2, 3, 4, requires_grad=True)
     weights = torch.randn(2, 6, 3, 4)
 
-    layer_output = lsg_flex.with_global_rows(kernel_output, global_output)
+    layer_output = lsg_flex.GlobalRowsWritten.apply(kernel_output, global_output)
     (layer_output * weights).sum().backward()  # autograd does not see the write as a change of exp's output
 
     assert layer_output.untyped_storage().data_ptr() == kernel_output.untyped_storage().data_ptr()

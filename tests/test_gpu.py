@@ -10,6 +10,7 @@ from helpers import lsg_config, lsg_self_attention, padding_mask, saved_bytes
 from lsg_converter import LSGBertConfig, LSGBertForMaskedLM, LSGBertLMHeadModel
 from lsg_converter.models import lsg_flex
 from lsg_converter.models.lsg_attention import DEFAULT_BACKEND
+from lsg_converter.models.lsg_settings import LSGSettings
 from lsg_converter.models.lsg_sparse import SPARSITY_TYPES, sparse_by_lsh
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -214,7 +215,7 @@ def test_fp16_outputs_are_finite(sparsity_type, backend):
 
 
 def test_lsh_buckets_are_the_same_on_cpu_and_cuda():
-    config = lsg_config(block_size=BLOCK, sparse_block_size=BLOCK, sparsity_type="lsh", lsh_seed=11)
+    config = LSGSettings.of(lsg_config(block_size=BLOCK, sparse_block_size=BLOCK, sparsity_type="lsh", lsh_seed=11))
     generator = torch.Generator().manual_seed(0)
     keys, values = (torch.randn(2, HEADS, 1024, HEAD_DIM, generator=generator, dtype=torch.float64) for _ in range(2))
     mask = padding_mask([1024, 700], 1024)

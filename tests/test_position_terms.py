@@ -11,6 +11,7 @@ import torch
 from helpers import OpRecorder, lsg_config, lsg_self_attention, padding_mask
 from lsg_converter.models.lsg_attention import lsg_attention
 from lsg_converter.models.lsg_pattern import PositionTerms
+from lsg_converter.models.lsg_settings import LSGSettings
 from lsg_converter.models.lsg_sparse import SPARSITY_TYPES, sparse_context
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -235,7 +236,7 @@ def compressed_positions(sparsity_type, lengths, factor=2):
     config = lsg_config(block_size=BLOCK, sparse_block_size=BLOCK, sparsity_type=sparsity_type, sparsity_factor=factor)
     keys, values, queries = random_inputs(80)
     mask = padding_mask(lengths, 80)
-    return sparse_context(queries, keys, values, mask, config, HEAD_DIM**-0.5, with_positions=True)
+    return sparse_context(queries, keys, values, mask, LSGSettings.of(config), HEAD_DIM**-0.5, with_positions=True)
 
 
 def test_a_selected_sparse_key_is_at_the_position_of_the_token_it_selected():
@@ -259,7 +260,7 @@ def test_a_pooled_sparse_key_is_at_the_centre_of_the_real_tokens_of_its_window()
 def test_every_sparse_key_comes_from_the_block_its_compressed_position_belongs_to(sparsity_type, factor, sparse_size):
     config = lsg_config(block_size=BLOCK, sparse_block_size=sparse_size, sparsity_type=sparsity_type, sparsity_factor=factor)
     keys, values, queries = random_inputs(80)
-    sparse = sparse_context(queries, keys, values, padding_mask([80, 75], 80), config, HEAD_DIM**-0.5, with_positions=True)
+    sparse = sparse_context(queries, keys, values, padding_mask([80, 75], 80), LSGSettings.of(config), HEAD_DIM**-0.5, with_positions=True)
 
     compressed_blocks = (torch.arange(sparse.positions.shape[-1]) // (BLOCK // factor)).expand_as(sparse.positions)
     seen = sparse.mask.expand_as(sparse.positions)  # padding's keys are masked: their positions are never read

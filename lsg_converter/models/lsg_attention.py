@@ -52,7 +52,6 @@ from .lsg_flex import (
     FLEX_FORWARD_ONLY_DEVICES,
     FlexBackend,
     flex_token_attention,
-    key_validity,
 )
 from .lsg_pattern import (
     Backend,
@@ -529,14 +528,14 @@ class AttentionPath(enum.Enum):
 
 def choose_path(backend: str, job: TokenAttention) -> tuple[AttentionPath, Any]:
     """The one place where the path of a call's token queries is chosen, with what it needs (the window
-    views' plan, the keys' validity flex reads, or None), from the backend the model runs, the device, the
+    views' plan, the forward pass's memo, or None), from the backend the model runs, the device, the
     dtype, the length, the padding, the sparse keys, DropKey, the position terms and the gradients:
 
     * "eager": `AttentionPath.EAGER`;
     * left unset (`DEFAULT_BACKEND`): flex_attention where it was measured faster
       (`prefers_flex_attention`), else sdpa;
     * "flex_attention": sdpa while gradients are needed on a device without flex's backward pass
-      (`FLEX_FORWARD_ONLY_DEVICES`); else flex, reading what it must of the keys' validity (`key_validity`);
+      (`FLEX_FORWARD_ONLY_DEVICES`); else flex;
     * "sdpa": the window views where the forward pass's padding plans them (`PaddingPlan.window_views`: on
       the CPU, no sparse keys, not causal, every global key valid) and the call allows them (no DropKey,
       values of the keys' size, no position terms but a table's, the same in every block, without
@@ -564,7 +563,7 @@ def choose_path(backend: str, job: TokenAttention) -> tuple[AttentionPath, Any]:
             backend = "flex_attention" if flex else "sdpa"
         if backend == "flex_attention" and not own_global_keys:
             if not (job.training and queries.device.type in FLEX_FORWARD_ONLY_DEVICES):
-                return AttentionPath.FLEX, key_validity(job)
+                return AttentionPath.FLEX, None
             logger.warning_once(
                 f"flex_attention has no backward pass on {queries.device.type}: LSG runs its sdpa backend while "
                 "gradients are needed (same results)."
@@ -604,7 +603,7 @@ PATH_FUNCTIONS: dict[AttentionPath, Callable[[TokenAttention, Any], TokenOutput]
     AttentionPath.UNMASKED: lambda job, _: unmasked_attention(job),
     AttentionPath.TRAINED_TERMS: lambda job, _: trained_terms_token_attention(job),
     AttentionPath.GATHERED: gathered_token_attention,
-    AttentionPath.FLEX: flex_token_attention,
+    AttentionPath.FLEX: lambda job, _: flex_token_attention(job),
 }
 
 

@@ -16,7 +16,7 @@ windows), and, as optional terms, which keys are valid and which DropKey keeps:
 * The tile structure is built by index arithmetic, never by evaluating the mask on every element.
   It depends on the pattern and the length only (`block_structure`, cached, shared by every layer and
   call), except for a padded batch without sparse keys whose rows' bounds are known: there each row has
-  its own, made once per forward pass (`row_block_structure`: no tile of the row's padding keys, none for
+  its own, made once per forward pass (`tile_structure` with the bounds: no tile of the row's padding keys, none for
   its blocks of padding only). Where the mask_mod is the pattern's rule, the key tiles every query of a
   tile sees whole are full tiles, which the kernel reads without evaluating it. What else changes from
   call to call (padding, sparse selection, dropout) reaches the kernel through tensors read by the
@@ -34,7 +34,7 @@ its position (and key-side rows), the query's position is its index.
 The global queries see every key: the core runs their few rows through SDPA over the layer's keys
 (`TokenAttention.global_output`); inside the flex mask one thread block would carry the whole sequence.
 The kernel's global query rows see no key; where no block holds padding only, the global queries' output
-is written into them (`with_global_rows`). Where flex cannot run (gradients on a device without its
+is written into them (`GlobalRowsWritten`). Where flex cannot run (gradients on a device without its
 backward pass), the core runs the sdpa backend instead (`lsg_attention.choose_path`), and likewise for a
 call compiled flex cannot take (`BackendUnavailable`).
 
@@ -59,8 +59,6 @@ from .lsg_pattern import (
     PositionTerms,
     TokenAttention,
     TokenOutput,
-    constant,
-    made_once,
     sdpa_dense_attention,
     sequence_positions,
     shape_cached,
@@ -78,10 +76,6 @@ if FLEX_ATTENTION_AVAILABLE:
 FLEX_FORWARD_ONLY_DEVICES = ("cpu", "mps")  # flex_attention has no backward pass on these
 TILE = 128  # rows of a BlockMask tile, for queries and keys alike (flex_attention's default)
 MAX_COMPILES = 2  # per kernel signature: the first length static, then one graph for every length
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
 
 
 @dataclass(frozen=True)
@@ -103,40 +97,25 @@ class KeyLayout:
         num_global, end = pattern.num_global, pattern.num_global + num_tokens
         if not pattern.sparse_starts:
             return cls(num_global, end, end, end, end)
-        compressed = _round_up(num_tokens, pattern.block_size) // pattern.block_size * pattern.compressed_per_block
-        sparse_offset = _round_up(end, tile)
-        return cls(num_global, end, sparse_offset, sparse_offset + compressed, sparse_offset + _round_up(compressed, tile))
-
-
-@shape_cached
-def block_structure(pattern: KeyPattern, num_tokens: int, tile: int, device: torch.device, rule_only: bool = False) -> BlockMask:
-    """The key tiles each tile of the layer's g + t queries reads over `KeyLayout.of` (a global query row
-    sees no key: a tile of them only reads none), as a BlockMask (its mask_mod unset). Built once per shape
-    and cached (`tile_structure`). `rule_only`: the mask_mod is the pattern's rule alone (every key valid,
-    the sparse ones too): the tiles every query of which sees every key are full tiles, which the kernel
-    reads without evaluating the mask_mod."""
-    return tile_structure(pattern, num_tokens, tile, device, rule_only)
-
-
-def row_block_structure(pattern: KeyPattern, num_tokens: int, tile: int, token_bounds: torch.Tensor) -> BlockMask:
-    """The key tiles each tile of queries of each row reads in a padded batch without sparse keys,
-    `token_bounds` (B, 2) each row's valid tokens [first, end) (`RowBounds.tokens`): no tile of the row's
-    padding keys, no query tile of its blocks of padding only (their rows get zeros), and full tiles,
-    where every query sees every key of the tile, valid ones only (`tile_structure`). Made once per
-    forward pass: a BlockMask of one structure per row."""
-    return tile_structure(pattern, num_tokens, tile, token_bounds.device, True, token_bounds)
+        compressed = -(-num_tokens // pattern.block_size) * pattern.compressed_per_block  # of the blocks, rounded up
+        sparse_offset = -(-end // tile) * tile
+        return cls(num_global, end, sparse_offset, sparse_offset + compressed, sparse_offset + -(-compressed // tile) * tile)
 
 
 def tile_structure(
-    pattern: KeyPattern, num_tokens: int, tile: int, device: torch.device, rule_only: bool,
+    pattern: KeyPattern, num_tokens: int, tile: int, device: torch.device, rule_only: bool = False,
     token_bounds: torch.Tensor | None = None,
 ) -> BlockMask:  # fmt: skip
-    """The BlockMask of the key tiles each query tile reads (`block_structure`), R = 1 structure or, with
-    `token_bounds` (B, 2), each row's valid tokens [first, end), one per row (the local windows clipped to
-    them, the query tiles of blocks of padding only left out): the tiles whose mask_mod the kernel
-    evaluates and, where the mask_mod is the pattern's rule alone (`rule_only`), apart from them the full
-    tiles, every query of which sees every key (inside the part of a window, global, sparse or local, that
-    all the tile's blocks share).
+    """The key tiles each tile of the layer's g + t queries reads over `KeyLayout.of` (a global query row sees
+    no key: a tile of them only reads none), as a BlockMask (its mask_mod unset): R = 1 structure or, with
+    `token_bounds` (B, 2), each row's valid tokens [first, end) in a padded batch without sparse keys
+    (`RowBounds.tokens`), one per row: no tile of the row's padding keys, no query tile of its blocks of
+    padding only (their rows get zeros). The tiles whose mask_mod the kernel evaluates and, where the
+    mask_mod is the pattern's rule alone (`rule_only`: every key valid, the sparse ones too, or valid within
+    the rows' bounds), apart from them the full tiles, every query of which sees every key (inside the part
+    of a window, global, sparse or local, that all the tile's blocks share), which the kernel reads without
+    evaluating the mask_mod. Without `token_bounds`, made once per shape (`block_structure`); with them,
+    once per forward pass.
 
     Index arithmetic on the pattern, on `device`: per query tile, the range of keys of each window of
     `KeyPattern.key_windows` its blocks see, then the tiles those ranges touch: (R, nq, nk) booleans
@@ -189,6 +168,10 @@ def tile_structure(
     )
 
 
+# `tile_structure` without the rows' bounds, made once per shape and shared by every layer and call
+block_structure = shape_cached(tile_structure)
+
+
 def tile_lists(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(R, nq, nk) bool, the key tiles each query tile reads -> how many, (R, 1, nq) int32, and which,
     those first, (R, 1, nq, nk) int32: a BlockMask's lists."""
@@ -218,52 +201,45 @@ def _one_run(valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.stack([first, end], dim=-1), valid.sum(dim=-1) == (end - first).clamp(min=0)
 
 
-def key_validity(job: TokenAttention) -> RowBounds | torch.Tensor | None:
-    """Which keys of `job` the mask_mod reads as valid (`lsg_mask_mod`): None, every key (the pattern's rule
-    alone, nothing read); the rows' bounds (`RowBounds`); or each key's validity, (B, H, length) bool.
+def key_validity(job: TokenAttention, layout: KeyLayout, traced: bool) -> RowBounds | torch.Tensor | None:
+    """Which keys of `job`, laid out as `layout`, the mask_mod reads as valid (`lsg_mask_mod`): None, every
+    key (the pattern's rule alone, nothing read); the rows' bounds (`RowBounds`); or each key's validity,
+    (B, H, length) bool. `traced`: inside a graph being compiled or exported (`lsg_pattern.tracing`).
 
     None where the core knows no key is masked (`PaddingPlan.no_masked_keys`) and every sparse key is valid
     (none, or `SparseContext.every_key_valid`). Else, where every global key is valid and each row's valid
     tokens (and, per head, its valid compressed keys) are one run, their bounds: checked on the host, the
-    tokens once per forward pass (`_token_bounds`), the compressed keys once per forward pass where their
-    mask is made from the token mask alone (`SparseContext.mask_of_tokens_alone`), else in each layer;
+    tokens once per forward pass (in `PaddingPlan.memo`), the compressed keys once per forward pass where
+    their mask is made from the token mask alone (`SparseContext.mask_of_tokens_alone`), else in each layer;
     never inside a compiled graph, which reads each key's validity."""
-    if job.plan.no_masked_keys and (job.sparse is None or job.sparse.every_key_valid):
+    plan, sparse, heads = job.plan, job.sparse, job.token_keys.shape[2]
+    if plan.no_masked_keys and (sparse is None or sparse.every_key_valid):
         return None
-    if not tracing():
-        token_bounds, one_run, every_token_valid = made_once(job.plan.memo, "flex token bounds", lambda: _token_bounds(job))
-        if one_run and job.sparse is None:
+    if not traced:
+        if "flex token bounds" not in plan.memo:
+            token_bounds, token_run = _one_run(plan.token_mask)  # (B, 2), (B,)
+            every_token = (token_bounds[:, 0] == 0) & (token_bounds[:, 1] == job.num_tokens)
+            checks = torch.stack([plan.global_mask.all(), token_run.all(), every_token.all()]).tolist()
+            plan.memo["flex token bounds"] = token_bounds, checks[0] and checks[1], checks[2]
+        token_bounds, one_run, every_token_valid = plan.memo["flex token bounds"]
+        if one_run and sparse is None:
             return None if every_token_valid else RowBounds(token_bounds, None)
         if one_run:
-            if job.sparse.mask_of_tokens_alone:  # the same in every layer of the pass
-                sparse_bounds, sparse_run = made_once(job.plan.memo, "flex sparse bounds", lambda: _sparse_bounds(job))
-            else:
-                sparse_bounds, sparse_run = _sparse_bounds(job)
+            memo = plan.memo if sparse.mask_of_tokens_alone else {}  # the same in every layer of the pass, or not
+            if "flex sparse bounds" not in memo:
+                sparse_bounds, sparse_run = _one_run(sparse.mask)  # (B, 1 or H, 2), (B, 1 or H)
+                memo["flex sparse bounds"] = sparse_bounds.expand(-1, heads, -1).contiguous(), bool(sparse_run.all())
+            sparse_bounds, sparse_run = memo["flex sparse bounds"]
             if sparse_run:
                 return RowBounds(token_bounds, sparse_bounds)
-    heads, layout = job.token_keys.shape[2], KeyLayout.of(job.pattern, job.num_tokens, TILE)
-    masks = [job.plan.key_mask[:, None]] if job.sparse is None else [job.plan.key_mask[:, None], job.sparse.mask]
-    segment_ends = (layout.length,) if job.sparse is None else (layout.sparse_offset, layout.length)
+    masks = [plan.key_mask[:, None]] if sparse is None else [plan.key_mask[:, None], sparse.mask]
+    segment_ends = (layout.length,) if sparse is None else (layout.sparse_offset, layout.length)
     key_valid = _laid_out([mask.expand(-1, heads, -1) for mask in masks], segment_ends)  # (B, H, length)
-    return _cpu_graph_mask_buffer(key_valid)
-
-
-def _sparse_bounds(job: TokenAttention) -> tuple[torch.Tensor, bool]:
-    """[first, end) of each row's valid compressed keys per head, (B, H, 2) int64, and whether they are one
-    run in every row and head. One check on the host."""
-    sparse_bounds, sparse_run = _one_run(job.sparse.mask)  # (B, 1 or H, 2)
-    heads = job.token_keys.shape[2]
-    return sparse_bounds.expand(-1, heads, -1).contiguous(), bool(sparse_run.all())
-
-
-def _token_bounds(job: TokenAttention) -> tuple[torch.Tensor, bool, bool]:
-    """[first, end) of each row's valid tokens, (B, 2) int64; whether the keys of the padding are one run
-    per row, every global key valid; whether every token is valid. One check on the host."""
-    token_bounds, token_run = _one_run(job.plan.token_mask)
-    every_token = (token_bounds[:, 0] == 0) & (token_bounds[:, 1] == job.num_tokens)
-    checks = torch.stack([job.plan.global_mask.all(), token_run.all(), every_token.all()])
-    globals_valid, tokens_run, every_token_valid = checks.tolist()
-    return token_bounds, globals_valid and tokens_run, every_token_valid
+    if torch.compiler.is_compiling() and key_valid.device.type == "cpu":
+        # a buffer of its own (one more column, viewed back): inductor's CPU flex template names each tensor
+        # a mask_mod reads, and cannot name one left as a pointwise computation (torch 2.13)
+        key_valid = torch.cat([key_valid, key_valid.new_zeros(*key_valid.shape[:-1], 1)], dim=-1)[..., :-1]
+    return key_valid
 
 
 def lsg_mask_mod(
@@ -272,7 +248,7 @@ def lsg_mask_mod(
     """mask_mod(batch, head, query, key) over `layout`: a token query (row g + q) sees the global keys, its
     local tokens and its sparse keys, by index arithmetic (`KeyPattern`); a global query row sees no key
     (the core attends the global queries apart and writes their output into these rows,
-    `with_global_rows`: every score of theirs masked, the kernel gives them zero and its backward no
+    `GlobalRowsWritten`: every score of theirs masked, the kernel gives them zero and its backward no
     gradient). A key of a segment's zero padding is in none.
 
     validity (`key_validity`): None, every key is valid and nothing is read; `RowBounds`, the tokens and
@@ -484,23 +460,13 @@ def _kernel_operand(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2)
 
 
-def _cpu_graph_mask_buffer(x: torch.Tensor) -> torch.Tensor:
-    """A tensor a mask_mod reads, (..., n), made a buffer of its own inside a graph being compiled on the CPU
-    (concatenated with one more column, then viewed back to n columns), else itself: inductor's CPU flex
-    template names each tensor its mask_mod reads, and cannot name one left as a pointwise computation
-    (torch 2.13)."""
-    if torch.compiler.is_compiling() and x.device.type == "cpu":
-        return torch.cat([x, x.new_zeros(*x.shape[:-1], 1)], dim=-1)[..., :-1]
-    return x
-
-
 def _laid_out(pieces: list[torch.Tensor], segment_ends: tuple[int, ...]) -> torch.Tensor:
     """(B, H, n_i, ...) per segment -> (B, H, length, ...), segment i over rows [end_(i-1), end_i), zeros
     after its piece: one copy."""
     parts = []
     for piece, segment_start, segment_end in zip(pieces, (0, *segment_ends), segment_ends):
         padding_rows = segment_end - segment_start - piece.shape[2]
-        parts += [piece, constant(0, piece.dtype, piece.device).expand(*piece.shape[:2], padding_rows, *piece.shape[3:])]
+        parts += [piece, piece.new_zeros(*piece.shape[:2], padding_rows, *piece.shape[3:])]
     return torch.cat(parts, dim=2)
 
 
@@ -525,15 +491,6 @@ class GlobalRowsWritten(torch.autograd.Function):
         return grad_output, grad_output[:, : ctx.num_global]
 
 
-def with_global_rows(kernel_output: torch.Tensor, global_output: torch.Tensor) -> torch.Tensor:
-    """The layer's output (B, g + t, H, D): `kernel_output`, whose first g rows saw no key, with the global
-    queries' output written into them (through `GlobalRowsWritten` where gradients are needed)."""
-    if torch.is_grad_enabled() and (kernel_output.requires_grad or global_output.requires_grad):
-        return GlobalRowsWritten.apply(kernel_output, global_output)
-    kernel_output[:, : global_output.shape[1]] = global_output
-    return kernel_output
-
-
 class FlexBackend:
     """The dense attention of the flex_attention backend (through SDPA: inputs too short for blocks, the
     global queries); its path for the token queries is `flex_token_attention`, which
@@ -544,17 +501,18 @@ class FlexBackend:
     dense_attention = staticmethod(sdpa_dense_attention)
 
 
-def flex_token_attention(job: TokenAttention, validity: RowBounds | torch.Tensor | None) -> TokenOutput:
+def flex_token_attention(job: TokenAttention) -> TokenOutput:
     """The flex path: every query row of the layer over its own g + t keys (`KeyLayout`), the queries read
     where they lie, the keys and values too without sparse keys (else one copy, with the compressed ones
     from the next whole tile on), in one kernel call whose mask_mod is the pattern's rule with the keys'
-    `validity` (`key_validity`) and DropKey's choice (`lsg_mask_mod`). Where no block holds padding only,
+    validity (`key_validity`) and DropKey's choice (`lsg_mask_mod`). Where no block holds padding only,
     the global queries' output (`TokenAttention.global_output`) is written into the kernel's own global
-    rows, which saw no key (`with_global_rows`), and the kernel's output is the layer's
+    rows, which saw no key (`GlobalRowsWritten`), and the kernel's output is the layer's
     (`TokenOutput.is_layer_output`, not inside a graph being traced: there the core joins them); else the
     global rows are left out and the core joins the parts."""
-    pattern, num_tokens, sparse = job.pattern, job.num_tokens, job.sparse
+    pattern, num_tokens, sparse, traced = job.pattern, job.num_tokens, job.sparse, tracing()
     layout = KeyLayout.of(pattern, num_tokens, TILE)
+    validity = key_validity(job, layout, traced)
     segment_ends = (layout.sparse_offset, layout.length)
     queries, keys, values = job.sequence  # (B, g + t, H, D)
     queries = _kernel_operand(queries)  # (B, H, g + t, D)
@@ -565,7 +523,9 @@ def flex_token_attention(job: TokenAttention, validity: RowBounds | torch.Tensor
         values = _laid_out([values.transpose(1, 2), sparse.values], segment_ends)
     # full tiles skip the mask_mod: only where it is the pattern's rule, within the rows' bounds, without DropKey
     if sparse is None and isinstance(validity, RowBounds) and job.kept is None:  # each row's tiles, once per forward
-        structure = made_once(job.plan.memo, "flex row structure", lambda: row_block_structure(pattern, num_tokens, TILE, validity.tokens))
+        if "flex row structure" not in job.plan.memo:
+            job.plan.memo["flex row structure"] = tile_structure(pattern, num_tokens, TILE, queries.device, True, validity.tokens)
+        structure = job.plan.memo["flex row structure"]
     else:
         structure = block_structure(pattern, num_tokens, TILE, queries.device, rule_only=validity is None and job.kept is None)
     score_mod = None
@@ -579,27 +539,25 @@ def flex_token_attention(job: TokenAttention, validity: RowBounds | torch.Tensor
             if key_rows is not None:
                 key_rows = _laid_out([key_rows, sparse.key_rows], segment_ends)  # (B, H, length, R)
         score_mod = position_score_mod(terms, key_positions, key_rows, pattern.num_global)
-    output = _flex_kernel(kernel_signature(job, validity))(
-        queries, keys, values, score_mod=score_mod,
-        block_mask=_with_mask_mod(structure, lsg_mask_mod(pattern, layout, validity, job.kept)), scale=job.scaling,
-    )  # (B, H, g + t, D)
-    sequence_output = output.transpose(1, 2)  # (B, g + t, H, D)
-    if job.plan.real_rows is None and not tracing():  # the kernel's output is the layer's, kept once
-        if job.global_output is not None:
-            sequence_output = with_global_rows(sequence_output, job.global_output)
-        return TokenOutput(sequence_output, None, is_layer_output=True)
-    return TokenOutput(sequence_output[:, layout.token_offset :], None)
-
-
-def kernel_signature(job: TokenAttention, validity: RowBounds | torch.Tensor | None) -> KernelSignature:
-    """What the compiled kernel of `job` reading the keys' `validity` (`key_validity`) depends on."""
-    terms = job.positions
-    return KernelSignature(
-        job.pattern,
+    signature = KernelSignature(
+        pattern,
         () if terms is None else tuple(side for side, _, _ in terms.parts()),
         0 if job.kept is None else job.kept.shape[3],
         "none" if validity is None else "row bounds" if isinstance(validity, RowBounds) else "per key",
         (torch.is_grad_enabled(), any(x.requires_grad for x in (job.token_queries, job.token_keys, job.token_values))),
-        job.token_queries.device.type,
-        job.token_queries.dtype,
+        queries.device.type,
+        queries.dtype,
     )
+    output = _flex_kernel(signature)(
+        queries, keys, values, score_mod=score_mod,
+        block_mask=_with_mask_mod(structure, lsg_mask_mod(pattern, layout, validity, job.kept)), scale=job.scaling,
+    )  # (B, H, g + t, D)
+    sequence_output = output.transpose(1, 2)  # (B, g + t, H, D)
+    if job.plan.real_rows is None and not traced:  # the kernel's output is the layer's, kept once
+        global_output = job.global_output
+        if global_output is not None and torch.is_grad_enabled() and (output.requires_grad or global_output.requires_grad):
+            sequence_output = GlobalRowsWritten.apply(sequence_output, global_output)
+        elif global_output is not None:  # no gradients: written in place
+            sequence_output[:, : pattern.num_global] = global_output
+        return TokenOutput(sequence_output, None, is_layer_output=True)
+    return TokenOutput(sequence_output[:, layout.token_offset :], None)

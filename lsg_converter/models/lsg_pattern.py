@@ -689,9 +689,11 @@ def local_causal_mask(pattern: KeyPattern, device: torch.device) -> torch.Tensor
 
 def block_mask(job: TokenAttention) -> torch.Tensor:
     """Which keys of its window each block may attend to: (B, nb, 1 or H, 1 or b, K) bool, in key order: the
-    validity of the keys that the block table's columns name (`job_block_table`, whose columns gather the
+    validity of the keys that the block table's columns name (`block_table`, whose columns gather the
     blocks' keys), False outside the sequence; causal: the local keys up to each query."""
-    table, plan, sparse = job_block_table(job), job.plan, job.sparse
+    plan, sparse = job.plan, job.sparse
+    num_compressed = 0 if sparse is None else sparse.keys.shape[2]
+    table = block_table(job.pattern, job.num_blocks, job.num_tokens, num_compressed, plan.key_mask.device)
     valid = plan.key_mask[:, None, :]  # (B, 1, g + t)
     if sparse is not None:  # (B, 1 or H, g + t + T / f)
         valid = torch.cat([valid.expand(-1, sparse.mask.shape[1], -1), sparse.mask], dim=-1)
@@ -974,7 +976,8 @@ class BlockKeys:
         make_mask = lambda: folded_blocks(block_additive_mask(job), batch, chosen)  # noqa: E731  (n, ., ., K)
         memo_key = ("block mask", job.positions, job.token_queries.dtype, chosen is None)
         mask = make_mask() if memo is None else made_once(memo, memo_key, make_mask)
-        table = job_block_table(job)
+        num_compressed = 0 if job.sparse is None else job.sparse.keys.shape[2]
+        table = block_table(job.pattern, job.num_blocks, job.num_tokens, num_compressed, job.token_keys.device)
         # the sequences the blocks gather from, [g globals | t tokens | compressed keys], (B, N, H, D) each:
         # the layer's own where there are no sparse keys (no copy)
         key_sequence, value_sequence = job.sequence[1], job.sequence[2]
@@ -993,9 +996,3 @@ class BlockKeys:
             queries = gather_block_rows(job.sequence[0], table.query_rows, chosen)
         values = gather_block_rows(value_sequence, table.columns, chosen) if with_values else None
         return cls(queries=queries, keys=keys, values=values, mask=mask, table=table)
-
-
-def job_block_table(job: TokenAttention) -> BlockTable:
-    """The `block_table` of `job`'s blocks, over its keys and compressed keys."""
-    num_compressed = 0 if job.sparse is None else job.sparse.keys.shape[2]
-    return block_table(job.pattern, job.num_blocks, job.num_tokens, num_compressed, job.token_keys.device)

@@ -42,6 +42,17 @@ class LSGSettings:
     lsh_seed: int
     legacy_sparse_window: bool
     _patterns: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    # the chunk of tokens in which norm and lsh select or hash keys (lsg_sparse): min(b, s), or b where that
+    # would not tile the blocks (`__post_init__`)
+    selection_chunk: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        chunk, sizes = self.block_size, (self.block_size, self.sparse_block_size, self.sparsity_factor)
+        if all(type(size) is int and size > 0 for size in sizes):  # else `validate` refuses them
+            smaller = min(self.block_size, self.sparse_block_size)
+            if not self.block_size % smaller and not smaller % self.sparsity_factor:
+                chunk = smaller
+        object.__setattr__(self, "selection_chunk", chunk)
 
     @classmethod
     def of(cls, config: Any) -> LSGSettings:

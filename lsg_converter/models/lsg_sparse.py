@@ -39,14 +39,6 @@ def made_every_time(key: Hashable, make: Callable[[], Any]) -> Any:
     return make()
 
 
-def _selection_chunk(settings: Any) -> int:
-    """Chunk in which norm and lsh select/hash: min(b, s), or b where that would not tile the blocks."""
-    chunk = min(settings.block_size, settings.sparse_block_size)
-    if settings.block_size % chunk or chunk % settings.sparsity_factor:
-        return settings.block_size
-    return chunk
-
-
 def _gather_tokens(keys, columns: Columns, token_index, selected_mask) -> Compressed:
     """Pick tokens per head. token_index: (B or 1, H, L) positions in the token sequence; selected_mask: the
     token mask at those positions, (B, H, L) (`_selected_mask`)."""
@@ -66,7 +58,7 @@ def sparse_by_norm(
     queries, keys, columns: Columns, mask, settings, scaling, made_once: MadeOnce = made_every_time
 ) -> Compressed:
     """In each chunk, keep the chunk / f keys of largest L2 norm (padding has norm 0), in the order topk gives."""
-    chunk = _selection_chunk(settings)
+    chunk = settings.selection_chunk
     batch, heads = keys.shape[:2]
     chunk_mask = mask.view(batch, 1, -1, chunk)  # (B, 1, T / chunk, chunk)
     with torch.no_grad():
@@ -196,7 +188,7 @@ def sparse_by_lsh(
     queries, keys, columns: Columns, mask, settings, scaling, made_once: MadeOnce = made_every_time
 ) -> Compressed:
     """Average keys that hash together: chunks of min(b, s), pre-rounds into `chunk` buckets, then chunk / f."""
-    chunk = _selection_chunk(settings)
+    chunk = settings.selection_chunk
     batch, heads = keys.shape[:2]
     weights = mask.view(batch, 1, -1, chunk, 1).to(keys.dtype).expand(-1, heads, -1, -1, -1)
     chunk_keys = keys.unflatten(2, (-1, chunk)) * weights  # (B, H, T / chunk, chunk, D)
@@ -249,7 +241,8 @@ def sparse_context(
     every_token_valid: bool = False,
     made_once: MadeOnce = made_every_time,
 ) -> SparseContext:
-    """The sparse context of the tokens: queries, keys, values (B, H, T, D), mask (B, T) bool.
+    """The sparse context of the tokens: queries, keys, values (B, H, T, D), mask (B, T) bool, compressed as
+    the model's settings say (`settings`: its `lsg_settings.LSGSettings`).
 
     Compressed with the keys: key_rows (B, H, T, R), the key-side position rows, where given; the token
     positions with `with_positions`; the identity (each sparse key's share of every token's value,
