@@ -289,9 +289,11 @@ def lsg_attention(
     # Short input: the local window already covers everything, plain attention is exact. (A program
     # torch.export traces takes the blocked path at every length: the same keys, one graph for all.)
     if not exporting and num_tokens <= 2 * block:
-        output, weights = _plain_attention(
+        output, weights = _dense_attention(
             BACKENDS[backend], query, key, value, plan.key_mask, causal, dropout, scaling, position_terms, num_global
         )
+        if weights is not None:  # the token block of the weights, on the output's autograd path
+            output, weights = weighted_values(weights, value, num_global, global_rows=num_global)
     else:
         if not settings.adaptive and -num_tokens % block:
             raise ValueError(
@@ -412,10 +414,11 @@ def _blocked_attention(
     if num_global:  # every key, causal: the global tokens before them; before the token queries, whose path
         # may write it into the layer's output (`TokenOutput.is_layer_output`)
         every_key = plan.no_masked_keys and not causal and not dropout
-        job.global_output = _global_attention(
-            kernel, global_queries, None if every_key else plan.key_mask, global_query_keys, value, causal, dropout, scaling,
-            position_terms,
+        global_output, _ = _dense_attention(
+            kernel, global_queries.transpose(1, 2), global_query_keys, value, None if every_key else plan.key_mask, causal,
+            dropout, scaling, position_terms, num_global,
         )  # fmt: skip
+        job.global_output = global_output.transpose(1, 2)  # (B, g, H, D)
     path, detail = choose_path(backend, job)
     try:
         tokens = PATH_FUNCTIONS[path](job, detail)
@@ -607,54 +610,31 @@ PATH_FUNCTIONS: dict[AttentionPath, Callable[[TokenAttention, Any], TokenOutput]
 }
 
 
-def _plain_attention(kernel, query, key, value, key_mask, causal, dropout, scaling, terms, num_global):
-    """Attention of every query over every key (inputs of at most two blocks, where it is exact)."""
-    length = key.shape[2]
-    allowed = key_mask[:, None, None, :]
-    if causal:
-        allowed = allowed & causal_mask(length, length, key.device)
-    if dropout:
-        allowed = drop_keys(allowed, query.shape[:-2], length, dropout)
-    scores = None
-    if terms is not None:
-        everything = torch.arange(length, device=key.device)
-        scores = dense_position_scores(terms, everything, everything, num_global, length)  # (B or 1, H, L, L)
-    output, weights = kernel.dense_attention(query, key, value, allowed, scaling, scores)
-    if weights is not None:  # the token block of the weights, on the output's autograd path
-        output, weights = weighted_values(weights, value, num_global, global_rows=num_global)
-    return output, weights
+def _dense_attention(kernel, queries, keys, values, key_mask, causal, dropout, scaling, terms, num_global):
+    """Attention of the first q of the g + t positions, queries (B, H, q, D), over the keys and values
+    (B, H, g + t, D) they see: every key; causal, each the keys up to its own position (the g global queries:
+    the global tokens before them). The g global queries (q = g), and every query of an input of at most two
+    blocks (q = g + t), where it is exact. Returns the kernel's output (B, H, q, D) and weights, or None.
 
-
-def _global_attention(kernel, global_queries, key_mask, keys, values, causal, dropout, scaling, terms):
-    """Attention of the g global queries (B, g, H, D) over the layer's keys and values (B, H, g + t, D):
-    every key, causal: the global tokens before them. Returns (B, g, H, D).
-
-    key_mask: (B, g + t) bool, or None where every key is seen (not causal, no dropout): no mask then.
-    Dropout is drawn on the g + t keys, after the token queries' (`block_dropout`), in every backend.
+    key_mask: (B, g + t) bool, or None where every key is seen (not causal, no dropout): no mask then. Dropout
+    is DropKey drawn on the keys seen (`drop_keys`), after the token queries' (`block_dropout`), in every backend.
     """
-    batch, num_global, heads, _ = global_queries.shape
-    if key_mask is None:
-        scores = None
-        if terms is not None:
-            everything = torch.arange(keys.shape[2], device=keys.device)
-            scores = dense_position_scores(terms, everything[:num_global], everything, num_global, keys.shape[2])
-        output, _ = kernel.dense_attention(global_queries.transpose(1, 2), keys, values, None, scaling, scores)
-        return output.transpose(1, 2)
-    if causal:  # the global tokens are a prefix: each sees the ones before it
-        keys, values = keys[:, :, :num_global], values[:, :, :num_global]
-        allowed = key_mask[:, None, None, :num_global] & causal_mask(num_global, num_global, key_mask.device)
-    else:
-        allowed = key_mask[:, None, None, :]  # (B, 1, 1, g + t)
-    if dropout:
-        allowed = drop_keys(allowed, (batch, heads), allowed.shape[-1], dropout)
+    num_queries = queries.shape[2]
+    if causal:  # no query sees a key past the last of them
+        keys, values = keys[:, :, :num_queries], values[:, :, :num_queries]
+    num_keys = keys.shape[2]
+    allowed = None
+    if key_mask is not None:
+        allowed = key_mask[:, None, None, :num_keys]  # (B, 1, 1, k)
+        if causal:
+            allowed = allowed & causal_mask(num_queries, num_keys, keys.device)
+        if dropout:
+            allowed = drop_keys(allowed, queries.shape[:2], num_keys, dropout)
     scores = None
     if terms is not None:
-        length = allowed.shape[-1]
-        scores = dense_position_scores(
-            terms, torch.arange(num_global, device=keys.device), torch.arange(length, device=keys.device), num_global, length
-        )  # (B or 1, H, g, g + t)
-    output, _ = kernel.dense_attention(global_queries.transpose(1, 2), keys, values, allowed, scaling, scores)
-    return output.transpose(1, 2)
+        positions = torch.arange(num_keys, device=keys.device)
+        scores = dense_position_scores(terms, positions[:num_queries], positions, num_global, num_keys)  # (B or 1, H, q, k)
+    return kernel.dense_attention(queries, keys, values, allowed, scaling, scores)
 
 
 def _cached_causal_attention(query, key, value, key_mask, settings, dropout, scaling, terms) -> torch.Tensor:
